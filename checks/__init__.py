@@ -1,0 +1,1 @@
+"""Built-in checks, one file per check id; installed as envdoctor.checks."""

@@ -1,0 +1,41 @@
+"""The few exceptions the engine defines, each with one meaning.
+
+Parsers of untrusted text (env vars, cgroup files, /proc/N/environ, sizes) raise
+ParseError and nothing else, so callers can turn any bad input into a result with
+a reason. Unavailable means "this does not apply here" and becomes a `skip`;
+anything else a check raises becomes an `error`.
+"""
+
+from __future__ import annotations
+
+
+class EnvdoctorError(Exception):
+    """Base class for envdoctor's own errors."""
+
+
+class ParseError(EnvdoctorError, ValueError):
+    """Input text that does not mean what it should; the message says what and why."""
+
+
+class Unavailable(EnvdoctorError):
+    """Something a check needs is not here (no GPU, no torch, no permission).
+
+    The runner turns it into a `skip` result with this message as the reason.
+    """
+
+
+class ConfigError(EnvdoctorError):
+    """A bad config file, key or value: the message names file, line and key."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None, key: str | None = None):
+        self.file, self.line, self.key = file, line, key
+        where = ""
+        if file:
+            where = f"{file}:{line}: " if line else f"{file}: "
+        if key:
+            where += f"{key}: "
+        super().__init__(where + message)
+
+
+class UsageError(EnvdoctorError):
+    """Bad command-line usage (a --pid that does not exist, an unknown check id)."""

@@ -1,0 +1,1 @@
+"""The torch probe: runs in the target interpreter, never in envdoctor's own process."""

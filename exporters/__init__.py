@@ -1,0 +1,1 @@
+"""Output forms, one file per format; installed as envdoctor.exporters."""
