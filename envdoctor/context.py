@@ -63,6 +63,10 @@ class _Once:
         self._value: Any = None
         self._error: BaseException | None = None
 
+    def peek(self) -> Any:
+        """The value if it was computed successfully, else None; never computes."""
+        return self._value if self._done and self._error is None else None
+
     def get(self) -> Any:
         with self._lock:
             if not self._done:
@@ -146,6 +150,11 @@ class Session:
         return self.proc_path("root", relative)
 
     # -- lazily gathered facts ----------------------------------------------------
+    def computed(self, what: str) -> Any:
+        """A need's value if some check already paid for it, else None (never computes)."""
+        once = {"nvml": self._nvml, "torch": self._torch, "onnx": self._onnx}[what]
+        return once.peek()
+
     def need(self, what: str) -> Any:
         """Meet a declared need or raise Unavailable saying why it cannot be met."""
         if what == "nvml":

@@ -111,7 +111,7 @@ def load_failure_results(failures, session: Session) -> list[Result]:
     """Rows for plug-ins that could not be loaded, so a broken plug-in is seen, not silent."""
     results = []
     for f in failures:
-        r = Result(Status.ERROR, f"plug-in {f.name} ({f.value}, from {f.distribution}) could not be loaded: {f.reason}",
+        r = Result(Status.ERROR, f"check {f.name} ({f.value}, from {f.distribution}) could not be loaded: {f.reason}",
                    f"fix or uninstall {f.distribution}, or set ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1", {"entry_point": f.value})
         r.check = f.name
         r.target = session.target.label

@@ -1,0 +1,312 @@
+"""Configuration: defaults < file < environment < command line.
+
+The file is `--config FILE`, else $ENVDOCTOR_CONFIG, else ./envdoctor.toml, else the
+`[tool.envdoctor]` table of ./pyproject.toml. Its shape:
+
+    fail_on = "warn"           # run-wide settings at the top
+    timeout = 20
+    skip = ["onnx.opset"]
+
+    [check."shm.size"]         # one table per check, keys declared by the check
+    min_bytes = "1GiB"
+    timeout = 5
+    enabled = true
+
+Every key is validated against the checks' own declarations (check.Check.config), so
+a typo or a wrong type is caught at start, reported with file, line and key, and the
+CLI exits 2. Nothing here exits: errors are ConfigError, the CLI decides.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+from envdoctor.check import Check
+from envdoctor.errors import ConfigError, ParseError
+from envdoctor.units import parse_size
+
+FAIL_ON = ("warn", "fail")
+DEFAULT_TIMEOUT = 15.0
+RUN_KEYS = {
+    "fail_on": str,
+    "timeout": float,
+    "only": list,
+    "skip": list,
+    "onnx": list,
+    "python": str,
+}
+CHECK_RESERVED = {"enabled": bool, "timeout": float}
+ENV_PREFIX = "ENVDOCTOR_"
+
+
+@dataclass
+class Config:
+    """The settled configuration of one run."""
+
+    fail_on: str = "fail"
+    timeout: float = DEFAULT_TIMEOUT
+    only: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+    onnx: list[str] = field(default_factory=list)
+    python: str | None = None
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {key: value}, as given
+    source: str | None = None  # the file that was read, if any
+
+    def check_config(self, check: Check) -> dict[str, Any]:
+        """The check's declared defaults overlaid with what was configured."""
+        values = dict(check.config)
+        for key, value in self.checks.get(check.id, {}).items():
+            if key not in CHECK_RESERVED:
+                values[key] = value
+        return values
+
+    def enabled(self, check: Check) -> bool:
+        return bool(self.checks.get(check.id, {}).get("enabled", check.enabled))
+
+    def timeout_for(self, check: Check) -> float:
+        configured = self.checks.get(check.id, {}).get("timeout")
+        if configured is not None:
+            return float(configured)
+        if check.timeout is not None:
+            return max(check.timeout, self.timeout)
+        return self.timeout
+
+
+# --------------------------------------------------------------------------- finding the file
+def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[str, str] = os.environ) -> tuple[Path, str] | None:
+    """(path, table prefix) of the config file to read, or None when there is none."""
+    cwd = cwd or Path.cwd()
+    chosen = explicit or environ.get(ENV_PREFIX + "CONFIG")
+    if chosen:
+        path = Path(chosen)
+        if not path.is_file():
+            raise ConfigError("config file not found", file=str(path))
+        return path, ("tool.envdoctor" if path.name == "pyproject.toml" else "")
+    if (cwd / "envdoctor.toml").is_file():
+        return cwd / "envdoctor.toml", ""
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
+            return None  # someone else's broken pyproject is not our config error
+        if "envdoctor" in data.get("tool", {}):
+            return pyproject, "tool.envdoctor"
+    return None
+
+
+# --------------------------------------------------------------------------- value coercion
+def coerce(value: Any, default: Any, key: str, *, from_text: bool = False) -> Any:
+    """Convert `value` to the type of `default`; raise ParseError saying what was expected.
+
+    `from_text` is for environment variables, where everything arrives as a string.
+    """
+    if key.endswith("_bytes") and isinstance(default, int) and not isinstance(default, bool):
+        return parse_size(value)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if from_text and isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ParseError(f"expected true or false, got {value!r}")
+    if isinstance(default, int):
+        if from_text and isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ParseError(f"expected an integer, got {value!r}")
+    if isinstance(default, float):
+        if from_text and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ParseError(f"expected a number, got {value!r}") from None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ParseError(f"expected a number, got {value!r}")
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        raise ParseError(f"expected a string, got {value!r}")
+    if isinstance(default, (list, tuple)):
+        if from_text and isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, list):
+            return value
+        raise ParseError(f"expected a list, got {value!r}")
+    return value  # a default of None accepts any value the check then judges
+
+
+def _coerce_run_key(key: str, value: Any, *, from_text: bool) -> Any:
+    expected = RUN_KEYS[key]
+    default: Any = {str: "", float: 0.0, list: []}[expected]
+    value = coerce(value, default, key, from_text=from_text)
+    if key == "fail_on" and value not in FAIL_ON:
+        raise ParseError(f"expected one of {', '.join(FAIL_ON)}, got {value!r}")
+    if key == "timeout" and value <= 0:
+        raise ParseError(f"expected a positive number of seconds, got {value!r}")
+    if key in ("only", "skip", "onnx") and not all(isinstance(v, str) for v in value):
+        raise ParseError(f"expected a list of strings, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- line numbers
+_HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")
+
+
+def _normalise_table(name: str) -> str:
+    return ".".join(part.strip().strip('"').strip("'") for part in re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', name))
+
+
+def line_of(text: str, table: str, key: str | None) -> int | None:
+    """Best-effort line number of `key` in `table` (or of the table header when key is None).
+
+    tomllib reports positions only for syntax errors, so we find keys ourselves; a
+    message with a line is worth the approximation.
+    """
+    current = ""
+    header_line = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _HEADER.match(line)
+        if match and not line.lstrip().startswith("[["):
+            current = _normalise_table(match.group(1))
+            if current == table:
+                header_line = number
+            continue
+        if current == table and key is not None:
+            if re.match(rf"""^\s*["']?{re.escape(key)}["']?\s*=""", line):
+                return number
+    return header_line
+
+
+# --------------------------------------------------------------------------- loading
+def load(
+    catalog: Mapping[str, Check],
+    *,
+    explicit_file: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    cwd: Path | None = None,
+    known_ids: set[str] | None = None,
+) -> Config:
+    """Read file and environment into a Config validated against `catalog`.
+
+    `known_ids` may add ids that are not runnable checks (plug-ins that failed to
+    load) so that configuring them is not mistaken for a typo.
+    """
+    config = Config()
+    known = set(catalog) | (known_ids or set())
+    found = find_file(explicit_file, cwd, environ)
+    if found:
+        path, prefix = found
+        _apply_file(config, path, prefix, catalog, known)
+    _apply_environment(config, environ, catalog)
+    return config
+
+
+def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, Check], known: set[str]) -> None:
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", file=name) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"line (\d+)", str(exc))
+        raise ConfigError(f"not valid TOML: {exc}", file=name, line=int(match.group(1)) if match else None) from None
+    if prefix:
+        for part in prefix.split("."):
+            data = data.get(part, {})
+    config.source = name
+
+    def where(table: str, key: str | None) -> int | None:
+        full = ".".join(p for p in (prefix, table) if p)
+        return line_of(text, full, key)
+
+    for key, value in data.items():
+        if key == "check":
+            continue
+        if key not in RUN_KEYS:
+            raise ConfigError(f"unknown setting; known: {', '.join(sorted(RUN_KEYS))}, and [check.\"ID\"] tables",
+                              file=name, line=where("", key), key=key)
+        try:
+            setattr(config, key, _coerce_run_key(key, value, from_text=False))
+        except ParseError as exc:
+            raise ConfigError(str(exc), file=name, line=where("", key), key=key) from None
+
+    tables = data.get("check", {})
+    if not isinstance(tables, dict):
+        raise ConfigError('expected tables like [check."shm.size"]', file=name, line=where("", "check"), key="check")
+    for check_id, table in tables.items():
+        table_name = f'check."{check_id}"'
+        line_table = f"check.{check_id}"
+        if check_id not in known:
+            raise ConfigError(f"unknown check id; known: {', '.join(sorted(known))}",
+                              file=name, line=where(line_table, None), key=table_name)
+        if not isinstance(table, dict):
+            raise ConfigError("expected a table of settings", file=name, line=where(line_table, None), key=table_name)
+        check = catalog.get(check_id)
+        if check is None:  # a plug-in that failed to load: keep what was said, judge nothing
+            continue
+        settled = config.checks.setdefault(check_id, {})
+        for key, value in table.items():
+            full_key = f"{table_name}.{key}"
+            allowed = {**{k: v() for k, v in CHECK_RESERVED.items()}, **check.config}
+            if key not in allowed:
+                known_keys = ", ".join(sorted(allowed))
+                raise ConfigError(f"unknown setting for {check_id}; known: {known_keys}",
+                                  file=name, line=where(line_table, key), key=full_key)
+            try:
+                settled[key] = _coerce_check_key(key, value, allowed[key], from_text=False)
+            except ParseError as exc:
+                raise ConfigError(str(exc), file=name, line=where(line_table, key), key=full_key) from None
+    config.onnx = [str((path.parent / p)) if not os.path.isabs(p) else p for p in config.onnx]
+
+
+def _coerce_check_key(key: str, value: Any, default: Any, *, from_text: bool) -> Any:
+    value = coerce(value, default, key, from_text=from_text)
+    if key == "timeout" and value <= 0:
+        raise ParseError(f"expected a positive number of seconds, got {value!r}")
+    return value
+
+
+def env_name(check_id: str, key: str) -> str:
+    """ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES for [check."shm.size"] min_bytes."""
+    return f"{ENV_PREFIX}CHECK__{check_id.replace('.', '_').upper()}__{key.upper()}"
+
+
+def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapping[str, Check]) -> None:
+    for key in RUN_KEYS:
+        var = ENV_PREFIX + key.upper()
+        if var in environ:
+            try:
+                setattr(config, key, _coerce_run_key(key, environ[var], from_text=True))
+            except ParseError as exc:
+                raise ConfigError(str(exc), file="environment", key=var) from None
+    by_env_id = {check_id.replace(".", "_").upper(): check for check_id, check in catalog.items()}
+    for var, raw in environ.items():
+        if not var.startswith(ENV_PREFIX + "CHECK__"):
+            continue
+        parts = var[len(ENV_PREFIX + "CHECK__"):].split("__")
+        check = by_env_id.get(parts[0]) if len(parts) == 2 else None
+        if check is None:
+            raise ConfigError("expected ENVDOCTOR_CHECK__<CHECK_ID>__<KEY> naming a known check, "
+                              "e.g. ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES", file="environment", key=var)
+        key = parts[1].lower()
+        allowed = {**{k: v() for k, v in CHECK_RESERVED.items()}, **check.config}
+        if key not in allowed:
+            raise ConfigError(f"unknown setting for {check.id}; known: {', '.join(sorted(allowed))}", file="environment", key=var)
+        try:
+            config.checks.setdefault(check.id, {})[key] = _coerce_check_key(key, raw, allowed[key], from_text=True)
+        except ParseError as exc:
+            raise ConfigError(str(exc), file="environment", key=var) from None
