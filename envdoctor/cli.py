@@ -1,0 +1,194 @@
+"""The `envdoctor` command. This is the only layer that prints to the user and
+decides exit codes: 0 nothing at or above --fail-on, 1 something is, 2 bad usage
+or bad config (one clear line naming file, line and key; never a traceback).
+
+Heavy modules (rich tables, prometheus_client, psutil, the checks) are imported
+inside the commands that need them, so `envdoctor --help` and every command start fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from envdoctor import __version__
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+FORMATS = ("text", "json", "markdown", "junit", "prometheus")
+
+app = typer.Typer(
+    name="envdoctor",
+    help="Catch the CUDA and system-environment problems that waste GPU training runs.\n\n"
+    "`envdoctor check` runs every check and prints a report; its exit code says whether anything "
+    "is at or above --fail-on. `envdoctor checks` lists the checks, `envdoctor explain ID` says what one "
+    "reads, why it matters and how to fix it.",
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+def _die(message: str) -> None:
+    typer.echo(f"envdoctor: {message}", err=True)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"envdoctor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Catch the CUDA and system-environment problems that waste GPU training runs."""
+
+
+@app.command()
+def check(
+    only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable)."),
+    skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable)."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", metavar="FORMAT",
+                                      help="text (default), json, markdown, junit or prometheus."),
+    pid: Optional[int] = typer.Option(None, "--pid", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is probed (default: this one)."),
+    onnx: List[str] = typer.Option([], "--onnx", metavar="FILE", help="ONNX model to audit (repeatable)."),
+    config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE",
+                                              help="Config file (default: ./envdoctor.toml or [tool.envdoctor] in ./pyproject.toml)."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL",
+                                          help="Exit 1 when any result is at or above this level: warn or fail (default fail; error counts as fail)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Default per-check timeout (default 15)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output."),
+    procfs: Path = typer.Option(Path("/proc"), "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
+    sysfs: Path = typer.Option(Path("/sys"), "--path.sysfs", metavar="DIR", help="sysfs mount point."),
+    rootfs: Path = typer.Option(Path("/"), "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
+) -> None:
+    """Run the checks once and print a report.
+
+    Exit codes: 0 nothing at or above --fail-on; 1 something is; 2 bad usage or config.
+    """
+    from envdoctor import pipeline
+    from envdoctor.config import FAIL_ON, load as load_config
+    from envdoctor.context import Roots
+    from envdoctor.errors import ConfigError, UsageError
+    from envdoctor.model import Status
+
+    if fmt is not None and fmt not in FORMATS:
+        _die(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fail_on is not None and fail_on not in FAIL_ON:
+        _die(f"--fail-on must be warn or fail, not {fail_on!r}")
+    if timeout is not None and timeout <= 0:
+        _die("--timeout must be a positive number of seconds")
+    for name, path in (("--path.procfs", procfs), ("--path.sysfs", sysfs), ("--path.rootfs", rootfs)):
+        if not path.is_dir():
+            _die(f"{name} {path} is not a directory")
+
+    registry = pipeline.load_registry()
+    try:
+        config = load_config(registry.checks, explicit_file=config_file, known_ids={f.name for f in registry.failures})
+    except ConfigError as exc:
+        _die(f"bad config: {exc}")
+    if fail_on:
+        config.fail_on = fail_on
+    if timeout:
+        config.timeout = timeout
+    fmt = fmt or os.environ.get("ENVDOCTOR_FORMAT") or "text"
+    if fmt not in FORMATS:
+        _die(f"ENVDOCTOR_FORMAT must be one of {', '.join(FORMATS)}, not {fmt!r}")
+
+    roots = Roots(procfs=procfs, sysfs=sysfs, rootfs=rootfs)
+    try:
+        session = pipeline.build_session(config, pid=pid, roots=roots, python=python, onnx_files=onnx)
+        report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
+    except UsageError as exc:
+        _die(str(exc))
+
+    _emit(report, fmt, registry, config.fail_on, output)
+    threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
+    worst = max((r.status.severity for r in report.results), default=0)
+    raise typer.Exit(EXIT_FOUND if worst >= threshold else EXIT_OK)
+
+
+def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> None:
+    import shutil
+
+    from envdoctor.exporters import ExportOptions, render
+
+    to_terminal = output is None and sys.stdout.isatty()
+    color = to_terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+    width = shutil.get_terminal_size((120, 24)).columns if to_terminal else 120
+    text = render(fmt, report, ExportOptions(catalog=registry.checks, fail_on=fail_on, color=color, width=width))
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    tmp = output.with_name(output.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, output)  # atomic: a reader never sees half a report
+    except OSError as exc:
+        _die(f"cannot write {output}: {exc.strerror or exc}")
+
+
+@app.command("checks")
+def list_checks() -> None:
+    """List every registered check, built-in and plug-in, with its one-line purpose."""
+    from envdoctor import registry as registry_module
+
+    registry = registry_module.load()
+    width = max((len(i) for i in [*registry.ids, *(f.name for f in registry.failures)]), default=10)
+    for check_id in registry.ids:
+        check = registry.checks[check_id]
+        origin = registry.origins.get(check_id, "")
+        needs = f" [needs {', '.join(check.needs)}]" if check.needs else ""
+        off = " (off by default)" if not check.enabled else ""
+        plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
+        typer.echo(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}")
+    for failure in registry.failures:
+        typer.echo(f"{failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}")
+
+
+@app.command()
+def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, e.g. shm.size.")) -> None:
+    """Print what a check reads, why it matters to a CUDA job, how to fix a failure, and its settings."""
+    import inspect
+
+    from envdoctor import registry as registry_module
+    from envdoctor.config import env_name
+
+    registry = registry_module.load()
+    check = registry.get(check_id)
+    if check is None:
+        _die(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(registry.ids)}")
+    typer.echo(f"{check.id}: {check.title}\n")
+    typer.echo(inspect.cleandoc(check.explain or "(this check has no explanation)"))
+    typer.echo("")
+    if check.needs:
+        typer.echo(f"Needs: {', '.join(check.needs)} (skipped with the reason when missing).")
+    typer.echo(f"Enabled by default: {'yes' if check.enabled else 'no'}.")
+    typer.echo(f"\nSettings, in envdoctor.toml under [check.\"{check.id}\"] (or {env_name(check.id, 'KEY')}):")
+    typer.echo(f"  enabled = {str(check.enabled).lower()}")
+    typer.echo(f"  timeout = {check.timeout if check.timeout is not None else 'the run default (15 s)'}")
+    for key, default in check.config.items():
+        typer.echo(f"  {key} = {default!r}")
+    if check.metrics:
+        typer.echo("\nMetrics:")
+        for m in check.metrics:
+            label = f"{{target,{m.label}}}" if m.label else "{target}"
+            typer.echo(f"  envdoctor_{m.name}{label}  {m.help}")
+
+
+def main() -> None:
+    """Console-script entry point; a Ctrl-C ends quietly with 130, as shells expect."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("envdoctor: interrupted\n")
+        sys.exit(130)

@@ -1,0 +1,130 @@
+"""One run, start to finish: target -> context -> checks -> results -> redaction.
+
+The CLI and preflight() both come through here, so selection, timeouts, system
+facts and redaction behave the same whichever way envdoctor is used.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from envdoctor import __version__, redact, registry as registry_module, runner, sysfacts
+from envdoctor.config import Config
+from envdoctor.context import Roots, Session, Target
+from envdoctor.errors import Unavailable, UsageError
+from envdoctor.model import Report
+from envdoctor.registry import Registry
+
+SYSFACTS_TIMEOUT = 10.0
+
+
+@dataclass
+class Selection:
+    """Which checks a run includes, from --only/--skip and the config's enabled flags."""
+
+    only: Sequence[str] = ()
+    skip: Sequence[str] = ()
+
+
+def plan(registry: Registry, config: Config, selection: Selection) -> list[runner.Plan]:
+    """The checks to run, in id order; unknown ids are a usage error."""
+    known = set(registry.checks) | {f.name for f in registry.failures}
+    only = list(selection.only) or list(config.only)
+    skip = set(selection.skip) | set(config.skip)
+    for check_id in [*only, *skip]:
+        if check_id not in known:
+            raise UsageError(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(sorted(known))}")
+    plans = []
+    for check_id in registry.ids:
+        check = registry.checks[check_id]
+        if only and check_id not in only:
+            continue
+        if not only and not config.enabled(check):
+            continue
+        if check_id in skip:
+            continue
+        plans.append(runner.Plan(check, config.check_config(check), config.timeout_for(check)))
+    return plans
+
+
+def make_target(pid: int | None, roots: Roots) -> Target:
+    """Validate --pid: a process that does not exist is bad usage, said in one line."""
+    if pid is None:
+        return Target()
+    if pid <= 0:
+        raise UsageError(f"--pid must be a positive process id, got {pid}")
+    if not (roots.procfs / str(pid)).is_dir():
+        raise UsageError(f"no process {pid} (nothing at {roots.procfs / str(pid)})")
+    return Target(pid)
+
+
+def _gather_sysfacts(session: Session, timeout: float) -> dict[str, Any]:
+    """System facts under a watchdog: a hung statfs or NVML call cannot hold the report."""
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(facts=sysfacts.gather(session)), daemon=True,
+                              name="envdoctor-sysfacts")
+    thread.start()
+    thread.join(timeout)
+    return box.get("facts") or {"unavailable": {"system": f"gathering system facts timed out after {timeout:g} s"}}
+
+
+def execute(
+    registry: Registry,
+    config: Config,
+    session: Session,
+    selection: Selection = Selection(),
+    *,
+    with_sysfacts: bool = True,
+) -> Report:
+    """Run the selected checks on `session` and return the redacted report."""
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    plans = plan(registry, config, selection)
+    only = set(selection.only) | set(config.only)
+    failures = [f for f in registry.failures if not only or f.name in only]
+    results = runner.load_failure_results(failures, session) + runner.run(plans, session)
+    results.sort(key=lambda r: r.check)
+    system = _gather_sysfacts(session, SYSFACTS_TIMEOUT) if with_sysfacts else {}
+    report = Report(host=socket.gethostname(), version=__version__, started_at=started_at,
+                    target=session.target.label, results=results, system=system,
+                    duration_seconds=time.perf_counter() - t0)
+    return redact.redact_report(report, _environments(session))
+
+
+def _environments(session: Session) -> list[Mapping[str, str]]:
+    envs: list[Mapping[str, str]] = [os.environ]
+    try:
+        envs.append(session.env)
+    except Unavailable:
+        pass  # an unreadable target environment cannot leak into the report either
+    return envs
+
+
+def build_session(
+    config: Config,
+    *,
+    pid: int | None = None,
+    roots: Roots = Roots(),
+    python: str | None = None,
+    onnx_files: Sequence[str] = (),
+    **overrides: Any,
+) -> Session:
+    target = make_target(pid, roots)
+    files = tuple(Path(f) for f in [*config.onnx, *onnx_files])
+    kwargs: dict[str, Any] = dict(target=target, roots=roots, onnx_files=files)
+    chosen_python = python or config.python
+    if chosen_python:
+        kwargs["python"] = chosen_python
+    kwargs.update(overrides)
+    return Session(**kwargs)
+
+
+def load_registry() -> Registry:
+    return registry_module.load()

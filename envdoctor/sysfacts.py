@@ -1,0 +1,118 @@
+"""The system-facts section of a report: what `python -m torch.utils.collect_env`
+gives, plus what it misses inside containers (CPU quota, /dev/shm size).
+
+Every item is gathered on its own: one that fails records why under `errors` and
+the others still come. Nothing here imports torch; torch's version appears only
+when the torch probe already ran for the checks (then it costs nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import sys
+from typing import Any, Callable
+
+from envdoctor.context import Session
+from envdoctor.errors import Unavailable
+
+
+def _os_name(session: Session) -> str | None:
+    path = session.roots.rootfs / "etc/os-release"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
+    return match.group(1) if match else None
+
+
+def _kernel(session: Session) -> str:
+    try:
+        return (session.roots.procfs / "sys/kernel/osrelease").read_text().strip()
+    except OSError:
+        return platform.release()
+
+
+def _cpu_model(session: Session) -> str | None:
+    try:
+        text = (session.roots.procfs / "cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"^(model name|Model|cpu model)\s*:\s*(.+)$", text, re.M)
+    return match.group(2).strip() if match else None
+
+
+def _memory(session: Session) -> dict[str, int]:
+    text = (session.roots.procfs / "meminfo").read_text()
+    values = {}
+    for name, key in (("MemTotal", "memory_total_bytes"), ("MemAvailable", "memory_available_bytes")):
+        match = re.search(rf"^{name}:\s+(\d+)\s*kB", text, re.M)
+        if match:
+            values[key] = int(match.group(1)) * 1024
+    return values
+
+
+def _affinity(session: Session) -> int:
+    return len(os.sched_getaffinity(session.target.pid or 0))
+
+
+def _cpu_quota(session: Session) -> dict[str, Any]:
+    from envdoctor import cgroup
+
+    limit = cgroup.cpu_limit(session.roots, session.target.pid)
+    return {"cpu_quota": limit.quota_cpus, "cpu_quota_source": limit.source}
+
+
+def _shm(session: Session) -> dict[str, int]:
+    stat = os.statvfs(session.target_path("/dev/shm"))
+    return {"shm_size_bytes": stat.f_blocks * stat.f_frsize, "shm_free_bytes": stat.f_bavail * stat.f_frsize}
+
+
+def _gpus(session: Session) -> dict[str, Any]:
+    nvml = session.need("nvml")
+    gpus = [
+        {"index": d.index, "name": d.name, "uuid": d.uuid, "pci_bus_id": d.pci_bus_id,
+         "compute_capability": ".".join(map(str, d.compute_capability)) if d.compute_capability else None,
+         "memory_total_bytes": d.memory_total_bytes}
+        for d in nvml.devices()
+    ]
+    cuda = nvml.cuda_driver_version()
+    return {"gpus": gpus, "driver_version": nvml.driver_version(),
+            "driver_cuda_version": f"{cuda[0]}.{cuda[1]}" if cuda else None}
+
+
+def _torch(session: Session) -> dict[str, Any]:
+    facts = session.computed("torch")
+    if not facts:
+        return {}
+    return {key: facts.get(key) for key in ("torch_version", "torch_cuda_version", "cudnn_version") if key in facts}
+
+
+def gather(session: Session) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "os": None, "kernel": None, "python_version": platform.python_version(),
+        "python_executable": session.python, "envdoctor_python": sys.executable,
+        "cpu_model": None, "cpu_logical": os.cpu_count(),
+    }
+    errors: dict[str, str] = {}
+    items: list[tuple[str, Callable[[Session], Any]]] = [
+        ("os", _os_name), ("kernel", _kernel), ("cpu_model", _cpu_model), ("cpu_affinity", _affinity),
+        ("cpu_quota", _cpu_quota), ("memory", _memory), ("shm", _shm), ("gpus", _gpus), ("torch", _torch),
+    ]
+    for name, gatherer in items:
+        try:
+            value = gatherer(session)
+        except Unavailable as exc:
+            errors[name] = str(exc)
+            continue
+        except Exception as exc:  # a fact we could not read is a reason, not a crash
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            continue
+        if isinstance(value, dict):
+            facts.update(value)
+        else:
+            facts[name] = value
+    facts["unavailable"] = errors
+    return facts
