@@ -1,0 +1,98 @@
+"""Prometheus text exposition of a report: what `serve` answers on /metrics.
+
+- envdoctor_check_status{check,target,status}: a state set, 1 for the current
+  status and 0 for the four others, so alerts can say `== 1` on `status="fail"`.
+- envdoctor_check_success{check,target}: 1 when the check ran (any status but error).
+- envdoctor_check_duration_seconds{check,target}.
+- One gauge per fact a check declares in its `metrics` (check.Metric), e.g.
+  envdoctor_shm_size_bytes{target}.
+- envdoctor_build_info{version,python_version} 1, envdoctor_last_run_timestamp_seconds.
+
+A private registry keeps process and GC metrics out; samples come from the report
+already made, never from running checks inside a scrape.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric as PromMetric
+
+from envdoctor.check import Check
+from envdoctor.model import Report, Status
+
+PREFIX = "envdoctor_"
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
+        return float(value)
+    return None
+
+
+class ReportCollector:
+    """A custom collector yielding fresh families from one finished report."""
+
+    def __init__(self, report: Report, catalog: Mapping[str, Check]):
+        self.report = report
+        self.catalog = catalog
+
+    def collect(self) -> Iterator[PromMetric]:
+        report = self.report
+        status = GaugeMetricFamily(PREFIX + "check_status", "Current status of each check: 1 for the current status, 0 for the others.",
+                                   labels=["check", "target", "status"])
+        success = GaugeMetricFamily(PREFIX + "check_success", "1 when the check ran to a verdict, 0 when it broke or timed out.",
+                                    labels=["check", "target"])
+        duration = GaugeMetricFamily(PREFIX + "check_duration_seconds", "How long the check took in its last run.",
+                                     labels=["check", "target"])
+        for r in report.results:
+            for s in Status:
+                status.add_metric([r.check, r.target, s.value], 1.0 if r.status is s else 0.0)
+            success.add_metric([r.check, r.target], 0.0 if r.status is Status.ERROR else 1.0)
+            duration.add_metric([r.check, r.target], r.duration_seconds)
+        yield status
+        yield success
+        yield duration
+        yield from self._facts()
+        info = InfoMetricFamily(PREFIX + "build", "envdoctor's version and the Python it runs on.",
+                                labels=["version", "python_version"])
+        info.add_metric([report.version, str(report.system.get("python_version", ""))], {})
+        yield info
+        last = GaugeMetricFamily(PREFIX + "last_run_timestamp_seconds", "When the report's run started, in Unix time.")
+        last.add_metric([], datetime.fromisoformat(report.started_at).timestamp())
+        yield last
+
+    def _facts(self) -> Iterator[PromMetric]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for r in self.report.results:
+            check = self.catalog.get(r.check)
+            if check is None:
+                continue
+            for m in check.metrics:
+                value = r.facts.get(m.fact)
+                labels = ["target"] + ([m.label] if m.label else [])
+                family = families.get(m.name)
+                if family is None:
+                    family = families[m.name] = GaugeMetricFamily(PREFIX + m.name, m.help, labels=labels)
+                if m.label:
+                    if isinstance(value, Mapping):
+                        for label_value, v in sorted(value.items()):
+                            number = _number(v)
+                            if number is not None:
+                                family.add_metric([r.target, str(label_value)], number)
+                else:
+                    number = _number(value)
+                    if number is not None:
+                        family.add_metric([r.target], number)
+        yield from (f for f in families.values() if f.samples)
+
+
+def render(report: Report, options) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReportCollector(report, options.catalog))
+    return generate_latest(registry).decode("utf-8")
