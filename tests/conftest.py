@@ -1,0 +1,42 @@
+"""Shared test helpers: running the CLI as a user would, the example plug-in
+installed for real, and golden files with an update flag."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the current output")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return request.config.getoption("--update-golden")
+
+
+@pytest.fixture(scope="session")
+def plugin_path(tmp_path_factory) -> Path:
+    """The example plug-in package, built and installed by pip into its own directory.
+
+    Putting that directory on PYTHONPATH makes its entry points visible exactly as
+    an installed third-party distribution's would be, without touching the venv.
+    """
+    target = tmp_path_factory.mktemp("plugin-site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(TESTS / "plugin_example")], check=True, capture_output=True, text=True)
+    return target
+
+
+@pytest.fixture
+def plugin_env(plugin_path) -> dict:
+    existing = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": str(plugin_path) + (os.pathsep + existing if existing else "")}

@@ -1,0 +1,1 @@
+"""An example envdoctor plug-in: how a third party adds checks."""

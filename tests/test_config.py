@@ -1,0 +1,140 @@
+"""Config: precedence defaults < file < environment < command line, and bad config
+reported with file, line and key (exit 2 from the CLI)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from envdoctor import config as cfg
+from envdoctor.check import Check
+from envdoctor.errors import ConfigError
+from envdoctor.model import ok
+
+from helpers import cli
+
+SHM = Check(id="shm.size", title="t", run=lambda ctx: ok("x"), config={"min_bytes": 1024, "num_workers": 0, "ratio": 0.5, "names": ["a"]})
+OTHER = Check(id="onnx.opset", title="t", run=lambda ctx: ok("x"), timeout=90)
+CATALOG = {c.id: c for c in (SHM, OTHER)}
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_defaults_when_there_is_no_file(tmp_path):
+    config = cfg.load(CATALOG, environ={}, cwd=tmp_path)
+    assert config.source is None and config.fail_on == "fail"
+    assert config.check_config(SHM) == SHM.config
+    assert config.timeout_for(SHM) == cfg.DEFAULT_TIMEOUT
+    assert config.timeout_for(OTHER) == 90  # a check's declared timeout wins over a smaller default
+
+
+def test_file_then_environment_precedence_and_size_strings(tmp_path):
+    _write(tmp_path, "envdoctor.toml", """
+        fail_on = "warn"
+        timeout = 20
+        [check."shm.size"]
+        min_bytes = "1GiB"
+        num_workers = 4
+        timeout = 3
+    """)
+    config = cfg.load(CATALOG, environ={}, cwd=tmp_path)
+    assert config.source.endswith("envdoctor.toml")
+    assert config.fail_on == "warn" and config.timeout == 20
+    assert config.check_config(SHM)["min_bytes"] == 1024**3
+    assert config.check_config(SHM)["num_workers"] == 4
+    assert config.timeout_for(SHM) == 3
+
+    env = {"ENVDOCTOR_FAIL_ON": "fail", "ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES": "16g",
+           "ENVDOCTOR_CHECK__SHM_SIZE__NAMES": "x, y", "ENVDOCTOR_CHECK__SHM_SIZE__ENABLED": "false"}
+    config = cfg.load(CATALOG, environ=env, cwd=tmp_path)
+    assert config.fail_on == "fail"
+    assert config.check_config(SHM)["min_bytes"] == 16 * 1024**3
+    assert config.check_config(SHM)["names"] == ["x", "y"]
+    assert config.enabled(SHM) is False
+
+
+def test_pyproject_tool_table_is_read(tmp_path):
+    _write(tmp_path, "pyproject.toml", """
+        [project]
+        name = "trainer"
+        [tool.envdoctor]
+        skip = ["onnx.opset"]
+        [tool.envdoctor.check."shm.size"]
+        ratio = 2
+    """)
+    config = cfg.load(CATALOG, environ={}, cwd=tmp_path)
+    assert config.skip == ["onnx.opset"] and config.check_config(SHM)["ratio"] == 2.0
+
+
+def test_pyproject_without_our_table_is_not_config(tmp_path):
+    _write(tmp_path, "pyproject.toml", "[project]\nname = 'x'\n")
+    assert cfg.load(CATALOG, environ={}, cwd=tmp_path).source is None
+
+
+@pytest.mark.parametrize("text, key, line, reason", [
+    ('fail_on = "warn"\n[check."shm.size"]\nmin_bytes = "lots"\n', 'check."shm.size".min_bytes', 3, "not a size"),
+    ('[check."shm.size"]\n\nnum_wokers = 4\n', 'check."shm.size".num_wokers', 3, "unknown setting for shm.size"),
+    ('[check."shm.sise"]\nmin_bytes = 1\n', 'check."shm.sise"', 1, "unknown check id"),
+    ('timeout = "soon"\n', "timeout", 1, "expected a number"),
+    ('fail_on = "error"\n', "fail_on", 1, "expected one of warn, fail"),
+    ('colour = true\n', "colour", 1, "unknown setting"),
+    ('[check."shm.size"]\nnum_workers = true\n', 'check."shm.size".num_workers', 2, "expected an integer"),
+])
+def test_bad_file_names_file_line_key_and_reason(tmp_path, text, key, line, reason):
+    path = _write(tmp_path, "envdoctor.toml", text)
+    with pytest.raises(ConfigError) as info:
+        cfg.load(CATALOG, environ={}, cwd=tmp_path)
+    err = info.value
+    assert (err.file, err.line, err.key) == (str(path), line, key)
+    assert reason in str(err) and str(err).startswith(f"{path}:{line}: {key}: ")
+
+
+def test_toml_syntax_error_names_the_line(tmp_path):
+    _write(tmp_path, "envdoctor.toml", 'timeout = 3\n[check."shm.size"\n')
+    with pytest.raises(ConfigError) as info:
+        cfg.load(CATALOG, environ={}, cwd=tmp_path)
+    assert info.value.line == 2 and "not valid TOML" in str(info.value)
+
+
+def test_bad_environment_names_the_variable():
+    with pytest.raises(ConfigError, match="ENVDOCTOR_CHECK__SHM_SIZE__NUM_WORKERS: expected an integer"):
+        cfg.load(CATALOG, environ={"ENVDOCTOR_CHECK__SHM_SIZE__NUM_WORKERS": "four"})
+    with pytest.raises(ConfigError, match="ENVDOCTOR_CHECK__NOPE__X"):
+        cfg.load(CATALOG, environ={"ENVDOCTOR_CHECK__NOPE__X": "1"})
+
+
+def test_explicit_missing_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        cfg.load(CATALOG, explicit_file=str(tmp_path / "nope.toml"), environ={})
+
+
+# --- through the CLI, as a user meets it ---------------------------------------------
+def test_cli_bad_config_exits_2_with_one_line(tmp_path):
+    path = _write(tmp_path, "envdoctor.toml", '[check."shm.size"]\nmin_bytes = "lots"\n')
+    proc = cli("check", "--only", "shm.size", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert f"{path}:2: check.\"shm.size\".min_bytes:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_flag_beats_environment_beats_file(tmp_path, plugin_env):
+    _write(tmp_path, "envdoctor.toml", '[check."example.marker_file"]\npath = "/definitely/not/here"\n')
+    # file: marker missing -> fail -> exit 1
+    proc = cli("check", "--only", "example.marker_file", "--format", "json", cwd=tmp_path, env=plugin_env)
+    assert proc.returncode == 1, proc.stderr
+    # environment overrides the file: marker present -> ok -> exit 0
+    env = {**plugin_env, "ENVDOCTOR_CHECK__EXAMPLE_MARKER_FILE__PATH": str(tmp_path / "envdoctor.toml")}
+    proc = cli("check", "--only", "example.marker_file", "--format", "json", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout
+    # an unset path warns: exit 0 at --fail-on fail (file), 1 when env says warn, 0 again when the flag says fail
+    _write(tmp_path, "envdoctor.toml", 'fail_on = "fail"\n')
+    assert cli("check", "--only", "example.marker_file", cwd=tmp_path, env=plugin_env).returncode == 0
+    env = {**plugin_env, "ENVDOCTOR_FAIL_ON": "warn"}
+    assert cli("check", "--only", "example.marker_file", cwd=tmp_path, env=env).returncode == 1
+    assert cli("check", "--only", "example.marker_file", "--fail-on", "fail", cwd=tmp_path, env=env).returncode == 0

@@ -1,0 +1,108 @@
+"""The runner contains every kind of misbehaviour and runs checks concurrently."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from envdoctor.check import Check
+from envdoctor.context import Session
+from envdoctor.errors import Unavailable
+from envdoctor.model import Status, ok, warn
+from envdoctor.runner import Plan, run
+
+
+def _check(check_id, fn, **kw):
+    return Check(id=check_id, title=check_id, run=fn, **kw)
+
+
+def _session(**kw):
+    return Session(env_override={}, **kw)
+
+
+def test_hang_and_raise_become_error_rows_while_others_are_judged():
+    release = threading.Event()
+
+    def hang(ctx):
+        release.wait(60)
+        return ok("never")
+
+    def boom(ctx):
+        raise KeyError("missing fact")
+
+    plans = [
+        Plan(_check("t.hang", hang), {}, 0.5),
+        Plan(_check("t.boom", boom), {}, 5),
+        Plan(_check("t.fine", lambda ctx: warn("observed 3, expected 2", "export X=2", n=3)), {}, 5),
+    ]
+    started = time.perf_counter()
+    results = {r.check: r for r in run(plans, _session())}
+    elapsed = time.perf_counter() - started
+    release.set()
+
+    assert results["t.hang"].status is Status.ERROR
+    assert "timed out after 0.5 s" in results["t.hang"].summary
+    assert "hang" in results["t.hang"].summary  # names where it was stuck
+    assert results["t.boom"].status is Status.ERROR
+    assert "KeyError" in results["t.boom"].summary and "test_runner.py" in results["t.boom"].summary
+    assert results["t.fine"].status is Status.WARN and results["t.fine"].facts == {"n": 3}
+    assert results["t.fine"].remediation == "export X=2"
+    assert 0.45 <= elapsed < 2.0, elapsed  # near the timeout, not the hang's 60 s
+
+
+def test_checks_run_concurrently_wall_time_is_the_slowest_not_the_sum():
+    def nap(ctx):
+        time.sleep(0.4)
+        return ok("rested")
+
+    plans = [Plan(_check(f"t.nap{i}", nap), {}, 5) for i in range(5)]
+    started = time.perf_counter()
+    results = run(plans, _session())
+    elapsed = time.perf_counter() - started
+    assert [r.status for r in results] == [Status.OK] * 5
+    assert elapsed < 1.2, f"5 x 0.4 s checks took {elapsed:.2f} s: not concurrent"
+    assert all(r.duration_seconds >= 0.39 for r in results)
+
+
+def test_unavailable_becomes_skip_with_reason_and_unmet_needs_skip_before_running():
+    called = []
+
+    def needs_gpu(ctx):
+        called.append(True)
+        return ok("ran")
+
+    def no_permission(ctx):
+        raise Unavailable("permission denied reading /proc/1/environ")
+
+    def missing_nvml():
+        raise Unavailable("NVML library not found: no NVIDIA driver")
+
+    session = _session(nvml_factory=missing_nvml)
+    results = {r.check: r for r in run([
+        Plan(_check("t.gpu", needs_gpu, needs=("nvml",)), {}, 5),
+        Plan(_check("t.perm", no_permission), {}, 5),
+    ], session)}
+    assert results["t.gpu"].status is Status.SKIP and "no NVIDIA driver" in results["t.gpu"].summary
+    assert called == []
+    assert results["t.perm"].status is Status.SKIP and "permission denied" in results["t.perm"].summary
+
+
+def test_runner_fills_identity_and_a_non_result_is_an_error():
+    results = run([Plan(_check("t.bad", lambda ctx: "ok"), {}, 5)], _session())
+    assert results[0].check == "t.bad" and results[0].target == "self"
+    assert results[0].status is Status.ERROR and "not a Result" in results[0].summary
+
+
+def test_a_shared_need_is_computed_once_across_concurrent_checks():
+    calls = []
+
+    def slow_torch(session):
+        calls.append(1)
+        time.sleep(0.2)
+        return {"torch_version": "2.13.0"}
+
+    session = _session(torch_factory=slow_torch)
+    plans = [Plan(_check(f"t.torch{i}", lambda ctx: ok(ctx.torch["torch_version"]), needs=("torch",)), {}, 5) for i in range(4)]
+    results = run(plans, session)
+    assert [r.summary for r in results] == ["2.13.0"] * 4
+    assert calls == [1]
