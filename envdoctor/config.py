@@ -83,19 +83,30 @@ class Config:
 
 
 # --------------------------------------------------------------------------- finding the file
+def _is_file(path: Path) -> bool:
+    """is_file() that treats an unreadable directory as "no file there", not a crash."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[str, str] = os.environ) -> tuple[Path, str] | None:
     """(path, table prefix) of the config file to read, or None when there is none."""
-    cwd = cwd or Path.cwd()
+    try:
+        cwd = cwd or Path.cwd()
+    except OSError:  # the working directory was removed under us
+        return None
     chosen = explicit or environ.get(ENV_PREFIX + "CONFIG")
     if chosen:
         path = Path(chosen)
-        if not path.is_file():
-            raise ConfigError("config file not found", file=str(path))
+        if not _is_file(path):
+            raise ConfigError("config file not found (or not readable)", file=str(path))
         return path, ("tool.envdoctor" if path.name == "pyproject.toml" else "")
-    if (cwd / "envdoctor.toml").is_file():
+    if _is_file(cwd / "envdoctor.toml"):
         return cwd / "envdoctor.toml", ""
     pyproject = cwd / "pyproject.toml"
-    if pyproject.is_file():
+    if _is_file(pyproject):
         try:
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):

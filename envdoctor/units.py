@@ -33,6 +33,8 @@ def parse_size(text: str | int) -> int:
     unit = unit.lower()
     if unit.endswith("ib"):  # KiB, MiB, GiB: binary, spelled out
         unit = unit[:-2]
+    elif len(unit) == 2 and unit.endswith("i"):  # Ki, Mi, Gi: Kubernetes quantities
+        unit = unit[:-1]
     multiplier = _BINARY.get(unit) or _SI.get(unit)
     if multiplier is None:
         raise ParseError(f"{text!r} has an unknown unit {match.group(2)!r}; use k, m, g, t (powers of 1024) or kB, MB, GB")

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh machine, then run all of it.
+#
+#   bash scripts/test.sh            # the whole suite, in parallel
+#   bash scripts/test.sh -k shm     # extra arguments go to pytest
+#
+# What it installs: a virtual environment in .venv with envdoctor (editable) and
+# its test, torch and onnx extras. torch is pinned to 2.13.0 and installed first,
+# so nothing later can resolve another torch (which would pull gigabytes of CUDA
+# wheels). promtool comes from Debian's `prometheus` package when missing.
+# The real-environment tests (unshare + tmpfs /dev/shm, cgroup v1 CPU quotas,
+# running as another user) need root, as CI has.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v promtool >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "== installing promtool (Debian package prometheus)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    else
+        echo "!! promtool is missing and this is not root: the promtool tests will skip" >&2
+    fi
+fi
+
+echo "== installing envdoctor and the test dependencies into .venv"
+python3 -m venv .venv
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
+.venv/bin/python -m pip install --quiet -e ".[test,torch,onnx]"
+if .venv/bin/python -m pip list 2>/dev/null | grep -qi '^nvidia-cu'; then
+    echo "!! a CUDA build of torch was pulled in; the install step is wrong" >&2
+    exit 1
+fi
+
+echo "== running the test suite"
+exec .venv/bin/python -m pytest -n auto "$@"

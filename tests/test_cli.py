@@ -1,0 +1,108 @@
+"""The CLI as a user meets it: plug-ins listed and run, misbehaving checks
+contained end to end, exit codes, bad usage in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import cli
+
+
+def test_checks_lists_builtins_and_the_installed_plugin(plugin_env):
+    proc = cli("checks", env=plugin_env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    ids = [line.split()[0] for line in lines]
+    for builtin in ("shm.size", "cpu.threads", "cuda.visible_devices", "dist.env", "onnx.opset"):
+        assert builtin in ids
+    marker = next(line for line in lines if line.startswith("example.marker_file"))
+    assert "plug-in from envdoctor-example-plugin" in marker
+    broken = next(line for line in lines if line.startswith("example.broken"))
+    assert "BROKEN" in broken and "envdoctor_example_missing_dependency" in broken
+
+
+def test_plugin_runs_end_to_end_and_a_broken_plugin_is_an_error_row(plugin_env, tmp_path):
+    marker = tmp_path / "READY"
+    marker.write_text("yes")
+    env = {**plugin_env, "ENVDOCTOR_CHECK__EXAMPLE_MARKER_FILE__PATH": str(marker)}
+    proc = cli("check", "--format", "json", "--only", "example.marker_file", "--only", "example.broken", env=env)
+    report = json.loads(proc.stdout)
+    rows = {r["check"]: r for r in report["results"]}
+    assert rows["example.marker_file"]["status"] == "ok"
+    assert rows["example.marker_file"]["facts"]["size_bytes"] == 3
+    assert rows["example.broken"]["status"] == "error"
+    assert "envdoctor_example_missing_dependency" in rows["example.broken"]["summary"]
+    assert proc.returncode == 1  # an error counts at the fail level
+
+
+def test_disable_plugin_autoload_keeps_only_builtins(plugin_env):
+    proc = cli("checks", env={**plugin_env, "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert "example." not in proc.stdout and "shm.size" in proc.stdout
+
+
+def test_hanging_and_raising_checks_end_as_errors_near_the_timeout(plugin_env, tmp_path):
+    marker = tmp_path / "READY"
+    marker.write_text("")
+    env = {**plugin_env, "ENVDOCTOR_CHECK__EXAMPLE_SLEEPY__SECONDS": "60",
+           "ENVDOCTOR_CHECK__EXAMPLE_MARKER_FILE__PATH": str(marker)}
+    started = time.perf_counter()
+    proc = cli("check", "--format", "json", "--timeout", "2", "--only", "example.sleepy", "--only", "example.raises",
+               "--only", "example.marker_file", "--only", "dist.env", env=env)
+    elapsed = time.perf_counter() - started
+    rows = {r["check"]: r for r in json.loads(proc.stdout)["results"]}
+    assert rows["example.sleepy"]["status"] == "error" and "timed out after 2 s" in rows["example.sleepy"]["summary"]
+    assert "misbehaving.py" in rows["example.sleepy"]["summary"]  # says where it hung
+    assert rows["example.raises"]["status"] == "error" and "broken on purpose" in rows["example.raises"]["summary"]
+    assert rows["example.marker_file"]["status"] == "ok"
+    assert rows["dist.env"]["status"] in ("skip", "ok", "warn", "fail")  # judged, not disturbed
+    assert proc.returncode == 1
+    assert elapsed < 2 + 8, f"run took {elapsed:.1f} s with a 2 s timeout"  # interpreter start-up + the timeout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("check", "--pid", "999999999"), "no process 999999999"),
+    (("check", "--only", "shm.sise"), "unknown check id 'shm.sise'"),
+    (("check", "--format", "yaml"), "--format must be one of"),
+    (("check", "--fail-on", "error"), "--fail-on must be warn or fail"),
+    (("check", "--path.procfs", "/nonexistent"), "is not a directory"),
+    (("explain", "nope.nope"), "unknown check id 'nope.nope'"),
+])
+def test_bad_usage_exits_2_with_one_clear_line(args, message):
+    proc = cli(*args)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_explain_prints_the_checks_own_page_and_settings():
+    proc = cli("explain", "shm.size")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("shm.size: ")
+    assert "Settings, in envdoctor.toml under [check.\"shm.size\"]" in proc.stdout
+    assert "ENVDOCTOR_CHECK__SHM_SIZE__KEY" in proc.stdout
+
+
+def test_python_dash_m_works_like_the_command():
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "envdoctor 0.1.0"
+
+
+def test_output_file_is_written_whole(tmp_path):
+    out = tmp_path / "report.json"
+    proc = cli("check", "--only", "dist.env", "--format", "json", "--output", str(out))
+    assert proc.stdout == "" and proc.returncode in (0, 1)
+    assert json.loads(out.read_text())["schema"] == "envdoctor.report/v1"
+    assert not (tmp_path / "report.json.tmp").exists()
+
+
+def test_no_color_in_pipes_and_with_no_color():
+    proc = cli("check", "--only", "dist.env")
+    assert "\x1b[" not in proc.stdout
+    assert "dist.env" in proc.stdout

@@ -1,0 +1,52 @@
+"""The wheel installs checks/ and exporters/ under envdoctor.*, never as top-level
+packages, and carries the schema and every built-in entry point."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUILTINS = {"cuda.visible_devices", "cuda.runtime", "gpu.health", "shm.size", "cpu.threads", "torch.cudnn",
+            "torch.pin_memory", "onnx.opset", "dist.env"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(out), str(REPO)], check=True, capture_output=True, text=True)
+    (path,) = out.glob("envdoctor-*.whl")
+    return path
+
+
+def test_no_top_level_checks_or_exporters(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {n.split("/")[0] for n in names}
+    assert "checks" not in top_level and "exporters" not in top_level, top_level
+    assert top_level <= {"envdoctor", next(n for n in top_level if n.endswith(".dist-info"))}
+    assert "envdoctor/checks/__init__.py" in names and "envdoctor/exporters/prometheus_format.py" in names
+    assert "envdoctor/schema/report-v1.json" in names
+    record = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("top_level.txt"))).decode() \
+        if any(n.endswith("top_level.txt") for n in names) else "envdoctor\n"
+    assert record.split() == ["envdoctor"]
+
+
+def test_every_builtin_check_is_an_entry_point_whose_module_is_shipped(wheel):
+    archive = zipfile.ZipFile(wheel)
+    names = archive.namelist()
+    entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    section = entry_points.split("[envdoctor.checks]")[1].split("\n[")[0]
+    declared = {}
+    for line in section.strip().splitlines():
+        name, value = (part.strip() for part in line.split("="))
+        declared[name] = value
+    assert set(declared) == BUILTINS
+    for value in declared.values():
+        module = value.split(":")[0]
+        assert module.replace(".", "/") + ".py" in names, f"{module} is declared but not in the wheel"
+    assert "envdoctor = envdoctor.cli:main" in entry_points

@@ -1,0 +1,65 @@
+"""Property tests for the engine's own parsers: on any input they return a value
+or raise envdoctor's ParseError, nothing else."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from envdoctor.errors import ParseError
+from envdoctor.procfs import parse_environ
+from envdoctor.units import docker_size, format_bytes, k8s_size, parse_size
+
+
+@given(st.one_of(st.text(), st.integers(), st.floats(), st.none(), st.booleans(), st.binary()))
+def test_parse_size_returns_bytes_or_parse_error(value):
+    try:
+        result = parse_size(value)
+    except ParseError:
+        return
+    assert isinstance(result, int) and result >= 0
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("64m", 64 * 1024**2), ("64M", 64 * 1024**2), ("16g", 16 * 1024**3), ("1GiB", 1024**3), ("1Gi", 1024**3),
+    ("1.5g", int(1.5 * 1024**3)), ("1048576", 1048576), (" 2 MiB ", 2 * 1024**2), ("1GB", 10**9), ("512kB", 512000),
+    (4096, 4096),
+])
+def test_parse_size_spellings(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "lots", "-1g", "1.2.3g", "5 parsecs", "1e9", True, -5, None])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ParseError):
+        parse_size(bad)
+
+
+@given(st.integers(min_value=0, max_value=2**60))
+def test_docker_and_k8s_sizes_round_up_and_parse_back(n):
+    assert parse_size(docker_size(n)) >= n
+    assert parse_size(k8s_size(n)) >= n
+    assert isinstance(format_bytes(n), str)
+
+
+def test_format_bytes_is_exact_where_it_can_be():
+    assert format_bytes(64 * 1024**2) == "64 MiB"
+    assert format_bytes(1536) == "1.5 KiB"
+
+
+@given(st.binary())
+def test_parse_environ_never_fails_on_bytes(data):
+    env = parse_environ(data)
+    assert all(isinstance(k, str) and k and isinstance(v, str) for k, v in env.items())
+
+
+@given(st.dictionaries(st.text(alphabet=st.characters(blacklist_characters="=\0", blacklist_categories=("Cs",)), min_size=1),
+                       st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)))))
+def test_parse_environ_round_trips_what_a_process_would_hold(env):
+    data = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    assert parse_environ(data) == env
+
+
+def test_parse_environ_rejects_non_bytes_with_parse_error():
+    with pytest.raises(ParseError):
+        parse_environ("A=1")  # type: ignore[arg-type]

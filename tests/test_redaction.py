@@ -1,0 +1,77 @@
+"""No planted secret appears in any output format, for this process's environment
+and for a --pid target's, even when a careless plug-in echoes the whole environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from envdoctor import redact
+from envdoctor.exporters import FORMATS
+from helpers import cli
+
+SECRETS = {
+    "HF_TOKEN": "hf_PlantedTokenValue8d7f6",
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYPLANTED",
+    "DB_PASSWORD": "correct-horse-battery-planted",
+    "MY_SERVICE_API_KEY": "sk-live-planted-0123456789",
+    "GITHUB_CREDENTIALS": "ghp_plantedCredential42",
+    "TORCH_HUB_TOKEN": "allowlisted-name-but-secret-planted",  # allow-listed prefix, secret-looking name
+    "NCCL_AUTH_KEY": "nccl-planted-key-material",
+    "DATABASE_URL": "postgres://user:plantedpw@db.internal/prod",  # an innocuous name, still never shown
+}
+
+
+def _assert_clean(text: str, where: str):
+    for name, value in SECRETS.items():
+        assert value not in text, f"{name}'s value leaked into {where}"
+        # a fragment long enough to identify it must not leak either
+        assert value[:12] not in text, f"a prefix of {name}'s value leaked into {where}"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_secret_in_any_format_for_self(fmt, plugin_env):
+    env = {**plugin_env, **SECRETS}
+    proc = cli("check", "--format", fmt, env=env)  # every default check
+    assert proc.returncode in (0, 1), proc.stderr
+    _assert_clean(proc.stdout + proc.stderr, fmt)
+    # and with the careless plug-in that copies the environment into its summary and facts
+    proc = cli("check", "--format", fmt, "--only", "example.echo_env", env=env)
+    assert "example.echo_env" in proc.stdout
+    _assert_clean(proc.stdout + proc.stderr, f"{fmt} (echo_env)")
+    if fmt == "json":
+        assert redact.MASK in proc.stdout
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_secret_in_any_format_for_a_pid_target(fmt, plugin_env):
+    # The target holds the secrets; envdoctor's own environment does not.
+    child_env = {**os.environ, **SECRETS, "OMP_NUM_THREADS": "4"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=child_env)
+    try:
+        for args in (("check", "--pid", str(child.pid), "--format", fmt),
+                     ("check", "--pid", str(child.pid), "--format", fmt, "--only", "example.echo_env")):
+            proc = cli(*args, env=plugin_env)
+            assert proc.returncode in (0, 1), proc.stderr
+            assert f"pid:{child.pid}" in proc.stdout or fmt == "prometheus" and "pid:" in proc.stdout
+            _assert_clean(proc.stdout + proc.stderr, f"{fmt} --pid {' '.join(args[4:])}")
+        # the allow-listed, non-secret value is still visible: redaction is not blanket
+        proc = cli("check", "--pid", str(child.pid), "--format", "json", "--only", "example.echo_env", env=plugin_env)
+        assert "OMP_NUM_THREADS=4" in proc.stdout
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_visible_env_allow_list_and_masks():
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "HOME": "/root", "NCCL_IB_KEY": "abc", "HF_TOKEN": "x" * 20, "RANK": "0"}
+    assert redact.visible_env(env) == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_IB_KEY": redact.MASK, "RANK": "0"}
+
+
+def test_scrubber_masks_longest_first_and_leaves_short_values():
+    scrub = redact.Scrubber(redact.secret_values([{"A_TOKEN": "abcdefgh", "B_TOKEN": "abcdefghijkl", "X_KEY": "1"}]))
+    assert scrub.text("v=abcdefghijkl w=abcdefgh n=1") == "v=*** w=*** n=1"
+    assert scrub.any({"k": ["abcdefgh", 3]}) == {"k": ["***", 3]}

@@ -1,0 +1,63 @@
+"""Targets other than ourselves: another process's environment read through
+/proc/N, permission denied and a process that vanishes mid-run become skips with
+their reason, never tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from envdoctor.context import Session, Target
+from envdoctor.errors import Unavailable
+from helpers import cli
+
+
+def _sleeper(env=None):
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+
+
+def test_pid_target_environment_is_the_targets_not_ours():
+    child = _sleeper({**os.environ, "CUDA_VISIBLE_DEVICES": "3,1", "ONLY_IN_CHILD": "yes"})
+    try:
+        env = Session(target=Target(child.pid)).env
+        assert env["CUDA_VISIBLE_DEVICES"] == "3,1" and env["ONLY_IN_CHILD"] == "yes"
+        assert "ONLY_IN_CHILD" not in os.environ
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_exits_mid_run_is_a_reason_not_a_crash():
+    child = _sleeper()
+    session = Session(target=Target(child.pid))
+    child.kill()
+    child.wait()
+    with pytest.raises(Unavailable, match=f"process {child.pid} exited during the run"):
+        session.env
+
+
+@pytest.mark.real
+def test_permission_denied_on_another_users_process_is_a_skip(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run envdoctor as 'nobody' against a root-owned process")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    child = _sleeper()  # owned by root
+    try:
+        env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
+        proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                               "envdoctor", "check", "--pid", str(child.pid), "--only", "dist.env", "--format", "json"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        row = json.loads(proc.stdout)["results"][0]
+        assert row["status"] == "skip", row
+        assert "permission denied" in row["summary"] and f"/proc/{child.pid}/environ" in row["summary"]
+    finally:
+        child.kill()
+        child.wait()
