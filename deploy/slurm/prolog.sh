@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Slurm prolog: refuse to start jobs on a node that envdoctor finds broken.
+# A non-zero exit makes Slurm drain the node; the first failing row becomes the reason.
+# Settings: ENVDOCTOR (path to the binary), ENVDOCTOR_PROLOG_ARGS (extra arguments).
+set -u
+envdoctor="${ENVDOCTOR:-envdoctor}"
+errors=$(mktemp)
+report=$("$envdoctor" check --format json --fail-on fail ${ENVDOCTOR_PROLOG_ARGS:-} 2>"$errors")
+code=$?
+trap 'rm -f "$errors"' EXIT
+case $code in
+  0) exit 0 ;;
+  1) reason=$(printf '%s' "$report" | python3 -c '
+import json, sys
+rows = json.load(sys.stdin)["results"]
+bad = [r for r in rows if r["status"] in ("fail", "error")]
+print("; ".join(r["check"] + ": " + r["summary"] for r in bad)[:200])' 2>/dev/null || echo "envdoctor found problems")
+     echo "envdoctor: $reason" >&2
+     exit 1 ;;
+  *) echo "envdoctor prolog could not run (exit $code): $(cat "$errors")" >&2
+     exit 0 ;;  # a broken prolog must not drain the whole cluster
+esac
