@@ -123,7 +123,7 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> N
 
     to_terminal = output is None and sys.stdout.isatty()
     color = to_terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-    width = shutil.get_terminal_size((120, 24)).columns if to_terminal else 120
+    width = shutil.get_terminal_size((120, 24)).columns  # the terminal's, or $COLUMNS, or 120 in a pipe
     text = render(fmt, report, ExportOptions(catalog=registry.checks, fail_on=fail_on, color=color, width=width))
     if output is None:
         sys.stdout.write(text)
