@@ -1,1 +1,220 @@
-"""The torch probe: runs in the target interpreter, never in envdoctor's own process."""
+"""The torch probe: runs in the target interpreter, never in envdoctor's own process.
+
+envdoctor's own process never imports torch (DESIGN principles 1 and 5): torch
+costs seconds to import, and `envdoctor serve` must not load CUDA libraries into a
+monitor. Torch facts come from `torch_probe.py`, run as `PYTHON -c SOURCE` in the
+interpreter the job uses (`--python`, default the one envdoctor runs in), under a
+timeout, in its own process group so a hung probe and anything it started can be
+killed.
+
+    run_probe(python)             -> dict of facts (cached per interpreter and torch
+                                     installation; see cache.py)
+    run_measurement(python, ...)  -> dict, never cached: the pin_memory bandwidth
+                                     measurement, the one mode that creates a CUDA context
+
+Outcomes: the facts; `Unavailable` (the runner makes it a skip) when the
+interpreter does not exist or has no torch; `ProbeError` (the runner makes it an
+error) when torch is there but broken, or the probe hangs, crashes or prints no
+result; its message carries the tail of what the probe printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from envdoctor.errors import EnvdoctorError, Unavailable
+from envdoctor.probe import cache
+
+DEFAULT_TIMEOUT = 60.0  # cold `import torch` here takes ~1.5-2.6 s; a loaded NFS home can take far longer
+TIMEOUT_VAR = "ENVDOCTOR_PROBE_TIMEOUT"
+MARKER = "ENVDOCTOR-PROBE-RESULT "
+_SCRIPT = Path(__file__).with_name("torch_probe.py")
+_STDERR_TAIL = 1500
+
+
+class ProbeError(EnvdoctorError):
+    """The probe ran but gave no usable answer: torch broken, a hang, a crash."""
+
+
+def probe_source() -> str:
+    return _SCRIPT.read_text(encoding="utf-8")
+
+
+def _source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def default_timeout() -> float:
+    raw = os.environ.get(TIMEOUT_VAR, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+            if value > 0:
+                return value
+        except ValueError:
+            pass
+    return DEFAULT_TIMEOUT
+
+
+def resolve_python(python: str) -> str:
+    """An absolute path to the interpreter, or Unavailable saying why there is none.
+
+    Not resolved through symlinks: a venv's bin/python is a link to the base
+    interpreter, and it is the link that selects the venv's site-packages.
+    """
+    if not python:
+        raise Unavailable("no Python interpreter to probe for torch (sys.executable is empty; pass --python PATH)")
+    if os.sep not in python:
+        found = shutil.which(python)
+        if found is None:
+            raise Unavailable(f"no torch: the interpreter {python!r} is not on PATH")
+        python = found
+    path = os.path.abspath(python)
+    if not os.path.exists(path):
+        raise Unavailable(f"no torch: the interpreter {path} does not exist")
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise Unavailable(f"no torch: {path} is not an executable interpreter")
+    return path
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    if len(text) > _STDERR_TAIL:
+        text = "..." + text[-_STDERR_TAIL:]
+    return text
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _execute(python: str, args: list[str], timeout: float, source: str,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the probe script and return its JSON, or raise ProbeError with what it printed.
+
+    The probe inherits envdoctor's environment (PYTHONPATH, LD_LIBRARY_PATH,
+    CUDA_VISIBLE_DEVICES... decide what it finds); `env` overrides single names.
+    """
+    full_env = None
+    if env:
+        full_env = dict(os.environ)
+        full_env.update(env)
+    try:
+        proc = subprocess.Popen(
+            [python, "-c", source, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            # "-c" puts the current directory first on sys.path; a neutral one keeps
+            # a ./torch folder in whatever directory envdoctor was started from out.
+            cwd=os.path.abspath(os.sep),
+            env=full_env,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise Unavailable(f"no torch: cannot start {python}: {exc.strerror or exc}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a grandchild escaped the group and holds the pipes
+            out, err = b"", b""
+        said = _tail(err.decode("utf-8", "replace"))
+        raise ProbeError(
+            f"the torch probe in {python} did not finish within {timeout:g} s (killed)"
+            + (f"; it printed: {said}" if said else "; it printed nothing")
+            + f"; raise the limit with {TIMEOUT_VAR}=SECONDS"
+        ) from None
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    text = out.decode("utf-8", "replace")
+    result = None
+    for line in reversed(text.splitlines()):
+        if line.startswith(MARKER):
+            try:
+                result = json.loads(line[len(MARKER):])
+            except ValueError:
+                result = None
+            break
+    if not isinstance(result, dict):
+        said = _tail(err.decode("utf-8", "replace") or text)
+        if proc.returncode is not None and proc.returncode < 0:
+            try:
+                how = f"was killed by {signal.Signals(-proc.returncode).name}"
+            except ValueError:
+                how = f"was killed by signal {-proc.returncode}"
+        else:
+            how = f"exited with status {proc.returncode}"
+        raise ProbeError(f"the torch probe in {python} {how} without a result" + (f"; it printed: {said}" if said else ""))
+    result["_stderr_tail"] = _tail(err.decode("utf-8", "replace"))
+    return result
+
+
+def _judge_outcome(python: str, facts: dict[str, Any]) -> dict[str, Any]:
+    if facts.get("torch") is False:
+        raise Unavailable(f"no torch in {python} (pass --python PATH to probe the interpreter your job uses)")
+    if facts.get("import_error"):
+        raise ProbeError(f"torch is installed in {python} but fails to import: {facts['import_error']}")
+    return facts
+
+
+def run_probe(python: str, *, timeout: float | None = None, use_cache: bool | None = None,
+              cache_directory: Path | None = None) -> dict[str, Any]:
+    """Torch facts of `python`'s torch, from the cache when still valid.
+
+    The returned dict is a fresh copy; `probe_cached` says where it came from.
+    """
+    python = resolve_python(python)
+    timeout = default_timeout() if timeout is None else timeout
+    use_cache = cache.enabled() if use_cache is None else use_cache
+    source = probe_source()
+    source_hash = _source_hash(source)
+    if use_cache:
+        cached = cache.load(python, source_hash, directory=cache_directory)
+        if cached is not None:
+            facts = dict(cached)
+            facts["probe_cached"] = True
+            return _judge_outcome(python, facts)
+    before = cache.static_fingerprint(python, source_hash)
+    started = time.perf_counter()
+    facts = _execute(python, ["facts"], timeout, source)
+    facts["probe_wall_seconds"] = round(time.perf_counter() - started, 3)
+    facts.pop("_stderr_tail", None)
+    # Negative answers ("no torch here") are cached too: the fingerprint notices
+    # torch arriving in any directory on the path. Broken imports are not.
+    if use_cache and not facts.get("import_error"):
+        cache.store(python, facts, before, directory=cache_directory)
+    facts = dict(facts)
+    facts["probe_cached"] = False
+    return _judge_outcome(python, facts)
+
+
+def run_measurement(python: str, mode: str, params: dict[str, Any], *, timeout: float | None = None,
+                    env: dict[str, str] | None = None) -> dict[str, Any]:
+    """A live measurement in the target interpreter (mode "pin_memory"); never cached.
+
+    `env` overrides environment variables for the probe only (the pin_memory
+    check pins it to one idle GPU with CUDA_VISIBLE_DEVICES=<uuid>).
+    """
+    python = resolve_python(python)
+    timeout = default_timeout() if timeout is None else timeout
+    facts = _execute(python, [mode, json.dumps(params)], timeout, probe_source(), env)
+    facts.pop("_stderr_tail", None)
+    return _judge_outcome(python, facts)
+
+
+__all__ = ["run_probe", "run_measurement", "ProbeError", "DEFAULT_TIMEOUT", "resolve_python"]

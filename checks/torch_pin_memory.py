@@ -1,0 +1,262 @@
+"""pin_memory: what page-locked host memory buys here, and what the job's CPU can spare.
+
+What it reads
+  - NVML: whether there is an NVIDIA GPU, and which GPUs have compute processes;
+  - with a GPU: a short measurement in the target interpreter (a separate probe
+    mode, the only one that creates a CUDA context, on one idle GPU, for well
+    under a second of transfers): host-to-device copy bandwidth from pageable
+    and from pinned memory, and the CPU seconds spent pinning per GiB (what
+    DataLoader(pin_memory=True)'s pin thread pays for every batch). Skipped when
+    every GPU already has compute processes, so it never takes from a running job;
+  - for a `--pid` target: the process's CPU time (utime + stime of
+    <procfs>/PID/stat) over a short window against the CPUs it may use (affinity
+    mask and cgroup quota, envdoctor.cgroup.effective_cpus).
+
+Why it matters (PITFALLS 4)
+  pin_memory=True page-locks each batch so the copy to the GPU can use DMA: faster
+  copies, but a CPU cost (copying into the locked buffer, in one thread of the
+  training process) and locked RAM. One of the source notes saw the CPU pinned at
+  99% at each epoch boundary; turning pin_memory off fixed it. Without a GPU it
+  buys nothing at all. The trade is worth it when the measured pinned bandwidth is
+  clearly higher and the process has CPU to spare.
+
+Statuses
+  warn   the --pid target uses at least `saturation_ratio` of its effective CPUs
+         (both numbers named); pinned copies are not clearly faster than pageable
+         ones (speedup below `min_speedup`) yet cost CPU.
+  skip   no GPU: pinning has no effect (and the --pid target, if any, has CPU to
+         spare); a GPU but nothing measured (all busy, disabled, no CUDA torch),
+         with the reason.
+  ok     measured: the bandwidths, the speedup and the CPU cost, with advice.
+  error  the measurement broke (out of memory, a lost GPU): the reason.
+
+How to fix
+  DataLoader(..., pin_memory=False) when the CPU is the bottleneck or pinning
+  gains little; otherwise give the job more CPU (docker run --cpus=N, a larger
+  Kubernetes CPU limit) so the pin thread does not compete with the workers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from envdoctor.check import Check, Metric
+from envdoctor.errors import ParseError, Unavailable
+from envdoctor.model import Result, Status, error, fail, ok, skip, warn
+from envdoctor.units import format_bytes
+
+GB = 1e9
+_MAX_DIGITS = 20
+
+
+def _short(reason: str | None) -> str:
+    """The first clause of NVML's reason, for a one-line summary (the facts keep it whole)."""
+    text = reason or ""
+    return text.split(": ", 1)[0] if len(text) > 80 else text
+
+
+def parse_proc_stat_cpu_ticks(text: Any) -> int:
+    """utime + stime (clock ticks) from /proc/N/stat.
+
+    The second field is the command name in parentheses and may itself hold spaces
+    and parentheses, so the fields are counted from the LAST ')'. ParseError on
+    anything that is not a stat line.
+    """
+    if not isinstance(text, str):
+        raise ParseError(f"stat must be text, got {type(text).__name__}")
+    close = text.rfind(")")
+    if close < 0 or "(" not in text[:close]:
+        raise ParseError("stat line has no '(comm)' field")
+    rest = text[close + 1:].split()
+    # rest[0] is field 3 (state); utime and stime are fields 14 and 15.
+    if len(rest) < 13:
+        raise ParseError(f"stat line has {len(rest) + 2} fields; expected at least 15")
+    total = 0
+    for field in rest[11:13]:
+        if not field.isascii() or not field.isdigit() or len(field) > _MAX_DIGITS:
+            raise ParseError(f"stat utime/stime {field!r} is not a tick count")
+        total += int(field)
+    return total
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    pid: int
+    used_cpus: float | None  # CPUs' worth of time used over the window
+    window_seconds: float
+    effective_cpus: float | None
+    limited_by: str
+    reason: str | None = None  # why it could not be measured
+
+
+@dataclass(frozen=True)
+class PinFacts:
+    cpu: CpuSample | None  # None for the `self` target
+    gpu_count: int
+    nvml_reason: str | None
+    measurement: Mapping[str, Any] | None  # the probe's pin_memory facts
+    not_measured: str | None  # why there is no measurement, when there is a GPU
+
+
+def _sample_cpu(ctx, window: float) -> CpuSample:
+    from envdoctor.cgroup import effective_cpus
+
+    pid = ctx.target.pid
+    eff = effective_cpus(ctx.roots, pid)
+    stat = ctx.proc("stat")
+    try:
+        hz = os.sysconf("SC_CLK_TCK")
+        t0, ticks0 = time.monotonic(), parse_proc_stat_cpu_ticks(stat.read_text(errors="replace"))
+        time.sleep(window)
+        t1, ticks1 = time.monotonic(), parse_proc_stat_cpu_ticks(stat.read_text(errors="replace"))
+    except (OSError, ParseError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        return CpuSample(pid, None, window, eff.cpus, eff.limited_by, f"cannot sample {stat}: {reason}")
+    used = (ticks1 - ticks0) / hz / max(t1 - t0, 1e-6)
+    return CpuSample(pid, max(used, 0.0), t1 - t0, eff.cpus, eff.limited_by)
+
+
+def _pick_idle_gpu(gpus) -> Any | None:
+    for g in gpus:
+        if not getattr(g, "lost", False) and not getattr(g, "timed_out", False) and not g.processes:
+            return g
+    return None
+
+
+def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
+    from envdoctor.probe import ProbeError, run_measurement
+
+    if not cfg["measure"]:
+        return None, "measurement disabled ([check.\"torch.pin_memory\"] measure = false)"
+    gpu = _pick_idle_gpu(gpus)
+    if gpu is None:
+        return None, "every GPU has compute processes on it; not measuring, so as not to take from them"
+    try:
+        t = ctx.torch
+    except Unavailable as exc:
+        return None, f"cannot measure: {exc}"
+    if not t.get("torch_cuda_version") or not t.get("cuda_available"):
+        return None, f"cannot measure: torch {t.get('torch_version')} in {t.get('python')} cannot use CUDA here"
+    # Pin the probe to the idle GPU by UUID: NVML's index and CUDA's can differ.
+    env = {"CUDA_VISIBLE_DEVICES": gpu.uuid} if gpu.uuid else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu.index)}
+    params = {"size_bytes": int(cfg["measure_bytes"]), "repeats": int(cfg["measure_repeats"]), "device": 0}
+    try:
+        m = dict(run_measurement(ctx.python, "pin_memory", params, timeout=float(cfg["measure_timeout_seconds"]), env=env))
+    except ProbeError as exc:
+        return {"error": str(exc)}, None
+    m["nvml_index"] = gpu.index
+    m["gpu_name"] = gpu.name
+    return m, None
+
+
+def gather(ctx) -> PinFacts:
+    cfg = ctx.config
+    cpu = _sample_cpu(ctx, float(cfg["window_seconds"])) if ctx.target.pid is not None else None
+    try:
+        gpus = [g for g in ctx.nvml.devices()]
+    except Unavailable as exc:
+        return PinFacts(cpu, 0, str(exc), None, None)
+    if not gpus:
+        return PinFacts(cpu, 0, "NVML sees 0 GPUs", None, None)
+    measurement, reason = _measure(ctx, gpus, cfg)
+    return PinFacts(cpu, len(gpus), None, measurement, reason)
+
+
+def judge(facts: PinFacts, config: Mapping[str, Any]) -> Result:
+    out: dict[str, Any] = {"gpu_count": facts.gpu_count}
+    findings: list[tuple[Status, str, str]] = []
+    notes: list[str] = []
+    fix_cpu = "DataLoader(..., pin_memory=False)  # or give the job more CPU: docker run --cpus=N"
+
+    cpu = facts.cpu
+    if cpu is not None:
+        out.update(pid=cpu.pid, cpu_used=None if cpu.used_cpus is None else round(cpu.used_cpus, 3),
+                   cpu_effective=cpu.effective_cpus, cpu_limited_by=cpu.limited_by,
+                   cpu_window_seconds=round(cpu.window_seconds, 3))
+        if cpu.reason:
+            notes.append(cpu.reason)
+        elif cpu.effective_cpus and cpu.used_cpus is not None:
+            ratio = cpu.used_cpus / cpu.effective_cpus
+            out["cpu_used_ratio"] = round(ratio, 3)
+            text = (f"pid {cpu.pid} used {cpu.used_cpus:.2f} of its {cpu.effective_cpus:g} effective CPUs "
+                    f"({ratio:.0%}, limit set by {cpu.limited_by}) over {cpu.window_seconds:.1f} s")
+            if ratio >= float(config["saturation_ratio"]):
+                findings.append((Status.WARN,
+                                 text + f"; expected below {float(config['saturation_ratio']):.0%}: at its CPU limit, "
+                                 "the DataLoader's pin-memory thread competes with the workers and pinning adds to the load",
+                                 fix_cpu))
+            else:
+                notes.append(text)
+
+    if facts.gpu_count == 0:
+        out["nvml_unavailable"] = facts.nvml_reason
+        no_gpu = f"pinning has no effect without a GPU ({_short(facts.nvml_reason)}): pin_memory=True only costs CPU and locked RAM here"
+        if findings:
+            return warn("; ".join(t for _, t, _ in findings) + "; " + no_gpu, findings[0][2], **out)
+        return skip("; ".join([no_gpu] + notes), **out)
+
+    m = facts.measurement
+    if m is None:
+        reason = facts.not_measured or "not measured"
+        if findings:
+            return warn("; ".join(t for _, t, _ in findings) + f"; bandwidth {reason}", findings[0][2], **out)
+        if cpu is not None and not cpu.reason:
+            return ok("; ".join(notes + [f"bandwidth {reason}"]), **out)
+        return skip(f"pinned vs pageable bandwidth not measured: {reason}", **out)
+    if m.get("error"):
+        return error(f"the pin_memory measurement broke: {m['error']}", **out)
+    merr = (m.get("errors") or {}).get("measure")
+    if merr:
+        return error(f"the pin_memory measurement on GPU {m.get('nvml_index')} failed: {merr}", **out)
+
+    pinned, pageable = m.get("pinned_bytes_per_second"), m.get("pageable_bytes_per_second")
+    cpu_per_gib = m.get("pin_cpu_seconds_per_gib")
+    out.update(pinned_bytes_per_second=pinned, pageable_bytes_per_second=pageable,
+               pin_cpu_seconds_per_gib=cpu_per_gib, measure_bytes=m.get("size_bytes"),
+               measured_gpu=m.get("nvml_index"), context_seconds=m.get("context_seconds"))
+    if not pinned or not pageable:
+        return error("the pin_memory measurement returned no bandwidth", **out)
+    speedup = pinned / pageable
+    out["pinned_speedup"] = round(speedup, 3)
+    measured = (f"host-to-device on GPU {m.get('nvml_index')} ({m.get('gpu_name')}): pinned {pinned / GB:.1f} GB/s vs "
+                f"pageable {pageable / GB:.1f} GB/s ({speedup:.1f}x) over {format_bytes(m.get('size_bytes') or 0)}; "
+                f"pinning costs {cpu_per_gib:.2f} CPU s per GiB")
+    if speedup < float(config["min_speedup"]):
+        findings.append((Status.WARN,
+                         measured + f": pinning gains little here (expected >= {float(config['min_speedup']):g}x) but costs CPU",
+                         "DataLoader(..., pin_memory=False)"))
+    if findings:
+        findings.sort(key=lambda f: -f[0].severity)
+        return warn("; ".join(t for _, t, _ in findings), findings[0][2], **out)
+    advice = "keep pin_memory=True" + (" while the process has CPU to spare" if cpu is not None else "")
+    return ok("; ".join([measured + f": {advice}"] + notes), **out)
+
+
+CHECK = Check(
+    id="torch.pin_memory",
+    title="pin_memory=True pays off here: pinned vs pageable bandwidth, and CPU to spare",
+    run=lambda ctx: judge(gather(ctx), ctx.config),
+    explain=__doc__ or "",
+    timeout=90.0,
+    config={
+        "measure": True,
+        "measure_bytes": 128 * 1024**2,
+        "measure_repeats": 5,
+        "measure_timeout_seconds": 25.0,
+        "window_seconds": 0.5,
+        "saturation_ratio": 0.9,
+        "min_speedup": 1.2,
+    },
+    metrics=(
+        Metric("pin_memory_pinned_bytes_per_second", "pinned_bytes_per_second",
+               "Host-to-device copy bandwidth from pinned (page-locked) host memory"),
+        Metric("pin_memory_pageable_bytes_per_second", "pageable_bytes_per_second",
+               "Host-to-device copy bandwidth from ordinary pageable host memory"),
+        Metric("pin_memory_cpu_seconds_per_gib", "pin_cpu_seconds_per_gib",
+               "CPU seconds spent page-locking and copying one GiB into pinned memory"),
+        Metric("process_cpu_used", "cpu_used", "CPUs' worth of time the target process used over the sample window"),
+    ),
+)

@@ -1,0 +1,241 @@
+"""The torch probe script: runs INSIDE the target interpreter, never in envdoctor's process.
+
+envdoctor passes this file's source to `python -c`, so it must run on whatever
+Python the target has: standard library plus torch only, no envdoctor imports,
+nothing newer than Python 3.8 syntax. It prints one line,
+`ENVDOCTOR-PROBE-RESULT <json>`, on its standard output; anything else torch or a
+sitecustomize prints goes around it and is ignored (the parent reads the last
+marked line).
+
+Modes (argv[1]):
+
+  facts       (default) what torch was built with and its process-wide defaults.
+              Creates NO CUDA context: torch.cuda.is_available() calls
+              cudaGetDeviceCount, which runs cuInit (driver initialisation, no
+              context, no GPU memory); torch.cuda.device_count() asks NVML first.
+              Device capabilities are NOT read here, because
+              torch.cuda.get_device_capability() initialises torch's CUDA state
+              (torch.cuda._lazy_init) and creates the primary context on the
+              device (hundreds of MiB of GPU memory): envdoctor reads
+              capabilities from NVML in its own process instead.
+  pin_memory  a bounded host-to-device copy measurement, pinned against
+              pageable memory. This one DOES create a CUDA context (on one
+              device, for the few hundred milliseconds the measurement takes);
+              only the torch.pin_memory check asks for it, and only when the
+              GPU has no compute processes on it. argv[2] is a JSON object:
+              {"size_bytes": int, "repeats": int, "device": int}.
+"""
+
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+
+MARKER = "ENVDOCTOR-PROBE-RESULT "
+PROBE_VERSION = 1
+GIB = 1024 ** 3
+
+_real_stdout = sys.stdout
+
+
+def _emit(obj):
+    _real_stdout.write("\n" + MARKER + json.dumps(obj, sort_keys=True, default=str) + "\n")
+    _real_stdout.flush()
+
+
+def _site_dirs():
+    """Directories whose contents decide what `import torch` finds, present or not."""
+    dirs = []
+    try:
+        import site
+
+        dirs.extend(site.getsitepackages())
+        if site.ENABLE_USER_SITE is not False:
+            dirs.append(site.getusersitepackages())
+    except Exception:  # some embedded or frozen interpreters lack parts of site
+        pass
+    return dirs
+
+
+def _base_facts(mode):
+    return {
+        "probe_version": PROBE_VERSION,
+        "mode": mode,
+        "python": sys.executable,
+        "python_version": platform.python_version(),
+        "sys_path": [p for p in sys.path if p],
+        "site_dirs": _site_dirs(),
+    }
+
+
+def _stamp_files(torch_dir):
+    """Files whose change means a different torch: its version file and its RECORD."""
+    files = [os.path.join(torch_dir, "__init__.py"), os.path.join(torch_dir, "version.py")]
+    parent = os.path.dirname(torch_dir)
+    try:
+        for name in sorted(os.listdir(parent)):
+            if name.startswith("torch-") and name.endswith(".dist-info"):
+                files.append(os.path.join(parent, name, "RECORD"))
+    except OSError:
+        pass
+    return [f for f in files if os.path.exists(f)]
+
+
+def _onnx_default_opset(torch_dir):
+    """torch.onnx's default export opset, read from torch/onnx/_constants.py without
+    importing torch.onnx (which pulls in much more than the one number)."""
+    import ast
+
+    path = os.path.join(torch_dir, "onnx", "_constants.py")
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, int):
+                found[node.targets[0].id] = value.value
+    # ONNX_DEFAULT_OPSET is what torch.onnx.export uses when no opset_version is given
+    # (torch 1.x .. 2.13 keep it in torch/onnx/_constants.py).
+    for name in ("ONNX_DEFAULT_OPSET", "onnx_default_opset"):
+        if name in found:
+            return found[name]
+    return None
+
+
+def _try(errors, name, fn, default=None):
+    """One fact; a failure is recorded by name instead of ending the probe."""
+    try:
+        return fn()
+    except Exception as exc:  # a broken cuDNN or driver must not hide the other facts
+        errors[name] = "%s: %s" % (type(exc).__name__, exc)
+        return default
+
+
+def _torch_facts(torch, out):
+    errors = {}
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+    out["torch_version"] = str(torch.__version__)
+    out["torch_dir"] = torch_dir
+    out["stamp_files"] = _stamp_files(torch_dir)
+    version = getattr(torch, "version", None)
+    out["torch_cuda_version"] = getattr(version, "cuda", None)
+    out["torch_hip_version"] = getattr(version, "hip", None)
+    out["git_version"] = getattr(version, "git_version", None)
+    cuda = torch.cuda
+    compiled = _try(errors, "cuda_compiled", lambda: bool(cuda._is_compiled()), out["torch_cuda_version"] is not None)
+    out["cuda_compiled"] = compiled
+    out["arch_list"] = _try(errors, "arch_list", lambda: list(cuda.get_arch_list()), [])
+    # is_available() runs cudaGetDeviceCount -> cuInit: the driver is loaded and
+    # checked (a driver too old for this build shows up here, as a warning), but
+    # no context is created. A child process costs the job nothing.
+    out["cuda_available"] = _try(errors, "cuda_available", lambda: bool(cuda.is_available()), False)
+    out["device_count"] = _try(errors, "device_count", lambda: int(cuda.device_count()), 0)
+    out["cuda_initialized"] = _try(errors, "cuda_initialized", lambda: bool(cuda.is_initialized()), False)
+    cudnn = torch.backends.cudnn
+    out["cudnn_available"] = _try(errors, "cudnn_available", lambda: bool(cudnn.is_available()), False)
+    out["cudnn_version"] = None
+    if out["cudnn_available"]:
+        # Loads libcudnn and compares its version with the one torch was built
+        # with; a mismatch raises, and that message is the finding.
+        out["cudnn_version"] = _try(errors, "cudnn_version", cudnn.version)
+    out["cudnn_enabled"] = _try(errors, "cudnn_enabled", lambda: bool(cudnn.enabled))
+    out["cudnn_benchmark"] = _try(errors, "cudnn_benchmark", lambda: bool(cudnn.benchmark))
+    out["cudnn_deterministic"] = _try(errors, "cudnn_deterministic", lambda: bool(cudnn.deterministic))
+    out["deterministic_algorithms"] = _try(
+        errors, "deterministic_algorithms", lambda: bool(torch.are_deterministic_algorithms_enabled()))
+    out["deterministic_warn_only"] = _try(
+        errors, "deterministic_warn_only", lambda: bool(torch.is_deterministic_algorithms_warn_only_enabled()))
+    out["num_threads"] = _try(errors, "num_threads", lambda: int(torch.get_num_threads()))
+    out["num_interop_threads"] = _try(errors, "num_interop_threads", lambda: int(torch.get_num_interop_threads()))
+    out["onnx_default_opset"] = _onnx_default_opset(torch_dir)
+    out["errors"] = errors
+
+
+def _measure_pin_memory(torch, params, out):
+    size = int(params.get("size_bytes", 128 * 1024 * 1024))
+    repeats = max(1, int(params.get("repeats", 5)))
+    index = int(params.get("device", 0))
+    device = torch.device("cuda", index)
+    t0 = time.perf_counter()
+    dst = torch.empty(size, dtype=torch.uint8, device=device)  # creates the context
+    out["context_seconds"] = time.perf_counter() - t0
+    props = torch.cuda.get_device_properties(device)
+    out["device"] = {"index": index, "name": props.name, "capability": [props.major, props.minor],
+                     "total_memory_bytes": int(props.total_memory)}
+    pageable = torch.empty(size, dtype=torch.uint8)
+    pageable.fill_(1)  # touch every page so the first copy does not pay for page faults
+
+    def copy_rate(src, non_blocking):
+        dst.copy_(src, non_blocking=non_blocking)  # warm-up
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dst.copy_(src, non_blocking=non_blocking)
+        torch.cuda.synchronize(device)
+        return size * repeats / (time.perf_counter() - start)
+
+    out["pageable_bytes_per_second"] = copy_rate(pageable, False)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    pinned = pageable.pin_memory()  # page-lock a buffer and copy into it: what the DataLoader's pin thread does
+    pin_cpu, pin_wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    out["pin_cpu_seconds_per_gib"] = pin_cpu * GIB / size
+    out["pin_wall_seconds_per_gib"] = pin_wall * GIB / size
+    out["pinned_bytes_per_second"] = copy_rate(pinned, True)
+    out["size_bytes"] = size
+    out["repeats"] = repeats
+
+
+def main(argv):
+    mode = argv[1] if len(argv) > 1 else "facts"
+    params = json.loads(argv[2]) if len(argv) > 2 else {}
+    out = _base_facts(mode)
+    # Keep torch's chatter off the channel the result travels on.
+    sys.stdout = sys.stderr
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            import torch
+        except ModuleNotFoundError as exc:
+            if exc.name == "torch":
+                out["torch"] = False
+                _emit(out)
+                return 0
+            out["torch"] = True
+            out["import_error"] = "%s: %s" % (type(exc).__name__, exc)
+            _emit(out)
+            return 3
+        except BaseException as exc:  # a broken install: ImportError, OSError from a .so, SystemExit...
+            out["torch"] = True
+            out["import_error"] = "%s: %s" % (type(exc).__name__, exc)
+            _emit(out)
+            return 3
+        out["torch"] = True
+        out["import_seconds"] = time.perf_counter() - started
+        _torch_facts(torch, out)
+        if mode == "pin_memory":
+            try:
+                _measure_pin_memory(torch, params, out)
+            except Exception as exc:  # out of memory, a lost GPU: a reason, not a crash
+                out["errors"]["measure"] = "%s: %s" % (type(exc).__name__, exc)
+        elif mode != "facts":
+            out["errors"]["mode"] = "unknown probe mode %r" % mode
+    seen = []
+    for w in caught:
+        text = "%s: %s" % (w.category.__name__, w.message)
+        if text not in seen:
+            seen.append(text)
+    out["warnings"] = seen[:20]
+    out["probe_seconds"] = time.perf_counter() - started
+    _emit(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
