@@ -1,0 +1,652 @@
+"""ONNX opsets: what the installed onnx and onnxruntime support, what torch exports
+by default, and what the given .onnx models need.
+
+What it reads
+  - the installed onnx package: its version, the highest ai.onnx opset it knows
+    (onnx.defs.onnx_opset_version()) and its IR version;
+  - the installed onnxruntime, if any: its version and the highest ai.onnx opset
+    and IR version it loads. onnxruntime has no public getter for these, so the
+    check asks onnxruntime itself: it offers it a one-node model stamped with an
+    impossible opset (and another with an impossible IR version) and reads the
+    limit from the refusal ("Current official support for domain
+    ai.onnx is till opset N", "max supported IR version: N"): the same rule
+    onnxruntime applies to every model it loads. If that message cannot be read,
+    it falls back to the highest since_version among onnxruntime's ai.onnx
+    operator schemas, which may count an opset still under development; the
+    facts say which way was used (onnxruntime_max_opset_source);
+  - torch's default export opset, from the torch probe (torch is never imported
+    in envdoctor's own process);
+  - ALLOW_RELEASED_ONNX_OPSET_ONLY in the target's environment (onnxruntime's
+    switch for running opsets still under development; any value but 0 or 1
+    makes it refuse every model);
+  - each model given with --onnx FILE (or the `files` config key): its IR
+    version, its opset_import, and every Resize/Upsample node, including nodes in
+    If/Loop/Scan bodies and in model-local functions. Weights stored as external
+    data are not read.
+
+Why it matters (PITFALLS 7)
+  ONNX's Upsample and Resize did not match PyTorch's interpolation until opset 11:
+  Resize-11 added coordinate_transformation_mode and nearest_mode, which the
+  exporter needs to express F.interpolate's align_corners / half-pixel rules. A
+  model exported at opset 9 or 10 with an upsampling layer runs without any error
+  and gives different numbers (torch.onnx even only warns). The other way round, a
+  model stamped with an opset (or IR version) newer than the installed onnxruntime
+  knows is refused at load time, on the serving machine, after the export
+  "worked".
+
+Statuses
+  fail   a model with Resize/Upsample below opset 11 (`min_opset`); a model whose
+         opset or IR version is beyond what the installed onnxruntime loads;
+         ALLOW_RELEASED_ONNX_OPSET_ONLY set to something other than 0 or 1.
+  error  a given file that does not exist, cannot be read or is not an ONNX model.
+  warn   torch's default export opset is below 11 or beyond what onnxruntime runs;
+         a model above onnxruntime's released opset that loads only because
+         ALLOW_RELEASED_ONNX_OPSET_ONLY=0.
+  ok     otherwise; the facts list the versions and each model's opsets.
+
+How to fix
+  Re-export with an explicit opset: torch.onnx.export(model, args, "model.onnx",
+  opset_version=17) (11 or later for Resize; no higher than the runtime's limit),
+  or upgrade the runtime: pip install -U onnxruntime.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Mapping
+
+from envdoctor.check import Check, Metric
+from envdoctor.errors import ParseError, Unavailable
+from envdoctor.model import Result, Status, error, fail, ok, warn
+
+DEFAULT_DOMAINS = ("", "ai.onnx")  # both spell the default operator set
+INTERPOLATION_OPS = ("Resize", "Upsample")
+RELEASED_ONLY_VAR = "ALLOW_RELEASED_ONNX_OPSET_ONLY"
+PREFERRED_OPSET = 17  # what fixes suggest: widely supported, well past 11
+EXAMPLES = 3  # node names shown per model
+
+
+# -- facts ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InterpolationNode:
+    """A Resize or Upsample node, where it sits, and the ai.onnx opset in force there."""
+
+    op: str
+    where: str  # node name, prefixed by the graph it sits in when that is a subgraph
+    opset: int | None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What one .onnx file declares: its IR version, opsets and interpolation nodes."""
+
+    ir_version: int
+    opsets: Mapping[str, int]  # domain -> version; the default domain is spelled "ai.onnx"
+    nodes: int
+    interpolation: tuple[InterpolationNode, ...] = ()
+    uses_default_domain: bool = True
+
+    @property
+    def opset(self) -> int | None:
+        """The model's ai.onnx opset (None when it imports none)."""
+        return self.opsets.get("ai.onnx")
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    path: str
+    info: ModelInfo | None = None
+    problem: str | None = None  # why it could not be used, when info is None
+    unreadable: bool = False  # the file is missing or unreadable (not: read, and not a model)
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """The installed onnxruntime and the limits it enforces when loading a model."""
+
+    version: str | None = None
+    max_opset: int | None = None  # highest ai.onnx opset it loads (released opsets)
+    max_opset_source: str | None = None  # "load_refusal" or "schema_registry"
+    dev_opset: int | None = None  # highest ai.onnx since_version in its schemas
+    max_ir_version: int | None = None
+    reason: str | None = None  # why some of the above are None
+
+
+@dataclass(frozen=True)
+class OnnxFacts:
+    onnx_version: str
+    onnx_max_opset: int
+    onnx_max_ir_version: int
+    runtime: RuntimeFacts
+    torch_default_opset: int | None = None
+    torch_reason: str | None = None  # why torch_default_opset is None
+    released_only: str | None = None  # ALLOW_RELEASED_ONNX_OPSET_ONLY in the target's env
+    models: tuple[ModelFile, ...] = field(default_factory=tuple)
+
+
+# -- parsing a model (untrusted bytes) ------------------------------------------------
+
+
+def _clean(text: str, limit: int = 60) -> str:
+    """A node or graph name from a file, safe to print on one line."""
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def parse_model(data: bytes) -> ModelInfo:
+    """Read the opset facts of a serialised ONNX ModelProto; raise ParseError for anything else."""
+    import onnx
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf's DecodeError, or worse on hostile input
+        raise ParseError(f"not an ONNX model: the protobuf does not decode ({exc})") from None
+    try:
+        return _model_info(model)
+    except ParseError:
+        raise
+    except Exception as exc:  # a decoded but nonsensical message must still end as ParseError
+        raise ParseError(f"not a usable ONNX model: {type(exc).__name__}: {exc}") from None
+
+
+def _model_info(model: Any) -> ModelInfo:
+    if model.ir_version <= 0:
+        raise ParseError("not an ONNX model: it has no ir_version (an empty file, or another kind of protobuf)")
+    if not model.HasField("graph"):
+        raise ParseError("not an ONNX model: it has no graph")
+    opsets: dict[str, int] = {}
+    for entry in model.opset_import:
+        domain = "ai.onnx" if entry.domain in DEFAULT_DOMAINS else _clean(entry.domain)
+        if entry.version <= 0:
+            raise ParseError(f"opset_import for domain {domain!r} has version {entry.version}")
+        opsets[domain] = max(opsets.get(domain, 0), entry.version)
+    if not opsets:
+        if model.ir_version >= 3:
+            raise ParseError(f"IR version {model.ir_version} model declares no opset_import")
+        opsets["ai.onnx"] = 1  # before IR 3 a model without opset_import meant opset 1
+    default = opsets.get("ai.onnx")
+
+    # Walk the main graph, every subgraph held in a node attribute (If branches,
+    # Loop and Scan bodies) and model-local functions, without recursion so a
+    # deeply nested file cannot exhaust the stack.
+    queue: deque[tuple[Any, int | None, str]] = deque([(model.graph.node, default, "")])
+    for function in model.functions:
+        fopset = default
+        for entry in function.opset_import:
+            if entry.domain in DEFAULT_DOMAINS:
+                fopset = entry.version
+        queue.append((function.node, fopset, f"function {_clean(function.name)}/"))
+    interpolation: list[InterpolationNode] = []
+    nodes = 0
+    uses_default = False
+    while queue:
+        graph_nodes, opset, scope = queue.popleft()
+        for index, node in enumerate(graph_nodes):
+            nodes += 1
+            name = f"{scope}{_clean(node.name) or f'{node.op_type}#{index}'}"
+            if node.domain in DEFAULT_DOMAINS:
+                uses_default = True
+                if node.op_type in INTERPOLATION_OPS:
+                    interpolation.append(InterpolationNode(node.op_type, _clean(name, 120), opset))
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    queue.append((attr.g.node, opset, f"{name}.{_clean(attr.name)}/"))
+                for sub in attr.graphs:
+                    queue.append((sub.node, opset, f"{name}.{_clean(attr.name)}/"))
+    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default)
+
+
+# Field numbers from onnx.proto: what the weight-free reader below keeps or drops.
+_MODEL_GRAPH = 7
+_GRAPH_WEIGHTS = (5, 15)  # GraphProto.initializer, GraphProto.sparse_initializer
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+class _Wire:
+    """Just enough of protobuf's wire format to walk a message's fields and step over values."""
+
+    def __init__(self, stream: BinaryIO):
+        self.f = stream
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def _truncated(self) -> ParseError:
+        return ParseError(f"not an ONNX model: truncated or corrupt protobuf at byte {self.tell()}")
+
+    def varint(self) -> int:
+        value = shift = 0
+        while True:
+            byte = self.f.read(1)
+            if not byte:
+                raise self._truncated()
+            value |= (byte[0] & 0x7F) << shift
+            if byte[0] < 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise self._truncated()
+
+    def key(self) -> tuple[int, int]:
+        key = self.varint()
+        number, wire_type = key >> 3, key & 7
+        if number == 0 or wire_type not in (_VARINT, _I64, _LEN, _I32):
+            raise ParseError(f"not an ONNX model: bad protobuf field key {key} at byte {self.tell()}")
+        return number, wire_type
+
+    def length(self, end: int) -> int:
+        n = self.varint()
+        if self.tell() + n > end:
+            raise self._truncated()
+        return n
+
+    def skip(self, wire_type: int, end: int) -> None:
+        if wire_type == _VARINT:
+            self.varint()
+            return
+        n = 8 if wire_type == _I64 else 4 if wire_type == _I32 else self.length(end)
+        if self.tell() + n > end:
+            raise self._truncated()
+        self.f.seek(n, 1)
+
+    def raw(self, wire_type: int, end: int) -> bytes:
+        """The value's encoding as it stands in the file (length prefix included)."""
+        start = self.tell()
+        self.skip(wire_type, end)
+        stop = self.tell()
+        self.f.seek(start)
+        data = self.f.read(stop - start)
+        if len(data) != stop - start:
+            raise self._truncated()
+        return data
+
+
+def strip_weights(stream: BinaryIO, size: int) -> bytes:
+    """A serialised ModelProto, read from `stream`, minus its graph's initializers.
+
+    The weights are most of a model file and none of its opset facts: stepping
+    over them keeps a 1 GiB model from costing 2 GiB of memory and seconds of
+    protobuf decoding. Every other field is copied as it stands, so what comes
+    out decodes (with onnx) to the same model without weights. Raises ParseError
+    when the bytes are not a well-formed protobuf message.
+    """
+    wire = _Wire(stream)
+    out = bytearray()
+    while wire.tell() < size:
+        number, wire_type = wire.key()
+        if number != _MODEL_GRAPH or wire_type != _LEN:
+            out += _varint_bytes(number << 3 | wire_type) + wire.raw(wire_type, size)
+            continue
+        graph_bytes = wire.length(size)
+        end = wire.tell() + graph_bytes
+        kept = bytearray()
+        while wire.tell() < end:
+            field_number, field_type = wire.key()
+            if field_number in _GRAPH_WEIGHTS and field_type == _LEN:
+                wire.skip(field_type, end)
+            else:
+                kept += _varint_bytes(field_number << 3 | field_type) + wire.raw(field_type, end)
+        if wire.tell() != end:
+            raise wire._truncated()
+        out += _varint_bytes(_MODEL_GRAPH << 3 | _LEN) + _varint_bytes(len(kept)) + kept
+    if wire.tell() != size:
+        raise wire._truncated()
+    return bytes(out)
+
+
+def read_model(path: Path) -> ModelFile:
+    """Read and parse one file; every failure becomes a ModelFile with a problem, never an exception."""
+    shown = str(path)
+    try:
+        with path.open("rb") as stream:
+            stripped = strip_weights(stream, os.fstat(stream.fileno()).st_size)
+    except FileNotFoundError:
+        return ModelFile(shown, problem="does not exist", unreadable=True)
+    except IsADirectoryError:
+        return ModelFile(shown, problem="is a directory, not an .onnx file", unreadable=True)
+    except PermissionError:
+        return ModelFile(shown, problem="cannot be read: permission denied", unreadable=True)
+    except OSError as exc:
+        return ModelFile(shown, problem=f"cannot be read: {exc.strerror or exc}", unreadable=True)
+    except ParseError as exc:
+        return ModelFile(shown, problem=str(exc))
+    try:
+        return ModelFile(shown, info=parse_model(stripped))
+    except ParseError as exc:
+        return ModelFile(shown, problem=str(exc))
+
+
+# -- the installed onnxruntime ---------------------------------------------------------
+
+_REFUSED_OPSET = re.compile(r"support for domain ai\.onnx is till opset (\d+)")
+_REFUSED_IR = re.compile(r"max supported IR version: (\d+)")
+_IMPOSSIBLE = 1_000_000  # an opset / IR version no runtime will ever claim
+
+
+def _tiny_model(opset: int, ir_version: int) -> bytes:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "envdoctor_probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir_version
+    return model.SerializeToString()
+
+
+def _refusal(ort: Any, model: bytes, pattern: re.Pattern[str]) -> int | None:
+    """Offer onnxruntime a model it must refuse and read the limit it names."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: the probe is expected to be refused
+    try:
+        ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        match = pattern.search(str(exc))
+        return int(match.group(1)) if match else None
+    return None  # accepted (ALLOW_RELEASED_ONNX_OPSET_ONLY=0 in our own environment)
+
+
+def _schema_opset(ort: Any) -> int | None:
+    """Highest since_version among onnxruntime's ai.onnx schemas (a private but long-lived API)."""
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        versions = [s.since_version for s in _pybind_state.get_all_operator_schema() if s.domain in DEFAULT_DOMAINS]
+    except Exception:
+        return None
+    return max(versions, default=None)
+
+
+def probe_runtime() -> RuntimeFacts:
+    """Ask the installed onnxruntime what it loads; its absence is a fact, not an error."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        return RuntimeFacts(reason=f"onnxruntime is not installed ({exc}): cannot tell whether it runs these models")
+    except Exception as exc:
+        return RuntimeFacts(reason=f"onnxruntime cannot be imported: {type(exc).__name__}: {exc}")
+    version = getattr(ort, "__version__", None)
+    dev = _schema_opset(ort)
+    released = ir = None
+    notes = []
+    try:
+        released = _refusal(ort, _tiny_model(_IMPOSSIBLE, 7), _REFUSED_OPSET)
+        ir = _refusal(ort, _tiny_model(7, _IMPOSSIBLE), _REFUSED_IR)
+    except Exception as exc:  # SessionOptions missing in a stripped build, onnx helper trouble
+        notes.append(f"could not probe onnxruntime's limits: {type(exc).__name__}: {exc}")
+    if released is not None:
+        return RuntimeFacts(version, released, "load_refusal", dev, ir, "; ".join(notes) or None)
+    if dev is not None:
+        notes.append("opset limit taken from onnxruntime's operator schemas (may count an opset under development)")
+        return RuntimeFacts(version, dev, "schema_registry", dev, ir, "; ".join(notes))
+    notes.append(f"onnxruntime {version} did not reveal the highest opset it runs")
+    return RuntimeFacts(version, None, None, None, ir, "; ".join(notes))
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_facts() -> RuntimeFacts:
+    """probe_runtime(), once per process: the installed runtime does not change under us."""
+    return probe_runtime()
+
+
+# -- gathering --------------------------------------------------------------------------
+
+
+def _model_paths(ctx: Any) -> list[Path]:
+    """--onnx files and the `files` config key, each once, in the order given."""
+    seen: dict[str, Path] = {}
+    configured = ctx.config.get("files") or []
+    if isinstance(configured, (str, Path)):
+        configured = [configured]
+    for path in [*ctx.onnx_files, *configured]:
+        seen.setdefault(str(path), Path(path))
+    return list(seen.values())
+
+
+def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None]:
+    try:
+        facts = ctx.torch
+    except Unavailable as exc:
+        return None, f"torch facts unavailable: {exc}"
+    value = facts.get("onnx_default_opset") if isinstance(facts, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None, "the torch probe did not report torch.onnx's default opset"
+    return value, None
+
+
+def gather(ctx: Any) -> OnnxFacts:
+    import onnx
+
+    try:
+        released_only = ctx.env.get(RELEASED_ONLY_VAR)
+    except Unavailable:
+        released_only = None
+    torch_opset, torch_reason = _torch_default_opset(ctx)
+    return OnnxFacts(
+        onnx_version=onnx.__version__,
+        onnx_max_opset=onnx.defs.onnx_opset_version(),
+        onnx_max_ir_version=onnx.IR_VERSION,
+        runtime=runtime_facts(),
+        torch_default_opset=torch_opset,
+        torch_reason=torch_reason,
+        released_only=released_only,
+        models=tuple(read_model(p) for p in _model_paths(ctx)),
+    )
+
+
+# -- judging ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    status: Status
+    message: str
+    fix: str = ""
+
+
+def _suggested_opset(min_opset: int, runtime_max: int | None) -> int:
+    target = max(PREFERRED_OPSET, min_opset)
+    if runtime_max is not None:
+        target = min(target, runtime_max)
+    return max(target, min_opset)
+
+
+def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> tuple[list[Finding], list[str]]:
+    """Findings (with a status) and notes (facts only) for one model file."""
+    rt = facts.runtime
+    if model.info is None:
+        fix = ("check the path given to --onnx (or the files config key)" if model.unreadable
+               else "re-export the model, or pass the .onnx file itself")
+        return [Finding(Status.ERROR, f"{model.path}: {model.problem}", fix)], []
+    info = model.info
+    findings: list[Finding] = []
+    notes: list[str] = []
+    opset = info.opset
+    if opset is None and info.uses_default_domain:
+        return [Finding(Status.ERROR, f"{model.path}: uses ai.onnx operators but imports no ai.onnx opset (not a valid model)",
+                        "re-export the model with torch.onnx.export(..., opset_version=17)")], []
+    suggest = _suggested_opset(min_opset, rt.max_opset)
+    early = [n for n in info.interpolation if n.opset is not None and n.opset < min_opset]
+    if early:
+        kinds = "/".join(sorted({n.op for n in early}))
+        names = ", ".join(repr(n.where) for n in early[:EXAMPLES]) + (", ..." if len(early) > EXAMPLES else "")
+        opsets = "/".join(str(o) for o in sorted({n.opset for n in early if n.opset is not None}))
+        findings.append(Finding(
+            Status.FAIL,
+            f"{model.path}: {len(early)} {kinds} node(s) at opset {opsets} ({names}); expected opset >= {min_opset}: "
+            f"before opset 11 ONNX's Resize/Upsample does not match PyTorch's interpolate",
+            f"torch.onnx.export(model, args, 'model.onnx', opset_version={suggest})",
+        ))
+    if opset is not None and rt.max_opset is not None and opset > rt.max_opset:
+        runs_dev = facts.released_only == "0" and rt.dev_opset is not None and opset <= rt.dev_opset
+        if runs_dev:
+            findings.append(Finding(
+                Status.WARN,
+                f"{model.path}: opset {opset} is beyond onnxruntime {rt.version}'s released opset {rt.max_opset}; "
+                f"it loads only because {RELEASED_ONLY_VAR}=0 (an opset under development)",
+                f"torch.onnx.export(..., opset_version={rt.max_opset})",
+            ))
+        else:
+            findings.append(Finding(
+                Status.FAIL,
+                f"{model.path}: opset {opset}; onnxruntime {rt.version} runs up to opset {rt.max_opset} and will refuse it",
+                f"pip install -U onnxruntime, or torch.onnx.export(..., opset_version={rt.max_opset})",
+            ))
+    if rt.max_ir_version is not None and info.ir_version > rt.max_ir_version:
+        findings.append(Finding(
+            Status.FAIL,
+            f"{model.path}: IR version {info.ir_version}; onnxruntime {rt.version} loads up to IR version {rt.max_ir_version}",
+            "pip install -U onnxruntime",
+        ))
+    if rt.version is None:
+        notes.append("onnxruntime is not installed: not checked whether it runs this model")
+    if opset is not None and opset > facts.onnx_max_opset:
+        notes.append(f"opset {opset} is newer than the installed onnx {facts.onnx_version} knows ({facts.onnx_max_opset})")
+    return findings, notes
+
+
+def _model_fact(model: ModelFile, findings: list[Finding], notes: list[str]) -> dict[str, Any]:
+    status = max((f.status for f in findings), key=_rank, default=Status.OK)
+    fact: dict[str, Any] = {"path": model.path, "status": status.value}
+    if model.info is None:
+        fact["problem"] = model.problem
+    else:
+        info = model.info
+        fact.update(
+            ir_version=info.ir_version,
+            opsets=dict(info.opsets),
+            nodes=info.nodes,
+            resize_nodes=sum(1 for n in info.interpolation if n.op == "Resize"),
+            upsample_nodes=sum(1 for n in info.interpolation if n.op == "Upsample"),
+        )
+    fact["findings"] = [f.message for f in findings] + notes
+    return fact
+
+
+def _rank(status: Status) -> tuple[int, int]:
+    """Severity, then fail before error: a definite finding speaks louder than an unreadable file."""
+    return (status.severity, 1 if status is Status.FAIL else 0)
+
+
+def judge(facts: OnnxFacts, config: Mapping[str, Any]) -> Result:
+    min_opset = int(config.get("min_opset", 11))
+    rt = facts.runtime
+    findings: list[Finding] = []
+
+    if rt.version is not None and facts.released_only not in (None, "", "0", "1"):
+        findings.append(Finding(
+            Status.FAIL,
+            f"{RELEASED_ONLY_VAR}={facts.released_only!r}; onnxruntime accepts only 0 or 1 and refuses every model otherwise",
+            f"unset {RELEASED_ONLY_VAR}",
+        ))
+    t = facts.torch_default_opset
+    if t is not None and t < min_opset:
+        findings.append(Finding(
+            Status.WARN,
+            f"torch.onnx.export uses opset {t} by default; expected >= {min_opset}: "
+            f"Resize/Upsample below opset 11 does not match PyTorch's interpolate",
+            f"torch.onnx.export(..., opset_version={_suggested_opset(min_opset, rt.max_opset)})",
+        ))
+    if t is not None and rt.max_opset is not None and t > rt.max_opset:
+        findings.append(Finding(
+            Status.WARN,
+            f"torch.onnx.export uses opset {t} by default; onnxruntime {rt.version} runs up to opset {rt.max_opset}",
+            f"torch.onnx.export(..., opset_version={rt.max_opset})",
+        ))
+
+    model_facts = []
+    for model in facts.models:
+        model_findings, notes = _judge_model(model, facts, min_opset)
+        findings.extend(model_findings)
+        model_facts.append(_model_fact(model, model_findings, notes))
+
+    status = max((f.status for f in findings), key=_rank, default=Status.OK)
+    out: dict[str, Any] = {
+        "onnx_version": facts.onnx_version,
+        "onnx_max_opset": facts.onnx_max_opset,
+        "onnx_max_ir_version": facts.onnx_max_ir_version,
+        "onnxruntime_version": rt.version,
+        "onnxruntime_max_opset": rt.max_opset,
+        "onnxruntime_max_opset_source": rt.max_opset_source,
+        "onnxruntime_dev_opset": rt.dev_opset,
+        "onnxruntime_max_ir_version": rt.max_ir_version,
+        "torch_default_export_opset": t,
+        "min_opset": min_opset,
+        "models": model_facts,
+        "models_failing": sum(1 for m in model_facts if m["status"] in ("fail", "error")),
+    }
+    if rt.reason:
+        out["onnxruntime_reason"] = rt.reason
+    if facts.torch_reason:
+        out["torch_default_export_opset_reason"] = facts.torch_reason
+    if facts.released_only is not None:
+        out[RELEASED_ONLY_VAR] = facts.released_only
+
+    if status is Status.OK:
+        return ok(_ok_summary(facts), **out)
+    ordered = sorted(findings, key=lambda f: _rank(f.status), reverse=True)
+    out["findings"] = [f.message for f in ordered]
+    summary = "; ".join(f.message for f in ordered)
+    fixes = list(dict.fromkeys(f.fix for f in ordered if f.status is status and f.fix))
+    remediation = "; ".join(fixes)
+    if status is Status.FAIL:
+        return fail(summary, remediation, **out)
+    if status is Status.WARN:
+        return warn(summary, remediation, **out)
+    result = error(summary, **out)
+    result.remediation = remediation
+    return result
+
+
+def _ok_summary(facts: OnnxFacts) -> str:
+    rt = facts.runtime
+    parts = [f"onnx {facts.onnx_version} knows opset <= {facts.onnx_max_opset}"]
+    if rt.version is None:
+        parts.append("onnxruntime not installed")
+    elif rt.max_opset is None:
+        parts.append(f"onnxruntime {rt.version} (highest opset unknown)")
+    else:
+        parts.append(f"onnxruntime {rt.version} runs opset <= {rt.max_opset}")
+    if facts.torch_default_opset is not None:
+        parts.append(f"torch exports opset {facts.torch_default_opset} by default")
+    if facts.models:
+        parts.append(f"{len(facts.models)} model(s) fine")
+    return "; ".join(parts)
+
+
+CHECK = Check(
+    id="onnx.opset",
+    title="ONNX exports at an opset that matches PyTorch (Resize >= 11) and that the installed onnxruntime runs",
+    run=lambda ctx: judge(gather(ctx), ctx.config),
+    explain=__doc__ or "",
+    needs=("onnx",),
+    config={"files": [], "min_opset": 11},
+    metrics=(
+        Metric("onnx_max_opset", "onnx_max_opset", "Highest ai.onnx opset the installed onnx package knows"),
+        Metric("onnxruntime_max_opset", "onnxruntime_max_opset", "Highest ai.onnx opset the installed onnxruntime loads"),
+        Metric("onnx_torch_default_export_opset", "torch_default_export_opset",
+               "ai.onnx opset torch.onnx.export uses when none is given"),
+        Metric("onnx_models_failing", "models_failing",
+               "Given .onnx models with an opset problem or that could not be read"),
+    ),
+)

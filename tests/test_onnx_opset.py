@@ -1,0 +1,519 @@
+"""onnx.opset: real .onnx files made with onnx.helper (and torch.onnx.export in a
+subprocess), read by the check and, where cheap, run by the installed onnxruntime."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from envdoctor.checks import onnx_opset
+from envdoctor.checks.onnx_opset import (
+    CHECK,
+    InterpolationNode,
+    ModelFile,
+    ModelInfo,
+    OnnxFacts,
+    RuntimeFacts,
+    judge,
+    parse_model,
+    read_model,
+    runtime_facts,
+    strip_weights,
+)
+from envdoctor.context import Session
+from envdoctor.errors import ParseError, Unavailable
+from envdoctor.model import Status
+from envdoctor.runner import Plan, run_one
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is part of envdoctor[onnx] and installed in CI")
+
+
+# -- model builders ----------------------------------------------------------------------
+
+
+def _finish(graph, opset: int, functions=()) -> onnx.ModelProto:
+    ids = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=ids, functions=list(functions))
+    # onnx.helper stamps its own newest IR version; use the lowest that the opset needs,
+    # as exporters do, so the installed onnxruntime can load what it should.
+    model.ir_version = max(7, helper.find_min_ir_version_for(ids, ignore_unknown=True))
+    return model
+
+
+def _io(name: str, shape=None):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _interp_node(op: str, opset: int, out: str = "y", name: str = "up") -> tuple[onnx.NodeProto, list]:
+    """A x2 upsampling node as the exporter writes it at `opset`, plus its constant inputs."""
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), f"{name}_scales")
+    if op == "Resize" and opset >= 11:
+        roi = numpy_helper.from_array(np.array([], np.float32), f"{name}_roi")
+        node = helper.make_node("Resize", ["x", roi.name, scales.name], [out], name=name, mode="linear",
+                                coordinate_transformation_mode="half_pixel")
+        return node, [roi, scales]
+    return helper.make_node(op, ["x", scales.name], [out], name=name, mode="linear"), [scales]
+
+
+def interp_model(op: str, opset: int) -> onnx.ModelProto:
+    node, inits = _interp_node(op, opset)
+    graph = helper.make_graph([node], "g", [_io("x", [1, 1, 3, 3])], [_io("y")], inits)
+    return _finish(graph, opset)
+
+
+def identity_model(opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name="id")], "g",
+                              [_io("x", [1])], [_io("y", [1])])
+    return _finish(graph, opset)
+
+
+def if_model(opset: int) -> onnx.ModelProto:
+    """Resize hidden in the then-branch of an If: the walk must enter subgraphs."""
+    node, inits = _interp_node("Resize", opset, out="then_y", name="resize_in_then")
+    then_graph = helper.make_graph([node], "then_branch", [], [_io("then_y")], inits)
+    else_graph = helper.make_graph([helper.make_node("Identity", ["x"], ["else_y"], name="keep")], "else_branch",
+                                   [], [_io("else_y")])
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], name="choose", then_branch=then_graph, else_branch=else_graph)],
+        "g", [cond, _io("x", [1, 1, 3, 3])], [_io("y")])
+    return _finish(graph, opset)
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def run_check(files=(), torch=None, env=None, config=None):
+    def torch_factory(session):
+        if torch is None:
+            raise Unavailable("no torch in this test")
+        return torch
+
+    session = Session(env_override=env or {}, torch_factory=torch_factory, onnx_files=tuple(Path(f) for f in files))
+    return run_one(Plan(CHECK, {**CHECK.config, **(config or {})}, 30), session)
+
+
+def model_fact(result, path):
+    return next(m for m in result.facts["models"] if m["path"] == str(path))
+
+
+# -- the installed onnxruntime ---------------------------------------------------------------
+
+
+def test_runtime_limits_come_from_onnxruntime_itself():
+    rt = runtime_facts()
+    assert rt.version == ort.__version__
+    assert rt.max_opset_source == "load_refusal", rt.reason
+    assert rt.max_opset is not None and rt.max_opset >= 11
+    assert rt.max_ir_version is not None and rt.max_ir_version >= 7
+    # the schema registry may hold one opset still under development, never fewer than released
+    assert rt.dev_opset is not None and rt.dev_opset >= rt.max_opset
+
+
+def test_runtime_runs_its_max_opset_and_refuses_the_next():
+    """What the check calls 'runs up to opset N' is what onnxruntime does."""
+    top = runtime_facts().max_opset
+    session = ort.InferenceSession(identity_model(top).SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.array([3.5], np.float32)
+    assert session.run(None, {"x": x})[0].tolist() == [3.5]
+    with pytest.raises(Exception, match=f"Opset {top + 1}"):
+        ort.InferenceSession(identity_model(top + 1).SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_runtime_absent_is_a_fact_not_an_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` raise ImportError
+    rt = onnx_opset.probe_runtime()
+    assert rt.version is None and rt.max_opset is None
+    assert "not installed" in rt.reason
+
+    monkeypatch.setattr(onnx_opset, "runtime_facts", lambda: rt)
+    good = save(interp_model("Resize", 13), tmp_path / "r13.onnx")
+    result = run_check([good])
+    assert result.status is Status.OK, result.summary
+    assert result.facts["onnxruntime_version"] is None
+    assert "onnxruntime not installed" in result.summary
+    assert any("not checked whether it runs" in f for f in model_fact(result, good)["findings"])
+
+
+# -- model files ---------------------------------------------------------------------------
+
+
+def test_resize_at_opset_10_fails(tmp_path):
+    path = save(interp_model("Resize", 10), tmp_path / "resize10.onnx")
+    result = run_check([path])
+    assert result.status is Status.FAIL
+    assert "resize10.onnx" in result.summary and "Resize" in result.summary and "opset 10" in result.summary
+    assert "opset_version=17" in result.remediation
+    fact = model_fact(result, path)
+    assert fact["opsets"] == {"ai.onnx": 10} and fact["resize_nodes"] == 1 and fact["status"] == "fail"
+
+
+def test_upsample_at_opset_9_fails(tmp_path):
+    path = save(interp_model("Upsample", 9), tmp_path / "upsample9.onnx")
+    result = run_check([path])
+    assert result.status is Status.FAIL
+    assert "Upsample" in result.summary and "'up'" in result.summary
+    assert model_fact(result, path)["upsample_nodes"] == 1
+
+
+def test_resize_at_opset_13_is_ok_and_runs(tmp_path):
+    model = interp_model("Resize", 13)
+    path = save(model, tmp_path / "resize13.onnx")
+    result = run_check([path])
+    assert result.status is Status.OK, result.summary
+    assert model_fact(result, path)["resize_nodes"] == 1
+    assert result.facts["models_failing"] == 0
+    # and onnxruntime really runs it: a constant 3x3 image doubles to a constant 6x6
+    out = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.full((1, 1, 3, 3), 2.0, np.float32)})[0]
+    assert out.shape == (1, 1, 6, 6) and np.allclose(out, 2.0)
+
+
+def test_resize_inside_an_if_branch_counts(tmp_path):
+    path = save(if_model(10), tmp_path / "if10.onnx")
+    result = run_check([path])
+    assert result.status is Status.FAIL
+    assert "choose.then_branch/resize_in_then" in result.summary
+
+
+def test_resize_in_a_loop_body_and_a_local_function_counts():
+    node, inits = _interp_node("Resize", 10, out="body_y", name="in_body")
+    body = helper.make_graph([node], "body", [], [_io("body_y")], inits)
+    fnode = helper.make_node("Upsample", ["a", "s"], ["b"], name="in_function")
+    function = helper.make_function("local", "Up2", ["a", "s"], ["b"], [fnode], [helper.make_opsetid("", 9)])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["", ""], ["y"], name="loop", body=body),
+         helper.make_node("Up2", ["x", "x"], ["z"], domain="local")],
+        "g", [_io("x")], [_io("y"), _io("z")])
+    model = _finish(graph, 10, functions=[function])
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    info = parse_model(model.SerializeToString())
+    assert {(n.op, n.where, n.opset) for n in info.interpolation} == {
+        ("Resize", "loop.body/in_body", 10), ("Upsample", "function Up2/in_function", 9)}
+    assert info.opsets == {"ai.onnx": 10, "local": 1}
+
+
+def test_opset_beyond_the_runtime_fails_and_the_runtime_agrees(tmp_path):
+    top = runtime_facts().max_opset
+    model = identity_model(top + 1)
+    path = save(model, tmp_path / "future.onnx")
+    result = run_check([path])
+    assert result.status is Status.FAIL
+    assert f"opset {top + 1}" in result.summary and f"runs up to opset {top}" in result.summary
+    assert "pip install -U onnxruntime" in result.remediation
+    with pytest.raises(Exception):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_ir_version_beyond_the_runtime_fails(tmp_path):
+    model = identity_model(13)
+    model.ir_version = runtime_facts().max_ir_version + 1
+    path = save(model, tmp_path / "newir.onnx")
+    result = run_check([path])
+    assert result.status is Status.FAIL and "IR version" in result.summary
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "no ir_version"),
+    (b"this is not a model, just text\n", "not an ONNX model"),
+    (b"\x08\x07\x3a\xff\xff\xff\x0f", "truncated"),  # ir_version 7, then a graph longer than the file
+])
+def test_a_file_that_is_not_a_model_is_an_error_naming_it(tmp_path, content, expected):
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(content)
+    result = run_check([path])
+    assert result.status is Status.ERROR
+    assert str(path) in result.summary and expected in result.summary
+    assert result.remediation
+
+
+def test_missing_file_and_directory_are_errors(tmp_path):
+    missing = tmp_path / "nope.onnx"
+    result = run_check([missing, tmp_path])
+    assert result.status is Status.ERROR
+    assert f"{missing}: does not exist" in result.summary
+    assert f"{tmp_path}: is a directory" in result.summary
+    assert "--onnx" in result.remediation
+
+
+def test_truncated_real_model_is_an_error(tmp_path):
+    data = interp_model("Resize", 13).SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    assert run_check([path]).status is Status.ERROR
+
+
+def test_fail_outranks_error_and_every_file_is_reported(tmp_path):
+    bad = save(interp_model("Resize", 10), tmp_path / "bad.onnx")
+    good = save(interp_model("Resize", 17), tmp_path / "good.onnx")
+    result = run_check([tmp_path / "gone.onnx", bad, good])
+    assert result.status is Status.FAIL
+    assert [m["status"] for m in result.facts["models"]] == ["error", "fail", "ok"]
+    assert result.facts["models_failing"] == 2
+    assert "gone.onnx: does not exist" in result.summary
+
+
+def test_config_files_are_merged_with_onnx_files_once(tmp_path):
+    path = save(interp_model("Resize", 10), tmp_path / "r10.onnx")
+    other = save(interp_model("Resize", 11), tmp_path / "r11.onnx")
+    result = run_check([path], config={"files": [str(path), str(other)]})
+    assert [m["path"] for m in result.facts["models"]] == [str(path), str(other)]
+
+
+def test_min_opset_is_configurable(tmp_path):
+    path = save(interp_model("Resize", 11), tmp_path / "r11.onnx")
+    assert run_check([path]).status is Status.OK
+    result = run_check([path], config={"min_opset": 13})
+    assert result.status is Status.FAIL and "expected opset >= 13" in result.summary
+
+
+def test_weights_are_stepped_over_not_read(tmp_path):
+    """A model's initializers are most of its bytes and none of its opset facts."""
+    node, inits = _interp_node("Resize", 10)
+    weights = numpy_helper.from_array(np.ones((2, 1024, 1024), np.float32), "weights")  # 8 MiB
+    graph = helper.make_graph([node], "g", [_io("x")], [_io("y")], [weights, *inits])
+    model = _finish(graph, 10)
+    data = model.SerializeToString()
+    stripped = strip_weights(io.BytesIO(data), len(data))
+    assert len(data) > 8 * 1024 * 1024 and len(stripped) < 4096
+    assert parse_model(stripped) == parse_model(data)
+    path = save(model, tmp_path / "heavy.onnx")
+    assert read_model(path).info.interpolation[0].opset == 10
+
+
+# -- no files: versions and torch's default ----------------------------------------------------------
+
+
+def test_no_files_is_ok_with_the_versions():
+    result = run_check()
+    assert result.status is Status.OK, result.summary
+    facts = result.facts
+    assert facts["onnx_version"] == onnx.__version__
+    assert facts["onnx_max_opset"] == onnx.defs.onnx_opset_version()
+    assert facts["onnxruntime_version"] == ort.__version__
+    assert facts["torch_default_export_opset"] is None
+    assert "no torch in this test" in facts["torch_default_export_opset_reason"]
+    assert facts["models"] == [] and facts["models_failing"] == 0
+
+
+def test_torch_default_below_11_warns():
+    result = run_check(torch={"onnx_default_opset": 9})
+    assert result.status is Status.WARN
+    assert "opset 9 by default" in result.summary and "opset_version=17" in result.remediation
+
+
+def test_torch_default_beyond_the_runtime_warns():
+    top = runtime_facts().max_opset
+    result = run_check(torch={"onnx_default_opset": top + 2})
+    assert result.status is Status.WARN and f"opset_version={top}" in result.remediation
+
+
+def test_torch_default_reported_when_fine():
+    result = run_check(torch={"onnx_default_opset": 17})
+    assert result.status is Status.OK and result.facts["torch_default_export_opset"] == 17
+    assert "torch exports opset 17 by default" in result.summary
+
+
+def test_torch_probe_without_the_fact_leaves_it_none_with_reason():
+    result = run_check(torch={"version": "2.13.0"})
+    assert result.facts["torch_default_export_opset"] is None
+    assert "did not report" in result.facts["torch_default_export_opset_reason"]
+
+
+def test_allow_released_opset_only_env():
+    result = run_check(env={"ALLOW_RELEASED_ONNX_OPSET_ONLY": "true", "SECRET_TOKEN": "hunter2"})
+    assert result.status is Status.FAIL and "unset ALLOW_RELEASED_ONNX_OPSET_ONLY" in result.remediation
+    assert "hunter2" not in json.dumps(result.to_dict())
+    assert run_check(env={"ALLOW_RELEASED_ONNX_OPSET_ONLY": "1"}).status is Status.OK
+
+
+# -- the judge, on facts -----------------------------------------------------------------------------
+
+
+def _facts(*models, rt=None, released_only=None, torch=None) -> OnnxFacts:
+    rt = rt or RuntimeFacts("1.99.0", 26, "load_refusal", 27, 13)
+    return OnnxFacts("1.23.2", 28, 14, rt, torch, None, released_only, tuple(models))
+
+
+def _model(opset: int, *interp: tuple[str, int]) -> ModelFile:
+    nodes = tuple(InterpolationNode(op, f"n{i}", o) for i, (op, o) in enumerate(interp))
+    return ModelFile(f"m{opset}.onnx", ModelInfo(8, {"ai.onnx": opset}, 1 + len(nodes), nodes))
+
+
+def test_judge_dev_opset_loads_only_with_the_switch():
+    model = _model(27)
+    assert judge(_facts(model), {}).status is Status.FAIL
+    result = judge(_facts(model, released_only="0"), {})
+    assert result.status is Status.WARN and "ALLOW_RELEASED_ONNX_OPSET_ONLY=0" in result.summary
+    assert judge(_facts(_model(28), released_only="0"), {}).status is Status.FAIL
+
+
+def test_judge_suggests_an_opset_the_runtime_runs():
+    old_runtime = RuntimeFacts("1.8.0", 14, "load_refusal", 14, 7)
+    result = judge(_facts(_model(10, ("Resize", 10)), rt=old_runtime), {"min_opset": 11})
+    assert result.status is Status.FAIL and "opset_version=14" in result.remediation
+
+
+def test_judge_model_without_default_opset_but_default_ops_is_error():
+    model = ModelFile("ml.onnx", ModelInfo(8, {"ai.onnx.ml": 3}, 2, (), True))
+    assert judge(_facts(model), {}).status is Status.ERROR
+    only_ml = ModelFile("ml.onnx", ModelInfo(8, {"ai.onnx.ml": 3}, 2, (), False))
+    assert judge(_facts(only_ml), {}).status is Status.OK
+
+
+def test_judge_notes_opsets_newer_than_installed_onnx_without_failing():
+    rt = RuntimeFacts("9.0.0", 40, "load_refusal", 40, 20)
+    result = judge(_facts(_model(30), rt=rt), {})
+    assert result.status is Status.OK
+    assert any("newer than the installed onnx" in f for f in result.facts["models"][0]["findings"])
+
+
+def test_metrics_name_facts_the_check_produces():
+    result = run_check(torch={"onnx_default_opset": 17})
+    for metric in CHECK.metrics:
+        assert isinstance(result.facts[metric.fact], int), metric
+
+
+def test_explain_says_what_why_and_fix():
+    text = CHECK.explain
+    assert "opset 11" in text and "PITFALLS 7" in text and "opset_version=17" in text
+    assert CHECK.needs == ("onnx",)
+
+
+# -- parsers of untrusted bytes: a value or ParseError, nothing else --------------------------------------------------
+
+_SEEDS = [m.SerializeToString() for m in (interp_model("Resize", 10), if_model(13), identity_model(17))]
+
+
+@st.composite
+def damaged_models(draw):
+    data = bytearray(draw(st.sampled_from(_SEEDS)))
+    for _ in range(draw(st.integers(0, 4))):
+        i = draw(st.integers(0, len(data) - 1))
+        data[i] = draw(st.integers(0, 255))
+    cut = draw(st.integers(0, len(data)))
+    return bytes(data[:cut]) if draw(st.booleans()) else bytes(data)
+
+
+def _value_or_parse_error(data: bytes):
+    try:
+        info = parse_model(strip_weights(io.BytesIO(data), len(data)))
+    except ParseError:
+        return None
+    assert isinstance(info, ModelInfo)
+    return info
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512))
+def test_any_bytes_give_model_info_or_parse_error(data):
+    _value_or_parse_error(data)
+    try:
+        parse_model(data)
+    except ParseError:
+        pass
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged_models())
+def test_damaged_models_give_model_info_or_parse_error(data):
+    _value_or_parse_error(data)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(7, 26), st.lists(st.integers(1, 5000), max_size=4), st.booleans())
+def test_stripping_weights_keeps_everything_else(opset, sizes, in_subgraph):
+    """Differential: the weight-free reader agrees with onnx's own full decode."""
+    model = if_model(opset if opset >= 11 else 11) if in_subgraph else interp_model("Resize", opset)
+    for i, n in enumerate(sizes):
+        model.graph.initializer.append(numpy_helper.from_array(np.arange(n, dtype=np.float32), f"w{i}"))
+    data = model.SerializeToString()
+    stripped = onnx.ModelProto.FromString(strip_weights(io.BytesIO(data), len(data)))
+    expected = onnx.ModelProto.FromString(data)
+    del expected.graph.initializer[:]
+    assert stripped == expected
+
+
+# -- for real: torch's own exporter, and onnxruntime against torch's numbers -------------------------------------------
+
+
+_EXPORT = textwrap.dedent("""
+    import sys, warnings
+    import numpy as np, torch, torch.nn.functional as F
+    warnings.simplefilter("ignore")
+    out = sys.argv[1]
+
+    class Up(torch.nn.Module):
+        def forward(self, x):
+            return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+
+    x = torch.arange(16, dtype=torch.float32).reshape(1, 1, 4, 4)
+    np.save(f"{out}/x.npy", x.numpy())
+    np.save(f"{out}/torch.npy", Up()(x).numpy())
+    for opset in (9, 10, 11, 17):
+        torch.onnx.export(Up(), (x,), f"{out}/up{opset}.onnx", opset_version=opset, dynamo=False)
+    print("torch" in sys.modules)
+""")
+
+
+@pytest.fixture(scope="module")
+def torch_exports(tmp_path_factory):
+    """torch.onnx.export in its own interpreter: envdoctor's processes never import torch."""
+    pytest.importorskip("torch", reason="torch is not installed in this interpreter")
+    out = tmp_path_factory.mktemp("torch_exports")
+    proc = subprocess.run([sys.executable, "-c", _EXPORT, str(out)], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0 and "onnxscript" in proc.stderr:
+        pytest.skip("this torch's ONNX exporter needs onnxscript, which is not installed")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.real
+def test_torch_exports_below_11_fail_and_really_differ_from_torch(torch_exports):
+    """PITFALLS 7 end to end: the opsets the check fails give onnxruntime numbers that
+    differ from PyTorch's interpolate; the ones it passes match."""
+    x = np.load(torch_exports / "x.npy")
+    expected = np.load(torch_exports / "torch.npy")
+    for opset, status in ((9, Status.FAIL), (10, Status.FAIL), (11, Status.OK), (17, Status.OK)):
+        path = torch_exports / f"up{opset}.onnx"
+        result = run_check([path])
+        assert result.status is status, (opset, result.summary)
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        got = session.run(None, {session.get_inputs()[0].name: x})[0]
+        matches = got.shape == expected.shape and np.allclose(got, expected, atol=1e-5)
+        assert matches is (status is Status.OK), (opset, np.abs(got - expected).max() if got.shape == expected.shape else got.shape)
+
+
+@pytest.mark.real
+def test_envdoctor_never_imports_torch_while_checking(torch_exports):
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from envdoctor.context import Session
+        from envdoctor.runner import Plan, run_one
+        from envdoctor.checks.onnx_opset import CHECK
+        from envdoctor.errors import Unavailable
+        def no_probe(session):
+            raise Unavailable("probe not run")
+        r = run_one(Plan(CHECK, dict(CHECK.config), 30),
+                    Session(torch_factory=no_probe, onnx_files=(Path({str(torch_exports / 'up10.onnx')!r}),)))
+        print(r.status.value, "torch" in sys.modules)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "ALLOW_RELEASED_ONNX_OPSET_ONLY"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["fail", "False"]
