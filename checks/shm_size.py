@@ -1,0 +1,215 @@
+"""shm.size: is the target's /dev/shm big enough for DataLoader workers and NCCL?
+
+What it reads: statvfs of the target's /dev/shm (for --pid N that is
+/proc/N/root/dev/shm, the process's own mount namespace, not envdoctor's): its
+size and free bytes, and from the target's mount table whether it is a tmpfs of
+its own. When the DataLoader settings are given in config (num_workers,
+batch_bytes, prefetch_factor) it also works out what the workers will hold there.
+
+Why it matters: DataLoader workers hand every batch to the training process
+through shared memory files in /dev/shm; NCCL's intra-node transport uses it too.
+Docker gives a container a 64 MiB /dev/shm unless it is run with --shm-size or
+--ipc=host, and a tmpfs that runs out does not fail cleanly: writing into the
+mapped file raises SIGBUS, and training dies with "Unexpected bus error
+encountered in worker. This might be caused by insufficient shared memory (shm)",
+or "No space left on device", often minutes into the first epoch. Jupyter kernels
+that die when training starts are often the same thing.
+
+What it judges (thresholds in [check."shm.size"]):
+- fail: size below min_bytes (default 256 MiB; Docker's 64 MiB default is named);
+  with DataLoader settings known, size below what the workers hold at once:
+  (num_workers x prefetch_factor + 1 batch in use) x batch_bytes.
+- warn: size below recommended_bytes (default 1 GiB, what NVIDIA's NGC containers
+  are started with) when the DataLoader settings are unknown, or below the workers'
+  need times headroom (default 1.5) when they are known; free space below that
+  need (or below min_bytes) because other processes or crashed jobs' leftover
+  segments hold it.
+- skip: no /dev/shm in the target, or it cannot be examined (permission, process gone).
+
+How to fix: give the container more: `docker run --shm-size=2g ...` or
+`--ipc=host`; in Kubernetes mount an emptyDir with `medium: Memory` and a
+`sizeLimit` at /dev/shm; on a host, `mount -o remount,size=2G /dev/shm`. The
+workaround when none of those is possible is fewer DataLoader workers (fewer
+batches in flight), at the cost of slower loading; num_workers=0 loads in the
+training loop itself and uses no shared memory, at the cost of the GPU waiting.
+Remove leftover /dev/shm/torch_* files of crashed jobs when free space is short.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping
+
+from envdoctor.cgroup import parse_mountinfo
+from envdoctor.check import Check, Metric
+from envdoctor.errors import ParseError, Unavailable
+from envdoctor.model import Result, Status, fail, ok, warn, worst
+from envdoctor.units import docker_size, format_bytes, k8s_size
+
+MIB = 1024**2
+GIB = 1024**3
+DOCKER_DEFAULT_BYTES = 64 * MIB
+
+
+@dataclass(frozen=True)
+class ShmFacts:
+    path: str  # what was examined, as opened
+    size_bytes: int | None  # None: a tmpfs with no size limit (size=0)
+    free_bytes: int | None  # None with size_bytes: statvfs reports 0 for an unlimited tmpfs
+    fstype: str | None = None  # of the mount holding /dev/shm in the target's view; None when unknown
+    mount_point: str | None = None  # "/dev/shm" when it is a mount of its own
+
+
+def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:
+    """(fstype, mount point) of the mount holding `path` in the target's mount table."""
+    try:
+        mounts = parse_mountinfo(ctx.proc("mountinfo").read_text(errors="replace"))
+    except (OSError, ParseError):
+        return None, None
+    best = None
+    for mount in mounts:  # later mounts shadow earlier ones at the same point
+        mp = PurePosixPath(mount.mount_point)
+        if PurePosixPath(path) == mp or mp in PurePosixPath(path).parents:
+            if best is None or len(mp.parts) >= len(PurePosixPath(best.mount_point).parts):
+                best = mount
+    return (best.fstype, best.mount_point) if best else (None, None)
+
+
+def gather(ctx) -> ShmFacts:
+    path = ctx.target_path("/dev/shm")
+    who = "the target" if ctx.target.pid is None else f"process {ctx.target.pid}"
+    try:
+        if not Path(path).is_dir():
+            if Path(path).exists():
+                raise Unavailable(f"{path} is not a directory: {who} has no usable /dev/shm")
+            if ctx.target.pid is not None and not ctx.proc().exists():
+                raise Unavailable(f"process {ctx.target.pid} exited during the run")
+            raise Unavailable(f"{path} does not exist: {who} has no /dev/shm, so POSIX shared memory "
+                              "(DataLoader workers, NCCL) cannot work there")
+        st = os.statvfs(path)
+    except PermissionError:
+        raise Unavailable(f"permission denied examining {path}: run envdoctor as root or as the target's user") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ESRCH) and ctx.target.pid is not None:
+            raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
+        raise Unavailable(f"cannot examine {path}: {exc.strerror or exc}") from None
+    fstype, mount_point = _mount_of(ctx, "/dev/shm")
+    size = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    if size == 0 and fstype == "tmpfs":
+        size = free = None  # tmpfs size=0 means no limit but memory itself; statvfs then says 0 and 0
+    return ShmFacts(str(path), size, free, fstype, mount_point)
+
+
+def _need(config: Mapping[str, Any]) -> tuple[int | None, str]:
+    """Bytes the DataLoader workers hold at once in /dev/shm, and how that was worked out."""
+    workers = int(config.get("num_workers", 0) or 0)
+    batch = int(config.get("batch_bytes", 0) or 0)
+    prefetch = max(1, int(config.get("prefetch_factor", 2) or 2))
+    if workers <= 0 or batch <= 0:
+        return None, ""
+    batches = workers * prefetch + 1
+    return batches * batch, (f"{workers} DataLoader workers x prefetch_factor {prefetch} + 1 batch in use "
+                             f"= {batches} batches of {format_bytes(batch)}")
+
+
+def judge(facts: ShmFacts, config: Mapping[str, Any]) -> Result:
+    min_bytes = int(config.get("min_bytes", 256 * MIB))
+    recommended = int(config.get("recommended_bytes", GIB))
+    headroom = max(1.0, float(config.get("headroom", 1.5)))
+    need, need_how = _need(config)
+    size, free = facts.size_bytes, facts.free_bytes
+    findings: list[tuple[Status, str]] = []
+    subject = "/dev/shm" if facts.path.endswith("/dev/shm") else facts.path
+
+    if size is not None:
+        docker = " (Docker's default)" if size == DOCKER_DEFAULT_BYTES else ""
+        if size < min_bytes:
+            findings.append((Status.FAIL, f"{subject} is {format_bytes(size)}{docker}, expected >= {format_bytes(min_bytes)}: "
+                                          "DataLoader workers die with a bus error ('insufficient shared memory') and NCCL fails"))
+        if need is not None:
+            if size < need:
+                findings.append((Status.FAIL, f"{subject} is {format_bytes(size)}; {need_how} need {format_bytes(need)}"))
+            elif size < need * headroom:
+                findings.append((Status.WARN, f"{subject} is {format_bytes(size)}; {need_how} need {format_bytes(need)}, "
+                                              f"expected x{headroom:g} headroom = {format_bytes(math.ceil(need * headroom))}"))
+        elif size >= min_bytes and size < recommended:
+            findings.append((Status.WARN, f"{subject} is {format_bytes(size)}{docker}, expected >= {format_bytes(recommended)} "
+                                          "for DataLoader workers (set num_workers and batch_bytes to judge your loader)"))
+    used = None if size is None or free is None else max(0, size - free)
+    short = need if need is not None else min_bytes
+    if free is not None and free < short and (size is None or size >= short):
+        findings.append((Status.WARN, f"{subject} has only {format_bytes(free)} free"
+                                      + (f" ({format_bytes(used)} held by other processes or leftover segments)" if used else "")
+                                      + f", expected >= {format_bytes(short)} free"))
+
+    suggested = max(recommended, math.ceil(need * headroom) if need else 0, min_bytes)
+    result_facts: dict[str, Any] = {
+        "path": facts.path,
+        "size_bytes": size,
+        "free_bytes": free,
+        "used_bytes": used,
+        "fstype": facts.fstype,
+        "own_mount": facts.mount_point == "/dev/shm" if facts.mount_point is not None else None,
+        "min_bytes": min_bytes,
+        "recommended_bytes": recommended,
+        "need_bytes": need,
+        "suggested_bytes": suggested,
+        "findings": [f"{s.value}: {m}" for s, m in findings],
+    }
+
+    if not findings:
+        if size is None:
+            return ok(f"{subject} is a tmpfs without a size limit (size=0: bounded only by memory)", **result_facts)
+        against = f"{need_how} need {format_bytes(need)}" if need is not None else f">= {format_bytes(recommended)} recommended"
+        note = "" if facts.fstype in (None, "tmpfs") else f"; it is {facts.fstype}, not tmpfs, so it is backed by disk"
+        return ok(f"{subject} is {format_bytes(size)}, {format_bytes(free)} free ({against}){note}", **result_facts)
+
+    fix = _remediation(suggested, config, size, headroom)
+    status = worst([s for s, _ in findings])
+    summary = "; ".join(m for s, m in sorted(findings, key=lambda f: -f[0].severity))
+    return (fail if status is Status.FAIL else warn)(summary, fix, **result_facts)
+
+
+def _remediation(suggested: int, config: Mapping[str, Any], size: int | None, headroom: float) -> str:
+    gib = -(-suggested // GIB)
+    fixes = [
+        f"docker run --shm-size={docker_size(suggested)} ... (or --ipc=host)",
+        f"Kubernetes: volumes: [{{name: dshm, emptyDir: {{medium: Memory, sizeLimit: {k8s_size(suggested)}}}}}] "
+        "with volumeMounts: [{name: dshm, mountPath: /dev/shm}]",
+        f"host: mount -o remount,size={gib}G /dev/shm",
+    ]
+    workers = int(config.get("num_workers", 0) or 0)
+    batch = int(config.get("batch_bytes", 0) or 0)
+    prefetch = max(1, int(config.get("prefetch_factor", 2) or 2))
+    if workers > 0 and batch > 0 and size:
+        fit = max(0, math.floor((size / headroom / batch - 1) / prefetch))
+        fixes.append(f"or lower DataLoader num_workers to {fit} (fewer batches in flight, slower loading"
+                     + ("; 0 loads in the training loop and the GPU waits" if fit == 0 else "") + ")")
+    else:
+        fixes.append("or lower DataLoader num_workers (slower loading; num_workers=0 uses no shared memory but the GPU waits)")
+    return "; ".join(fixes)
+
+
+CHECK = Check(
+    id="shm.size",
+    title="/dev/shm is big enough for DataLoader workers and NCCL (Docker's 64 MiB default is not)",
+    run=lambda ctx: judge(gather(ctx), ctx.config),
+    explain=__doc__ or "",
+    config={
+        "min_bytes": 256 * MIB,  # fail below
+        "recommended_bytes": GIB,  # warn below, when the DataLoader settings are unknown
+        "num_workers": 0,  # DataLoader num_workers; 0: unknown or not used
+        "batch_bytes": 0,  # bytes of one collated batch; 0: unknown
+        "prefetch_factor": 2,  # DataLoader's default
+        "headroom": 1.5,  # warn when size < need x headroom
+    },
+    metrics=(
+        Metric("shm_size_bytes", "size_bytes", "Size of the target's /dev/shm"),
+        Metric("shm_free_bytes", "free_bytes", "Free bytes in the target's /dev/shm"),
+    ),
+)

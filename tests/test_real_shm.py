@@ -1,0 +1,153 @@
+"""shm.size against real tmpfs mounts in private mount namespaces (root only).
+
+Ground truth: a real torch DataLoader with workers, moving 32 MiB batches, is run
+in the same namespace as envdoctor. On a 64 MiB /dev/shm the check must fail and
+the DataLoader must die with PyTorch's shared-memory error; on a 2 GiB /dev/shm
+both must pass. A process living in such a namespace, examined from outside with
+--pid, must be judged by its own /dev/shm, not envdoctor's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envdoctor.checks import shm_size
+from envdoctor.context import Session, Target
+from envdoctor.model import Status
+from envdoctor.runner import Plan, run_one
+
+pytestmark = pytest.mark.real
+
+MIB = 1024**2
+# 2 workers x prefetch_factor 2 + 1 batch in use = 5 batches of 32 MiB = 160 MiB in /dev/shm
+LOADER = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Samples(Dataset):
+    def __len__(self):
+        return 48
+    def __getitem__(self, i):
+        return torch.ones(4 * 1024 * 1024)  # 16 MiB of float32
+
+n = 0
+for batch in DataLoader(Samples(), batch_size=2, num_workers=2, prefetch_factor=2):
+    n += 1
+print("LOADER DONE", n, flush=True)
+"""
+CONFIG = """
+[check."shm.size"]
+num_workers = 2
+batch_bytes = "32MiB"
+prefetch_factor = 2
+"""
+SHM_ERROR = re.compile(r"shared memory|\bshm\b|bus error|no space left on device", re.IGNORECASE)
+
+
+def _namespace_or_skip() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs in a private mount namespace")
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) from util-linux")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount --make-rprivate / && mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs in a new mount namespace here: {probe.stderr.strip()}")
+
+
+def _run_in_namespace(size: str, workdir: Path) -> tuple[subprocess.CompletedProcess, dict, subprocess.CompletedProcess]:
+    """In one private mount namespace with a `size` tmpfs on /dev/shm: envdoctor's report, then the DataLoader."""
+    (workdir / "envdoctor.toml").write_text(CONFIG)
+    (workdir / "loader.py").write_text(LOADER)
+    py = sys.executable
+    script = (
+        "mount --make-rprivate / && mount -t tmpfs -o size=$SHM_SIZE tmpfs /dev/shm || exit 97; "
+        f"{py} -m envdoctor check --only shm.size --format json --config envdoctor.toml > report.json 2> report.err; "
+        "echo $? > report.rc; "
+        f"{py} loader.py > loader.out 2>&1; echo $? > loader.rc"
+    )
+    env = {**os.environ, "SHM_SIZE": size}
+    outer = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=240)
+    assert outer.returncode != 97, f"mount failed: {outer.stderr}"
+    report_rc = int((workdir / "report.rc").read_text())
+    report = json.loads((workdir / "report.json").read_text() or "{}")
+    loader = subprocess.CompletedProcess([], int((workdir / "loader.rc").read_text()), (workdir / "loader.out").read_text(), "")
+    assert report, f"no report: {(workdir / 'report.err').read_text()}"
+    return subprocess.CompletedProcess([], report_rc, "", (workdir / "report.err").read_text()), report, loader
+
+
+def _shm_result(report: dict) -> dict:
+    (result,) = [r for r in report["results"] if r["check"] == "shm.size"]
+    return result
+
+
+def test_docker_default_64m_fails_and_the_dataloader_dies(tmp_path):
+    _namespace_or_skip()
+    run, report, loader = _run_in_namespace("64m", tmp_path)
+    result = _shm_result(report)
+    assert result["status"] == "fail", result
+    assert run.returncode == 1  # fail is at the default --fail-on level
+    assert result["facts"]["size_bytes"] == 64 * MIB
+    assert result["facts"]["need_bytes"] == 160 * MIB
+    assert "Docker's default" in result["summary"]
+    assert "--shm-size=" in result["remediation"] and "medium: Memory" in result["remediation"]
+    # the ground truth the check predicted
+    assert loader.returncode != 0, loader.stdout
+    assert "LOADER DONE" not in loader.stdout
+    assert SHM_ERROR.search(loader.stdout), loader.stdout[-2000:]
+
+
+def test_sized_shm_passes_and_the_dataloader_completes(tmp_path):
+    _namespace_or_skip()
+    run, report, loader = _run_in_namespace("2g", tmp_path)
+    result = _shm_result(report)
+    assert result["status"] == "ok", result
+    assert run.returncode == 0
+    assert result["facts"]["size_bytes"] == 2048 * MIB
+    assert loader.returncode == 0, loader.stdout[-2000:]
+    assert "LOADER DONE 24" in loader.stdout
+
+
+def test_pid_target_is_judged_by_its_own_shm(tmp_path):
+    _namespace_or_skip()
+    marker = tmp_path / "mounted"
+    # 48 MiB: a size neither this machine's nor CI's own /dev/shm has, so the
+    # result cannot have come from envdoctor's /dev/shm by accident.
+    script = f"mount --make-rprivate / && mount -t tmpfs -o size=48m tmpfs /dev/shm && touch {marker} && exec sleep 60"
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
+    try:
+        deadline = time.monotonic() + 20
+        while not marker.exists():
+            assert proc.poll() is None, "the namespace's shell exited early"
+            assert time.monotonic() < deadline, "the tmpfs was not mounted in time"
+            time.sleep(0.05)
+        assert os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize != 48 * MIB
+
+        result = run_one(Plan(shm_size.CHECK, dict(shm_size.CHECK.config), 10.0), Session(target=Target(proc.pid)))
+        assert result.target == f"pid:{proc.pid}"
+        assert result.status is Status.FAIL, result.summary
+        assert result.facts["size_bytes"] == 48 * MIB
+        assert result.facts["path"] == f"/proc/{proc.pid}/root/dev/shm"
+        assert result.facts["fstype"] == "tmpfs" and result.facts["own_mount"] is True
+
+        cli = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--only", "shm.size", "--pid", str(proc.pid),
+                              "--format", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 1, cli.stderr
+        cli_result = _shm_result(json.loads(cli.stdout))
+        assert cli_result["status"] == "fail" and cli_result["facts"]["size_bytes"] == 48 * MIB
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+    # once the process is gone, the check skips with a reason instead of breaking
+    gone = run_one(Plan(shm_size.CHECK, dict(shm_size.CHECK.config), 10.0), Session(target=Target(proc.pid)))
+    assert gone.status is Status.SKIP and str(proc.pid) in gone.summary

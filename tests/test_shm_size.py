@@ -1,0 +1,226 @@
+"""shm.size: the judge on facts, the gatherer over fixture trees (statvfs is faked
+where a fixture cannot carry a file-system size), and the size parser its config uses."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envdoctor.checks import shm_size
+from envdoctor.checks.shm_size import ShmFacts, judge
+from envdoctor.context import Roots, Session, Target
+from envdoctor.errors import ParseError
+from envdoctor.model import Status
+from envdoctor.runner import Plan, run_one
+from envdoctor.units import parse_size
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MIB = 1024**2
+GIB = 1024**3
+DEFAULTS = dict(shm_size.CHECK.config)
+
+
+def shm(size, free=None, fstype="tmpfs"):
+    return ShmFacts("/dev/shm", size, size if free is None else free, fstype, "/dev/shm")
+
+
+def loader(workers, batch, prefetch=2, **more):
+    return {**DEFAULTS, "num_workers": workers, "batch_bytes": batch, "prefetch_factor": prefetch, **more}
+
+
+def fake_statvfs(size, free):
+    block = 4096
+    return lambda path: os.statvfs_result((block, block, size // block, free // block, free // block, 0, 0, 0, 0, 255))
+
+
+def run_fixture(name, config=None, pid=None):
+    base = FIXTURES / name
+    session = Session(target=Target(pid), roots=Roots(procfs=base / "procfs", sysfs=base / "sys", rootfs=base), env_override={})
+    return run_one(Plan(shm_size.CHECK, {**DEFAULTS, **(config or {})}, 10.0), session)
+
+
+# ----------------------------------------------------------------- judge: floors
+
+
+def test_docker_default_fails_and_names_it():
+    r = judge(shm(64 * MIB), DEFAULTS)
+    assert r.status is Status.FAIL
+    assert "/dev/shm is 64 MiB (Docker's default), expected >= 256 MiB" in r.summary
+    assert "docker run --shm-size=1g" in r.remediation and "--ipc=host" in r.remediation
+    assert "emptyDir: {medium: Memory, sizeLimit: 1Gi}" in r.remediation and "mountPath: /dev/shm" in r.remediation
+    assert "num_workers" in r.remediation
+    assert r.facts["size_bytes"] == 64 * MIB and r.facts["free_bytes"] == 64 * MIB
+
+
+def test_under_the_configured_floor_fails():
+    assert judge(shm(900 * MIB), {**DEFAULTS, "min_bytes": GIB}).status is Status.FAIL
+    assert judge(shm(64 * MIB), {**DEFAULTS, "min_bytes": 32 * MIB, "recommended_bytes": 32 * MIB}).status is Status.OK
+
+
+def test_under_recommended_warns():
+    r = judge(shm(512 * MIB), DEFAULTS)
+    assert r.status is Status.WARN and "expected >= 1 GiB" in r.summary
+    assert "--shm-size=1g" in r.remediation
+
+
+def test_big_enough_is_ok():
+    r = judge(shm(16 * GIB, 15 * GIB), DEFAULTS)
+    assert r.status is Status.OK
+    assert r.summary == "/dev/shm is 16 GiB, 15 GiB free (>= 1 GiB recommended)"
+    assert r.facts["used_bytes"] == GIB
+
+
+def test_full_shm_warns_about_leftovers():
+    r = judge(shm(16 * GIB, 100 * MIB), DEFAULTS)
+    assert r.status is Status.WARN and "only 100 MiB free" in r.summary and "15.9 GiB held" in r.summary
+
+
+def test_unlimited_tmpfs_is_ok():
+    r = judge(ShmFacts("/dev/shm", None, None, "tmpfs", "/dev/shm"), DEFAULTS)
+    assert r.status is Status.OK and "without a size limit" in r.summary
+
+
+def test_disk_backed_shm_is_noted():
+    r = judge(ShmFacts("/dev/shm", 100 * GIB, 50 * GIB, "overlay", "/"), DEFAULTS)
+    assert r.status is Status.OK and "not tmpfs" in r.summary
+
+
+# ----------------------------------------------------------------- judge: the DataLoader's need
+
+
+def test_workers_need_more_than_there_is_fails():
+    # 4 workers x 2 + 1 = 9 batches of 256 MiB = 2.25 GiB
+    r = judge(shm(2 * GIB), loader(4, 256 * MIB))
+    assert r.status is Status.FAIL
+    assert "4 DataLoader workers x prefetch_factor 2 + 1 batch in use = 9 batches of 256 MiB need 2.2 GiB" in r.summary
+    assert r.facts["need_bytes"] == 9 * 256 * MIB
+    # headroom 1.5 over 2.25 GiB = 3.375 GiB -> docker rounds up to 4g
+    assert "--shm-size=4g" in r.remediation and "sizeLimit: 4Gi" in r.remediation
+    # 2 GiB / 1.5 / 256 MiB = 5.3 batches -> (5.3 - 1) / 2 -> 2 workers fit
+    assert "lower DataLoader num_workers to 2" in r.remediation
+
+
+def test_workers_need_without_headroom_warns():
+    r = judge(shm(2560 * MIB), loader(4, 256 * MIB))
+    assert r.status is Status.WARN and "headroom" in r.summary
+
+
+def test_workers_fit_is_ok_even_under_recommended():
+    # a small loader on a modest /dev/shm: judged against what it holds, not the generic recommendation
+    r = judge(shm(512 * MIB), loader(2, 8 * MIB))
+    assert r.status is Status.OK, r.summary
+    assert "need 40 MiB" in r.summary
+
+
+def test_workers_need_more_than_is_free_warns():
+    r = judge(shm(8 * GIB, 300 * MIB), loader(2, 100 * MIB))
+    assert r.status is Status.WARN and "only 300 MiB free" in r.summary and "expected >= 500 MiB free" in r.summary
+
+
+def test_floor_still_applies_with_a_tiny_loader():
+    r = judge(shm(64 * MIB), loader(1, MIB))
+    assert r.status is Status.FAIL and "Docker's default" in r.summary
+
+
+def test_no_workers_is_judged_by_the_floors_only():
+    assert judge(shm(512 * MIB), loader(0, 256 * MIB)).status is Status.WARN
+    assert judge(shm(2 * GIB), loader(0, 256 * MIB)).facts["need_bytes"] is None
+
+
+# ----------------------------------------------------------------- gather over fixture trees
+
+
+def test_empty_rootfs_skips():
+    r = run_fixture("shm_empty_rootfs")
+    assert r.status is Status.SKIP
+    assert "does not exist" in r.summary and "shm_empty_rootfs/dev/shm" in r.summary
+
+
+def test_docker_fixture_fails(monkeypatch):
+    monkeypatch.setattr(shm_size.os, "statvfs", fake_statvfs(64 * MIB, 64 * MIB))
+    r = run_fixture("shm_docker_64m")
+    assert r.status is Status.FAIL and "Docker's default" in r.summary
+    assert r.facts["fstype"] == "tmpfs" and r.facts["own_mount"] is True
+    assert r.facts["path"].endswith("shm_docker_64m/dev/shm")
+
+
+def test_shm_without_a_mount_of_its_own(monkeypatch):
+    monkeypatch.setattr(shm_size.os, "statvfs", fake_statvfs(64 * MIB, 60 * MIB))
+    r = run_fixture("shm_no_mount")
+    assert r.facts["own_mount"] is False and r.facts["fstype"] == "tmpfs"  # the /dev tmpfs holds it
+    assert r.facts["free_bytes"] == 60 * MIB
+
+
+def test_unlimited_tmpfs_fixture(monkeypatch):
+    monkeypatch.setattr(shm_size.os, "statvfs", fake_statvfs(0, 0))
+    r = run_fixture("shm_docker_64m")
+    assert r.status is Status.OK and r.facts["size_bytes"] is None and r.facts["free_bytes"] is None
+
+
+def test_permission_denied_skips(monkeypatch):
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(shm_size.os, "statvfs", denied)
+    r = run_fixture("shm_docker_64m")
+    assert r.status is Status.SKIP and "permission denied" in r.summary
+
+
+def test_other_os_errors_skip(monkeypatch):
+    def stale(path):
+        raise OSError(errno.ESTALE, "Stale file handle", str(path))
+
+    monkeypatch.setattr(shm_size.os, "statvfs", stale)
+    r = run_fixture("shm_docker_64m")
+    assert r.status is Status.SKIP and "Stale file handle" in r.summary
+
+
+def test_shm_that_is_a_file_skips(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "shm").write_text("not a directory")
+    session = Session(roots=Roots(procfs=tmp_path / "proc", sysfs=tmp_path / "sys", rootfs=tmp_path), env_override={})
+    r = run_one(Plan(shm_size.CHECK, DEFAULTS, 10.0), session)
+    assert r.status is Status.SKIP and "not a directory" in r.summary
+
+
+def test_missing_pid_skips(tmp_path):
+    session = Session(target=Target(999999), roots=Roots(procfs=tmp_path, sysfs=tmp_path, rootfs=tmp_path), env_override={})
+    r = run_one(Plan(shm_size.CHECK, DEFAULTS, 10.0), session)
+    assert r.status is Status.SKIP and "999999" in r.summary
+
+
+def test_metrics_declared():
+    assert {(m.name, m.fact) for m in shm_size.CHECK.metrics} == {("shm_size_bytes", "size_bytes"), ("shm_free_bytes", "free_bytes")}
+
+
+# ----------------------------------------------------------------- sizes and the judge on any input
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=30), st.text(alphabet="0123456789.kKmMgGiBbtT -", max_size=12)))
+def test_parse_size_any_input(text):
+    try:
+        value = parse_size(text)
+    except ParseError:
+        return
+    assert isinstance(value, int) and value >= 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.one_of(st.none(), st.integers(0, 1 << 50)), free=st.one_of(st.none(), st.integers(0, 1 << 50)),
+       workers=st.integers(0, 64), batch=st.integers(0, 1 << 34), prefetch=st.integers(0, 16),
+       fstype=st.sampled_from(["tmpfs", "overlay", None]))
+def test_judge_always_gives_a_result_with_a_fix_when_not_ok(size, free, workers, batch, prefetch, fstype):
+    free = None if size is None else min(free if free is not None else size, size)
+    r = judge(ShmFacts("/dev/shm", size, free, fstype, "/dev/shm"), loader(workers, batch, prefetch))
+    assert r.status in (Status.OK, Status.WARN, Status.FAIL)
+    assert r.summary
+    if r.status is not Status.OK:
+        assert "--shm-size=" in r.remediation and "num_workers" in r.remediation
+    if size is not None and size < DEFAULTS["min_bytes"]:
+        assert r.status is Status.FAIL
