@@ -1,0 +1,186 @@
+"""cuda.visible_devices: the judge over facts for every finding, and the whole
+check through the runner with the fake NVML and with no NVML at all."""
+
+from __future__ import annotations
+
+import pytest
+
+from envdoctor import nvml
+from envdoctor.checks.cuda_visible_devices import CHECK, Gpu, VisibleFacts, judge
+from envdoctor.context import Session
+from envdoctor.errors import Unavailable
+from envdoctor.model import Status
+from envdoctor.runner import Plan, run_one
+from fake_pynvml import FakeDevice, FakeNvml
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def gpus(n, names=None):
+    names = names or [H100] * n
+    return tuple(Gpu(i, names[i], f"GPU-{i}{i}{i}{i}aaaa-{i}", ()) for i in range(n))
+
+
+def facts(cvd=None, gpu_list=None, order=None, nvd=None, local_rank=None, reason="no NVIDIA driver here"):
+    return VisibleFacts(cvd, order, nvd, local_rank, gpu_list, None if gpu_list is not None else reason)
+
+
+def test_unset_is_ok_with_the_count():
+    r = judge(facts(gpu_list=gpus(4)), {})
+    assert r.status is Status.OK and "all 4 GPUs" in r.summary
+    assert r.facts["physical_count"] == 4 and r.facts["visible_count"] == 4 and r.facts["visible"] == [0, 1, 2, 3]
+
+
+def test_unset_without_nvml_is_ok_and_says_what_it_could_not_know():
+    r = judge(facts(), {})
+    assert r.status is Status.OK and "GPU count unknown: no NVIDIA driver here" in r.summary
+    assert r.facts["physical_count"] is None and r.facts["unverified"]
+
+
+def test_a_consistent_value_is_ok():
+    r = judge(facts("2,3", gpus(4), local_rank="1"), {})
+    assert r.status is Status.OK, r.summary
+    assert r.facts["visible"] == [2, 3] and r.facts["visible_count"] == 2 and r.facts["local_rank"] == 1
+    assert "2 of 4" in r.summary
+
+
+def test_duplicate_fails():
+    r = judge(facts("0,1,0", gpus(4)), {})
+    assert r.status is Status.FAIL and "lists 0 twice" in r.summary
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,1"
+    assert r.facts["visible_count"] == 0
+
+
+def test_invalid_entry_hiding_later_ones_fails():
+    r = judge(facts("0,,2,3"), {})
+    assert r.status is Status.FAIL
+    assert "ignores 2, 3" in r.summary and r.facts["ignored"] == ["2", "3"] and r.facts["visible"] == [0]
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,2,3"
+    assert "not checked against the GPUs: no NVIDIA driver here" in r.summary
+
+
+def test_quotes_kept_by_an_env_file_fail_with_an_explanation():
+    r = judge(facts('"0,1"'), {})
+    assert r.status is Status.FAIL and "quote characters" in r.summary
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,1"
+
+
+def test_a_single_bad_value_fails():
+    r = judge(facts("GPU0"), {})
+    assert r.status is Status.FAIL and "CUDA sees no GPU" in r.summary
+
+
+@pytest.mark.parametrize("value", ["", "-1", " "])
+def test_hiding_every_gpu_on_purpose_warns(value):
+    r = judge(facts(value, gpus(2)), {})
+    assert r.status is Status.WARN and "hides every GPU" in r.summary
+    assert r.facts["visible_count"] == 0
+
+
+def test_trailing_minus_one_is_fine_and_trailing_junk_warns():
+    assert judge(facts("0,1,-1", gpus(2)), {}).status is Status.OK
+    assert judge(facts("0,1,", gpus(2)), {}).status is Status.OK
+    r = judge(facts("0,1,abc", gpus(2)), {})
+    assert r.status is Status.WARN and "'abc' is invalid" in r.summary
+
+
+def test_lenient_reading_warns():
+    r = judge(facts("1gpu2", gpus(4)), {})
+    assert r.status is Status.WARN and "read as 1" in r.summary and r.facts["visible"] == [1]
+
+
+def test_index_beyond_the_gpus_fails():
+    r = judge(facts("0,4,1", gpus(4)), {})
+    assert r.status is Status.FAIL
+    assert "GPU 4 does not exist: this node has 4 GPUs (0-3)" in r.summary and "also ignores 1" in r.summary
+    assert r.facts["visible"] == [0] and r.facts["visible_count"] == 1
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,1,2,3"
+
+
+def test_uuids_are_matched_by_unique_prefix():
+    g = gpus(3)
+    r = judge(facts(f"{g[2].uuid},{g[0].uuid[:8]}", g), {})
+    assert r.status is Status.OK and r.facts["visible"] == [g[2].uuid, g[0].uuid]
+    r = judge(facts("GPU-9999", g), {})
+    assert r.status is Status.FAIL and "matches no GPU" in r.summary
+    r = judge(facts("GPU-", g), {})
+    assert r.status is Status.FAIL and "matches several" in r.summary
+    r = judge(facts(f"{g[1].uuid},{g[1].uuid[:7]}", g), {})
+    assert r.status is Status.FAIL and "same GPU" in r.summary
+
+
+def test_mig_uuids():
+    g = (Gpu(0, "NVIDIA A100-SXM4-80GB", "GPU-a100", ("MIG-11112222", "MIG-33334444")),)
+    assert judge(facts("MIG-3333", g), {}).status is Status.OK
+    assert judge(facts("MIG-5555", g), {}).status is Status.FAIL
+
+
+def test_mixed_gpus_without_pci_order_warn():
+    g = gpus(2, ["NVIDIA A100-SXM4-80GB", "Tesla T4"])
+    r = judge(facts("1", g), {})
+    assert r.status is Status.WARN and "CUDA_DEVICE_ORDER is unset" in r.summary
+    assert r.remediation == "export CUDA_DEVICE_ORDER=PCI_BUS_ID"
+    assert judge(facts("1", g, order="PCI_BUS_ID"), {}).status is Status.OK
+    assert judge(facts(g[1].uuid, g), {}).status is Status.OK  # a UUID names one card whatever the order
+
+
+@pytest.mark.parametrize("cvd, n, rank, status", [("2,3", 4, "2", Status.FAIL), ("2,3", 4, "1", Status.OK),
+                                                  (None, 2, "2", Status.FAIL), ("5", None, "1", Status.FAIL),
+                                                  (None, None, "7", Status.OK), ("0", 4, "x", Status.OK)])
+def test_local_rank_against_the_visible_count(cvd, n, rank, status):
+    r = judge(facts(cvd, gpus(n) if n else None, local_rank=rank), {})
+    assert r.status is status, r.summary
+    if status is Status.FAIL:
+        assert "invalid device ordinal" in r.summary and "cuda:0 instead of cuda:LOCAL_RANK" in r.remediation
+
+
+def test_without_nvml_nvidia_visible_devices_shows_what_the_container_has():
+    r = judge(facts("2,3", nvd="2,3"), {})
+    assert r.status is Status.WARN and "hides every GPU" in r.summary and "container's own numbering" in r.summary
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,1"
+    assert judge(facts("0,1", nvd="2,3"), {}).status is Status.OK
+    assert judge(facts("0,1", nvd="all"), {}).status is Status.OK
+    r = judge(facts("0", nvd="none"), {})
+    assert r.status is Status.WARN and "given no GPU" in r.summary
+    r = judge(facts("GPU-ffff", nvd="GPU-aaaa,GPU-bbbb"), {})
+    assert r.status is Status.WARN
+
+
+# -- through the runner --------------------------------------------------------------------------
+
+
+def run(env, fake=None, reason="no NVIDIA driver here (test)"):
+    def factory():
+        if fake is None:
+            raise Unavailable(reason)
+        return nvml.connect(lib=fake, timeout=1)
+
+    session = Session(env_override=env, nvml_factory=factory)
+    return run_one(Plan(CHECK, {}, 5), session)
+
+
+def test_check_with_fake_nvml():
+    fake = FakeNvml(devices=[FakeDevice() for _ in range(2)])
+    r = run({"CUDA_VISIBLE_DEVICES": "0,2,1"}, fake)
+    assert r.check == "cuda.visible_devices" and r.status is Status.FAIL
+    assert "GPU 2 does not exist: this node has 2 GPUs (0-1)" in r.summary
+    r = run({"CUDA_VISIBLE_DEVICES": fake.devices[1].uuid, "LOCAL_RANK": "0"}, fake)
+    assert r.status is Status.OK and r.facts["visible"] == [fake.devices[1].uuid]
+
+
+def test_check_without_nvml_runs_the_syntax_checks():
+    r = run({"CUDA_VISIBLE_DEVICES": "0,0"})
+    assert r.status is Status.FAIL and "twice" in r.summary and "no NVIDIA driver here (test)" in r.summary
+    r = run({})
+    assert r.status is Status.OK
+
+
+def test_check_with_a_lost_gpu_still_counts_it():
+    fake = FakeNvml(devices=[FakeDevice(), FakeDevice(lost=True)])
+    r = run({"CUDA_VISIBLE_DEVICES": "1"}, fake)
+    assert r.status is Status.OK and r.facts["physical_count"] == 2
+
+
+def test_explain_and_metric_are_declared():
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in CHECK.explain and "before" in CHECK.explain
+    assert CHECK.metrics[0].fact == "visible_count"
