@@ -134,6 +134,15 @@ def test_runtime_runs_its_max_opset_and_refuses_the_next():
         ort.InferenceSession(identity_model(top + 1).SerializeToString(), providers=["CPUExecutionProvider"])
 
 
+def test_runtime_limit_falls_back_to_its_schemas_and_says_so(monkeypatch):
+    """When the refusal cannot be read (another wording, or ALLOW_RELEASED_ONNX_OPSET_ONLY=0
+    in our own environment), the schema registry's newest opset stands in, labelled."""
+    monkeypatch.setattr(onnx_opset, "_refusal", lambda *args: None)
+    rt = onnx_opset.probe_runtime()
+    assert rt.max_opset_source == "schema_registry" and rt.max_opset == rt.dev_opset >= 11
+    assert "under development" in rt.reason
+
+
 def test_runtime_absent_is_a_fact_not_an_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` raise ImportError
     rt = onnx_opset.probe_runtime()
