@@ -1,0 +1,173 @@
+"""cpu.threads against a real CPU-limited cgroup (root only).
+
+A cgroup with a 0.5-CPU quota (v1 cpu.cfs_quota_us=50000 / cpu.cfs_period_us=100000,
+or v2 cpu.max "50000 100000" where the cpu controller lives on cgroup v2) is made,
+a `sleep` with chosen thread variables is put in it, and the check judges that
+process from outside with --pid / Target(pid). The cgroup is removed afterwards,
+whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from envdoctor.checks import cpu_threads
+from envdoctor.checks.cpu_threads import THREAD_VARS
+from envdoctor.context import Session, Target
+from envdoctor.model import Status
+from envdoctor.runner import Plan, run_one
+
+pytestmark = pytest.mark.real
+
+
+@dataclass
+class LimitedCgroup:
+    path: Path
+    version: str  # "cgroup v1" or "cgroup v2"
+    top: Path  # the hierarchy's mount point, where pids go back to
+
+
+def _cgroup_mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fstype, super options) of cgroup mounts, read independently of envdoctor.cgroup."""
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2") and fields[3] == "/":
+            mounts.append((fields[4].replace("\\040", " "), tail[0], set(tail[2].split(","))))
+    return mounts
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _make_limited_cgroup() -> LimitedCgroup:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a cgroup")
+    name = f"envdoctor-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    mounts = _cgroup_mounts()
+    v1 = [mp for mp, fstype, opts in mounts if fstype == "cgroup" and "cpu" in opts]
+    v2 = [mp for mp, fstype, _ in mounts if fstype == "cgroup2"]
+    try:
+        if v1:
+            top = Path(v1[0])
+            path = top / name
+            path.mkdir()
+            _write(path / "cpu.cfs_period_us", "100000")
+            _write(path / "cpu.cfs_quota_us", "50000")
+            return LimitedCgroup(path, "cgroup v1", top)
+        for mp in v2:
+            top = Path(mp)
+            if "cpu" not in (top / "cgroup.controllers").read_text().split():
+                continue
+            if "cpu" not in (top / "cgroup.subtree_control").read_text().split():
+                _write(top / "cgroup.subtree_control", "+cpu")
+            path = top / name
+            path.mkdir()
+            _write(path / "cpu.max", "50000 100000")
+            return LimitedCgroup(path, "cgroup v2", top)
+    except OSError as exc:
+        pytest.skip(f"cannot create a CPU-limited cgroup here: {exc}")
+    pytest.skip(f"no cgroup hierarchy with the cpu controller is mounted (mounts: {mounts})")
+
+
+def _remove(cgroup: LimitedCgroup) -> None:
+    procs = cgroup.path / "cgroup.procs"
+    deadline = time.monotonic() + 10
+    while cgroup.path.exists():
+        try:
+            for pid in procs.read_text().split():  # anything still inside goes back to the top
+                try:
+                    _write(cgroup.top / "cgroup.procs", pid)
+                except OSError:
+                    pass
+            cgroup.path.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def limited():
+    cgroup = _make_limited_cgroup()
+    try:
+        yield cgroup
+    finally:
+        _remove(cgroup)
+
+
+@pytest.fixture
+def sleeper(limited):
+    """Start `sleep 60` with the given environment inside the limited cgroup; kill it afterwards."""
+    started: list[subprocess.Popen] = []
+
+    def start(env: dict[str, str]) -> int:
+        proc = subprocess.Popen(["sleep", "60"], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env})
+        started.append(proc)
+        _write(limited.path / "cgroup.procs", str(proc.pid))
+        return proc.pid
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def judge_pid(pid: int):
+    return run_one(Plan(cpu_threads.CHECK, dict(cpu_threads.CHECK.config), 10.0), Session(target=Target(pid)))
+
+
+def test_unset_variables_warn_inside_half_a_cpu(limited, sleeper):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 or more CPUs in the affinity mask for unset variables to oversubscribe 0.5 CPU")
+    pid = sleeper({})
+    r = judge_pid(pid)
+    assert r.status is Status.WARN, r.summary
+    assert r.facts["effective_cpus"] == 0.5
+    assert r.facts["quota_source"] == limited.version
+    assert r.facts["quota_path"].startswith(str(limited.path))
+    assert "OMP_NUM_THREADS" in r.summary and "unset" in r.summary
+    assert r.remediation == "export " + " ".join(f"{n}=1" for n in THREAD_VARS)
+
+
+def test_oversubscribed_omp_warns(limited, sleeper):
+    pid = sleeper({**dict.fromkeys(THREAD_VARS, "1"), "OMP_NUM_THREADS": "8"})
+    r = judge_pid(pid)
+    assert r.status is Status.WARN, r.summary
+    assert "oversubscribed: OMP_NUM_THREADS=8" in r.summary and "0.5 effective CPUs (cgroup quota" in r.summary
+    assert r.facts["effective_cpus"] == 0.5
+
+
+def test_fitting_values_pass(limited, sleeper):
+    pid = sleeper(dict.fromkeys(THREAD_VARS, "1"))
+    r = judge_pid(pid)
+    assert r.status is Status.OK, r.summary
+    assert r.facts["effective_cpus"] == 0.5 and r.facts["recommended_threads"] == 1
+
+
+def test_the_cli_sees_the_quota_of_the_pid(limited, sleeper, tmp_path):
+    pid = sleeper({"OMP_NUM_THREADS": "8"})
+    cli = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--only", "cpu.threads", "--pid", str(pid),
+                          "--format", "json", "--fail-on", "warn"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1, cli.stderr
+    (result,) = json.loads(cli.stdout)["results"]
+    assert result["status"] == "warn" and result["facts"]["quota_cpus"] == 0.5
+    # envdoctor itself is not in that cgroup: its own view must not carry the quota
+    own = run_one(Plan(cpu_threads.CHECK, dict(cpu_threads.CHECK.config), 10.0), Session(env_override={}))
+    assert own.facts["quota_path"] != result["facts"]["quota_path"]
