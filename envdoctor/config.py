@@ -281,7 +281,16 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
                 settled[key] = _coerce_check_key(key, value, allowed[key], from_text=False)
             except ParseError as exc:
                 raise ConfigError(str(exc), file=name, line=where(line_table, key), key=full_key) from None
-    config.onnx = [str((path.parent / p)) if not os.path.isabs(p) else p for p in config.onnx]
+            if key == "files" and isinstance(settled[key], list):
+                settled[key] = [_relative_to(path, p) for p in settled[key]]
+    config.onnx = [_relative_to(path, p) for p in config.onnx]
+
+
+def _relative_to(config_file: Path, value: Any) -> Any:
+    """Paths in a config file mean paths next to that file, wherever envdoctor runs from."""
+    if isinstance(value, str) and value and not os.path.isabs(value):
+        return str(config_file.parent / value)
+    return value
 
 
 def _coerce_check_key(key: str, value: Any, default: Any, *, from_text: bool) -> Any:

@@ -138,3 +138,13 @@ def test_cli_flag_beats_environment_beats_file(tmp_path, plugin_env):
     env = {**plugin_env, "ENVDOCTOR_FAIL_ON": "warn"}
     assert cli("check", "--only", "example.marker_file", cwd=tmp_path, env=env).returncode == 1
     assert cli("check", "--only", "example.marker_file", "--fail-on", "fail", cwd=tmp_path, env=env).returncode == 0
+
+
+def test_file_paths_in_a_config_file_are_relative_to_that_file(tmp_path):
+    sub = tmp_path / "project"
+    sub.mkdir()
+    onnx_check = Check(id="onnx.opset", title="t", run=lambda ctx: ok("x"), config={"files": []})
+    _write(sub, "envdoctor.toml", 'onnx = ["a.onnx", "/abs/b.onnx"]\n[check."onnx.opset"]\nfiles = ["models/c.onnx"]\n')
+    config = cfg.load({"onnx.opset": onnx_check}, explicit_file=str(sub / "envdoctor.toml"), environ={}, cwd=tmp_path)
+    assert config.onnx == [str(sub / "a.onnx"), "/abs/b.onnx"]
+    assert config.check_config(onnx_check)["files"] == [str(sub / "models/c.onnx")]
