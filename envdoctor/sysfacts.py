@@ -55,7 +55,9 @@ def _memory(session: Session) -> dict[str, int]:
 
 
 def _affinity(session: Session) -> int:
-    return len(os.sched_getaffinity(session.target.pid or 0))
+    from envdoctor.affinity import affinity
+
+    return len(affinity(session.roots.procfs, session.target.pid))
 
 
 def _cpu_quota(session: Session) -> dict[str, Any]:
