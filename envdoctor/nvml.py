@@ -421,7 +421,10 @@ class Nvml:
             if record.fatal is not None:
                 raise record.fatal
             info = record.snapshot()
-            if info.uuid is not None:
+            if info.lost and info.uuid is None:  # lost before it could be named: use what we last saw
+                for key, value in self._state.identity.get(info.index, {}).items():
+                    setattr(info, key, value)
+            if info.uuid is not None and not info.lost:
                 self._state.identity[info.index] = {"name": info.name, "uuid": info.uuid, "pci_bus_id": info.pci_bus_id}
             out.append(info)
         return out

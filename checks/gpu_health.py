@@ -1,0 +1,190 @@
+"""gpu.health: is every GPU fit to start a job on?
+
+Reads, per GPU, through NVML (never a CUDA context): name, UUID, PCI bus id,
+memory total and used, temperature, power draw, clock throttle reasons,
+uncorrectable ECC errors (volatile, since the driver loaded), pending page
+retirements and row remaps, persistence mode, compute mode, MIG mode, and the
+compute processes on it with their memory.
+
+Why it matters: a GPU with uncorrectable ECC errors, or a page retirement or row
+remap waiting for a reset, corrupts or kills the job that lands on it, often
+hours in ("CUDA error: uncorrectable ECC error encountered"). A GPU that has
+fallen off the bus (NVML: "GPU is lost", dmesg: Xid 79) or whose NVML calls hang
+takes the whole job down with it. Memory another process already holds is
+memory the job will not get: the classic "CUDA out of memory" on a GPU that
+should have been empty (PITFALLS 10). A GPU held back by thermal or power
+throttling runs every step slower, and in data-parallel training the slowest
+GPU sets the pace for all of them.
+
+Statuses: `fail` for uncorrectable ECC errors, a pending page retirement or row
+remap, a failed row remap, a lost GPU, a GPU that did not answer NVML in time,
+and compute mode Prohibited (no process may use the GPU). `warn` when memory
+used by other processes exceeds `max_used_fraction` of the GPU (default 5%) or
+`max_used_bytes` (default 0: off), and on active thermal, hardware-slowdown or
+power-brake throttling (software power capping too, unless
+`warn_sw_power_cap = false`: a GPU at its power limit under load is normal, so
+node monitors may want it off). `skip` without an NVIDIA driver, with NVML's
+reason. In `serve` the training job's own memory counts as used: raise
+`max_used_fraction` to 1.0 there if that is noise.
+
+How to fix: drain the node and reset the GPU (`nvidia-smi -r -i N`, with no
+processes on it) or reboot; a failed row remap or ECC errors that return after a
+reset mean the GPU must be replaced. Look for Xid errors with
+`dmesg | grep -i xid`. Free memory held by stray processes
+(`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`, then end them)
+or choose other GPUs with CUDA_VISIBLE_DEVICES. For throttling, check cooling,
+airflow and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from envdoctor.check import Check, Metric
+from envdoctor.model import Result, Status, skip, worst
+from envdoctor.nvml import GpuInfo, NvmlHung
+from envdoctor.units import format_bytes
+
+HOT_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+RESET_FIX = "nvidia-smi -r -i {i}  # with no processes on GPU {i}; or reboot the node (drain it first)"
+HUNG_FIX = "dmesg | grep -i xid  # then drain the node and reset GPU {i} (nvidia-smi -r -i {i}) or reboot"
+
+
+@dataclass(frozen=True)
+class HealthFacts:
+    gpus: tuple[GpuInfo, ...]
+    own_pids: frozenset[int] = frozenset()  # the target's pid: its memory is not "someone else's"
+    hung: str | None = None  # NVML itself did not answer
+
+
+def gather(ctx) -> HealthFacts:
+    nvml = ctx.nvml
+    own = frozenset({ctx.target.pid if ctx.target.pid is not None else os.getpid()})
+    if getattr(nvml, "hung", None):
+        return HealthFacts((), own, nvml.hung)
+    try:
+        return HealthFacts(tuple(nvml.devices()), own)
+    except NvmlHung as exc:
+        return HealthFacts((), own, str(exc))
+
+
+def _label(g: GpuInfo) -> str:
+    parts = [p for p in (g.pci_bus_id and f"PCI {g.pci_bus_id}", g.uuid) if p]
+    return f"GPU {g.index}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _by_gpu(gpus, attr: str) -> dict[str, float]:
+    return {str(g.index): getattr(g, attr) for g in gpus if getattr(g, attr) is not None}
+
+
+def judge(facts: HealthFacts, config) -> Result:
+    if facts.hung:
+        return Result(Status.FAIL, f"NVML did not answer: {facts.hung}",
+                      "dmesg | grep -i xid  # then check nvidia-smi; drain the node and reset the GPUs or reboot",
+                      {"gpu_count": None, "gpus": [], "findings": [facts.hung]})
+    gpus = facts.gpus
+    if not gpus:
+        return skip("NVML reports no GPU on this node", gpu_count=0, gpus=[])
+    max_fraction = float(config.get("max_used_fraction", 0.05))
+    max_bytes = int(config.get("max_used_bytes", 0))
+    warn_power_cap = bool(config.get("warn_sw_power_cap", True))
+
+    findings: list[tuple[Status, str, str]] = []
+    others_used: dict[str, int] = {}
+    for g in gpus:
+        i, name = g.index, _label(g)
+        if g.lost:
+            findings.append((Status.FAIL, f"{name} is lost: it has fallen off the bus (NVML: GPU is lost)", HUNG_FIX.format(i=i)))
+            continue
+        if g.timed_out:
+            stuck = ", ".join(f"{k}: {v}" for k, v in g.errors.items()) or "no answer"
+            findings.append((Status.FAIL, f"{name} did not answer NVML in time ({stuck}): the GPU or its driver is hung",
+                             HUNG_FIX.format(i=i)))
+        if g.ecc_uncorrected:
+            findings.append((Status.FAIL, f"{name} has {g.ecc_uncorrected} uncorrectable ECC error"
+                             f"{'s' if g.ecc_uncorrected != 1 else ''} since the driver loaded; expected 0",
+                             RESET_FIX.format(i=i) + "; replace the GPU if they return"))
+        if g.retired_pages_pending:
+            findings.append((Status.FAIL, f"{name} has a memory page retirement pending: it takes effect only after a GPU reset",
+                             RESET_FIX.format(i=i)))
+        if g.remapped_rows_failure:
+            findings.append((Status.FAIL, f"{name} failed to remap a memory row (no spare rows left): the GPU needs replacing",
+                             f"drain the node and have GPU {i} ({g.uuid or 'see nvidia-smi -L'}) replaced"))
+        elif g.remapped_rows_pending:
+            findings.append((Status.FAIL, f"{name} has a memory row remap pending: it takes effect only after a GPU reset",
+                             RESET_FIX.format(i=i)))
+        if g.compute_mode == "prohibited":
+            findings.append((Status.FAIL, f"{name} is in compute mode Prohibited: no process can create a CUDA context on it",
+                             f"nvidia-smi -i {i} -c DEFAULT"))
+
+        if g.memory_used_bytes is not None and g.memory_total_bytes:
+            own = sum(used or 0 for pid, used in g.processes if pid in facts.own_pids)
+            used = max(0, g.memory_used_bytes - own)
+            others_used[str(i)] = used
+            fraction = used / g.memory_total_bytes
+            over_fraction = fraction > max_fraction
+            over_bytes = max_bytes > 0 and used > max_bytes
+            if over_fraction or over_bytes:
+                pids = [str(pid) for pid, _ in g.processes if pid not in facts.own_pids]
+                held = f" (pids {', '.join(pids)})" if pids else ""
+                limit = f"{max_fraction:.0%}" + (f" or {format_bytes(max_bytes)}" if max_bytes > 0 else "")
+                findings.append((Status.WARN, f"{name}: {format_bytes(used)} of {format_bytes(g.memory_total_bytes)} "
+                                 f"({fraction:.0%}) is already used by other processes{held}; expected at most {limit}: "
+                                 "the job will not get it",
+                                 "nvidia-smi --query-compute-apps=pid,used_memory --format=csv  # end the strays, or pick "
+                                 "free GPUs with CUDA_VISIBLE_DEVICES"))
+        if g.compute_mode == "exclusive_process" and any(pid not in facts.own_pids for pid, _ in g.processes):
+            findings.append((Status.WARN, f"{name} is in compute mode Exclusive_Process and another process holds it: "
+                             "the job cannot create a context there", f"pick another GPU, or nvidia-smi -i {i} -c DEFAULT"))
+
+        hot = [r for r in g.throttle_reasons if r in HOT_REASONS or (warn_power_cap and r == "sw_power_cap")]
+        if hot:
+            temp = f" at {g.temperature_c} C" if g.temperature_c is not None else ""
+            power = f", {g.power_watts:.0f} W" if g.power_watts is not None else ""
+            findings.append((Status.WARN, f"{name} is throttling ({', '.join(hot)}){temp}{power}: every step runs slower",
+                             f"nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {i}  # check cooling, airflow and power supply"))
+
+    facts_out = {
+        "gpu_count": len(gpus),
+        "gpus": [g.to_dict() for g in gpus],
+        "memory_used_bytes": _by_gpu(gpus, "memory_used_bytes"),
+        "memory_total_bytes": _by_gpu(gpus, "memory_total_bytes"),
+        "memory_used_by_others_bytes": others_used,
+        "temperature_celsius": _by_gpu(gpus, "temperature_c"),
+        "power_watts": _by_gpu(gpus, "power_watts"),
+        "ecc_uncorrected": _by_gpu(gpus, "ecc_uncorrected"),
+        "findings": [m for _, m, _ in findings],
+    }
+    if not findings:
+        models: dict[str, int] = {}
+        for g in gpus:
+            models[g.name or "unknown"] = models.get(g.name or "unknown", 0) + 1
+        kinds = ", ".join(f"{n}x {m}" for m, n in models.items())
+        busiest = max(others_used.values(), default=0)
+        temps = [g.temperature_c for g in gpus if g.temperature_c is not None]
+        hottest = f", hottest {max(temps)} C" if temps else ""
+        summary = (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} healthy ({kinds}): no uncorrectable ECC errors, "
+                   f"no pending retirement or remap, no throttling, at most {format_bytes(busiest)} used by others{hottest}")
+        return Result(Status.OK, summary, "", facts_out)
+    status = worst([s for s, _, _ in findings])
+    fix = next(f for s, _, f in findings if s == status)
+    return Result(status, "; ".join(m for _, m, _ in findings), fix, facts_out)
+
+
+CHECK = Check(
+    id="gpu.health",
+    title="Every GPU is healthy and free: no ECC faults, pending resets, lost GPUs, stray memory or throttling",
+    run=lambda ctx: judge(gather(ctx), ctx.config),
+    explain=__doc__,
+    needs=("nvml",),
+    config={"max_used_fraction": 0.05, "max_used_bytes": 0, "warn_sw_power_cap": True},
+    metrics=(
+        Metric("gpu_memory_used_bytes", "memory_used_bytes", "GPU memory in use, as NVML reports it", label="gpu"),
+        Metric("gpu_memory_total_bytes", "memory_total_bytes", "GPU memory in total", label="gpu"),
+        Metric("gpu_temperature_celsius", "temperature_celsius", "GPU core temperature", label="gpu"),
+        Metric("gpu_power_watts", "power_watts", "GPU power draw", label="gpu"),
+        Metric("gpu_ecc_uncorrected_errors", "ecc_uncorrected", "Uncorrectable ECC errors since the driver loaded", label="gpu"),
+    ),
+)
