@@ -104,7 +104,7 @@ def judge(facts: HealthFacts, config) -> Result:
                              HUNG_FIX.format(i=i)))
         if g.ecc_uncorrected:
             findings.append((Status.FAIL, f"{name} has {g.ecc_uncorrected} uncorrectable ECC error"
-                             f"{'s' if g.ecc_uncorrected != 1 else ''} since the driver loaded; expected 0",
+                             f"{'s' if g.ecc_uncorrected != 1 else ''} since the driver loaded, expected 0",
                              RESET_FIX.format(i=i) + "; replace the GPU if they return"))
         if g.retired_pages_pending:
             findings.append((Status.FAIL, f"{name} has a memory page retirement pending: it takes effect only after a GPU reset",
@@ -131,7 +131,7 @@ def judge(facts: HealthFacts, config) -> Result:
                 held = f" (pids {', '.join(pids)})" if pids else ""
                 limit = f"{max_fraction:.0%}" + (f" or {format_bytes(max_bytes)}" if max_bytes > 0 else "")
                 findings.append((Status.WARN, f"{name}: {format_bytes(used)} of {format_bytes(g.memory_total_bytes)} "
-                                 f"({fraction:.0%}) is already used by other processes{held}; expected at most {limit}: "
+                                 f"({fraction:.0%}) is already used by other processes{held}, expected at most {limit}: "
                                  "the job will not get it",
                                  "nvidia-smi --query-compute-apps=pid,used_memory --format=csv  # end the strays, or pick "
                                  "free GPUs with CUDA_VISIBLE_DEVICES"))
