@@ -1,0 +1,434 @@
+"""The torch probe: real torch, stub torches in throw-away venvs, fake interpreters
+that hang or crash, and the cache's invalidation rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envdoctor.errors import Unavailable
+from envdoctor.probe import ProbeError, cache, probe_source, run_measurement, run_probe
+
+VENV_PY = Path(sys.executable)
+SITE = Path(next(p for p in sys.path if p.endswith("site-packages")))
+
+STUB_TORCH = '''
+import os, sys
+if os.environ.get("STUB_TORCH_NOISE"):
+    print("hello from a noisy sitecustomize")  # stdout chatter must not break the result
+    os.write(1, b"native code writes here too\\n")
+if os.environ.get("STUB_TORCH_BROKEN"):
+    raise ImportError("libcudnn.so.9: cannot open shared object file: No such file or directory")
+__version__ = "2.4.0+cu121"
+__file__ = __file__
+
+class version:
+    cuda = "12.1"
+    hip = None
+    git_version = "0000"
+
+def _context(*args, **kwargs):
+    raise RuntimeError("the facts probe must not create a CUDA context")
+
+class _Cuda:
+    _is_compiled = staticmethod(lambda: True)
+    get_arch_list = staticmethod(lambda: ["sm_80", "sm_86", "sm_90", "compute_90"])
+    is_available = staticmethod(lambda: True)
+    device_count = staticmethod(lambda: 2)
+    is_initialized = staticmethod(lambda: False)
+    get_device_capability = staticmethod(_context)
+    get_device_properties = staticmethod(_context)
+    init = staticmethod(_context)
+    _lazy_init = staticmethod(_context)
+    current_device = staticmethod(_context)
+cuda = _Cuda()
+
+class _Cudnn:
+    enabled = True
+    benchmark = True
+    deterministic = False
+    is_available = staticmethod(lambda: True)
+    version = staticmethod(lambda: 90100)
+class backends:
+    cudnn = _Cudnn()
+
+are_deterministic_algorithms_enabled = lambda: True
+is_deterministic_algorithms_warn_only_enabled = lambda: False
+get_num_threads = lambda: 7
+get_num_interop_threads = lambda: 3
+'''
+
+
+def make_stub_python(tmp_path: Path, torch_source: str | None = STUB_TORCH, name: str = "venv") -> Path:
+    """A real venv (no pip: fast) holding a stub `torch` package, or none at all."""
+    venv = tmp_path / name
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    if torch_source is not None:
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        pkg = site / "torch"
+        (pkg / "onnx").mkdir(parents=True)
+        (pkg / "__init__.py").write_text(torch_source)
+        (pkg / "version.py").write_text("__version__ = '2.4.0+cu121'\n")
+        (pkg / "onnx" / "_constants.py").write_text("ONNX_BASE_OPSET = 9\nONNX_DEFAULT_OPSET = 17\n")
+        dist = site / "torch-2.4.0+cu121.dist-info"
+        dist.mkdir()
+        (dist / "RECORD").write_text("torch/__init__.py,,\n")
+    return python
+
+
+def fake_interpreter(tmp_path: Path, body: str, name: str = "python") -> Path:
+    """An executable that stands in for an interpreter: a shell script."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+# -- the real torch of this venv ---------------------------------------------------------
+
+
+@pytest.mark.real
+def test_real_torch_facts(tmp_path):
+    facts = run_probe(sys.executable, use_cache=False, cache_directory=tmp_path)
+    version_file = SITE / "torch" / "version.py"
+    expected = {}
+    exec(version_file.read_text(), expected)
+    assert facts["torch_version"] == expected["__version__"]
+    assert facts["torch_cuda_version"] == expected["cuda"]  # None: this is a CPU build
+    assert facts["cuda_available"] is False and facts["device_count"] == 0
+    assert facts["cuda_initialized"] is False
+    assert facts["cudnn_enabled"] is True and facts["cudnn_benchmark"] is False
+    assert facts["deterministic_algorithms"] is False
+    assert facts["num_threads"] >= 1
+    constants = {}
+    exec((SITE / "torch" / "onnx" / "_constants.py").read_text(), constants)
+    assert facts["onnx_default_opset"] == constants["ONNX_DEFAULT_OPSET"]
+    assert facts["probe_cached"] is False
+    assert any(f.endswith("RECORD") for f in facts["stamp_files"])
+    assert facts["errors"] == {}
+
+
+@pytest.mark.real
+def test_real_torch_second_run_comes_from_cache_without_a_subprocess(tmp_path, monkeypatch):
+    first = run_probe(sys.executable, use_cache=True, cache_directory=tmp_path)
+    assert first["probe_cached"] is False
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("a warm probe must not start a process")
+
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    started = time.perf_counter()
+    second = run_probe(sys.executable, use_cache=True, cache_directory=tmp_path)
+    assert time.perf_counter() - started < 0.2
+    assert second["probe_cached"] is True
+    assert {k: v for k, v in second.items() if k != "probe_cached"} == {k: v for k, v in first.items() if k != "probe_cached"}
+
+
+# -- no torch, no interpreter ------------------------------------------------------------
+
+
+def test_interpreter_without_torch_is_unavailable_naming_it(tmp_path):
+    python = make_stub_python(tmp_path, torch_source=None)
+    with pytest.raises(Unavailable, match=f"no torch in {python}"):
+        run_probe(str(python), use_cache=False)
+
+
+def test_missing_interpreter_is_unavailable(tmp_path):
+    with pytest.raises(Unavailable, match="does not exist"):
+        run_probe(str(tmp_path / "nope" / "python"))
+    with pytest.raises(Unavailable, match="not on PATH"):
+        run_probe("no-such-python-anywhere-xyz")
+    with pytest.raises(Unavailable, match="not an executable"):
+        run_probe(str(tmp_path))
+
+
+# -- stub torches: a CUDA build without a GPU, noisy, broken --------------------------------
+
+
+def test_stub_cuda_torch_facts_and_no_context(tmp_path):
+    """The facts mode reads a CUDA build's facts without calling anything that creates
+    a context (the stub raises if get_device_capability/_lazy_init/... are called)."""
+    python = make_stub_python(tmp_path)
+    facts = run_probe(str(python), use_cache=False)
+    assert facts["torch_version"] == "2.4.0+cu121"
+    assert facts["torch_cuda_version"] == "12.1"
+    assert facts["arch_list"] == ["sm_80", "sm_86", "sm_90", "compute_90"]
+    assert facts["cuda_available"] is True and facts["device_count"] == 2
+    assert facts["cudnn_version"] == 90100 and facts["cudnn_benchmark"] is True
+    assert facts["deterministic_algorithms"] is True
+    assert facts["num_threads"] == 7 and facts["num_interop_threads"] == 3
+    assert facts["onnx_default_opset"] == 17
+    assert facts["errors"] == {}, facts["errors"]
+    assert facts["python"] == str(python)
+
+
+def test_stdout_noise_does_not_hide_the_result(tmp_path, monkeypatch):
+    python = make_stub_python(tmp_path)
+    monkeypatch.setenv("STUB_TORCH_NOISE", "1")
+    assert run_probe(str(python), use_cache=False)["torch_version"] == "2.4.0+cu121"
+
+
+def test_broken_torch_is_a_probe_error_with_the_reason(tmp_path, monkeypatch):
+    python = make_stub_python(tmp_path)
+    monkeypatch.setenv("STUB_TORCH_BROKEN", "1")
+    with pytest.raises(ProbeError, match="fails to import: ImportError: libcudnn.so.9"):
+        run_probe(str(python), use_cache=False)
+
+
+def test_broken_torch_is_not_cached(tmp_path, monkeypatch):
+    python = make_stub_python(tmp_path)
+    monkeypatch.setenv("STUB_TORCH_BROKEN", "1")
+    with pytest.raises(ProbeError):
+        run_probe(str(python), use_cache=True, cache_directory=tmp_path / "c")
+    assert not (tmp_path / "c").exists() or not list((tmp_path / "c").iterdir())
+
+
+# -- hangs and crashes ---------------------------------------------------------------------
+
+
+def test_hanging_probe_is_killed_with_its_group_and_says_what_it_printed(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    python = fake_interpreter(tmp_path, f"""
+        echo "importing torch from a dead NFS mount..." >&2
+        sleep 300 &
+        echo $! > {pidfile}
+        sleep 300
+    """)
+    started = time.perf_counter()
+    with pytest.raises(ProbeError) as info:
+        run_probe(str(python), timeout=0.8, use_cache=False)
+    assert time.perf_counter() - started < 10
+    message = str(info.value)
+    assert "did not finish within 0.8 s" in message
+    assert "dead NFS mount" in message
+    assert "ENVDOCTOR_PROBE_TIMEOUT" in message
+    grandchild = int(pidfile.read_text())
+    for _ in range(50):  # the kernel reaps it shortly after SIGKILL
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        try:
+            with open(f"/proc/{grandchild}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the probe's child {grandchild} outlived the timeout")
+
+
+def test_crashing_probe_names_the_signal(tmp_path):
+    python = fake_interpreter(tmp_path, """
+        echo "Fatal Python error: Segmentation fault" >&2
+        kill -SEGV $$
+    """)
+    with pytest.raises(ProbeError, match="killed by SIGSEGV.*Segmentation fault"):
+        run_probe(str(python), use_cache=False)
+
+
+def test_probe_that_prints_no_result(tmp_path):
+    python = fake_interpreter(tmp_path, """
+        echo "sitecustomize: refusing to run" >&2
+        exit 3
+    """)
+    with pytest.raises(ProbeError, match="exited with status 3 without a result.*refusing to run"):
+        run_probe(str(python), use_cache=False)
+
+
+def test_timeout_from_environment(monkeypatch, tmp_path):
+    python = fake_interpreter(tmp_path, "sleep 30\n")
+    monkeypatch.setenv("ENVDOCTOR_PROBE_TIMEOUT", "0.3")
+    with pytest.raises(ProbeError, match="within 0.3 s"):
+        run_probe(str(python), use_cache=False)
+
+
+def test_measurement_mode_reports_failure_without_gpu(tmp_path):
+    """On a CPU torch the pin_memory mode answers with the reason, not a crash."""
+    python = make_stub_python(tmp_path)
+    facts = run_measurement(str(python), "pin_memory", {"size_bytes": 1024, "repeats": 1, "device": 0})
+    assert "measure" in facts["errors"]
+
+
+# -- the cache -----------------------------------------------------------------------------
+
+
+def counting_interpreter(tmp_path: Path, site: Path) -> tuple[Path, Path]:
+    """A fake interpreter that answers like the probe and counts how often it ran."""
+    counter = tmp_path / "runs"
+    torch_dir = site / "torch"
+    torch_dir.mkdir(parents=True, exist_ok=True)
+    (torch_dir / "version.py").write_text("__version__ = '9.9'\n")
+    facts = {"torch": True, "torch_version": "9.9", "torch_cuda_version": None, "sys_path": [str(site)],
+             "site_dirs": [str(site)], "stamp_files": [str(torch_dir / "version.py")], "errors": {}}
+    line = "ENVDOCTOR-PROBE-RESULT " + json.dumps(facts)
+    python = fake_interpreter(tmp_path, f"""
+        echo run >> {counter}
+        cat <<'EOF'
+{line}
+EOF
+    """)
+    return python, counter
+
+
+def runs(counter: Path) -> int:
+    return len(counter.read_text().split()) if counter.exists() else 0
+
+
+def test_cache_hit_then_invalidation_by_each_input(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    python, counter = counting_interpreter(tmp_path, site)
+    cdir = tmp_path / "cache"
+    probe = lambda: run_probe(str(python), use_cache=True, cache_directory=cdir)  # noqa: E731
+
+    assert probe()["probe_cached"] is False and runs(counter) == 1
+    assert probe()["probe_cached"] is True and runs(counter) == 1
+
+    # a pip install or uninstall changes site-packages' mtime
+    (site / "newpkg-1.0.dist-info").mkdir()
+    os.utime(site, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert probe()["probe_cached"] is False and runs(counter) == 2
+    assert probe()["probe_cached"] is True
+
+    # torch rebuilt in place: its version file changes
+    version = site / "torch" / "version.py"
+    version.write_text("__version__ = '9.9.1'\n")
+    os.utime(version, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    assert probe()["probe_cached"] is False and runs(counter) == 3
+
+    # an environment variable that changes what the interpreter finds
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "elsewhere"))
+    assert probe()["probe_cached"] is False and runs(counter) == 4
+    assert probe()["probe_cached"] is True
+    # ...but not an unrelated one
+    monkeypatch.setenv("SOME_UNRELATED_VARIABLE", "x")
+    assert probe()["probe_cached"] is True and runs(counter) == 4
+
+    # the interpreter itself replaced
+    os.utime(python, ns=(time.time_ns(), time.time_ns() + 3 * 10**9))
+    assert probe()["probe_cached"] is False and runs(counter) == 5
+
+    # ENVDOCTOR_NO_CACHE=1
+    monkeypatch.setenv("ENVDOCTOR_NO_CACHE", "1")
+    assert run_probe(str(python), cache_directory=cdir)["probe_cached"] is False and runs(counter) == 6
+    assert run_probe(str(python), cache_directory=cdir)["probe_cached"] is False and runs(counter) == 7
+
+
+def test_cache_expires(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    python, counter = counting_interpreter(tmp_path, site)
+    cdir = tmp_path / "cache"
+    run_probe(str(python), use_cache=True, cache_directory=cdir)
+    real_time = time.time
+    monkeypatch.setattr(cache.time, "time", lambda: real_time() + cache.MAX_AGE_SECONDS + 60)
+    assert run_probe(str(python), use_cache=True, cache_directory=cdir)["probe_cached"] is False
+    assert runs(counter) == 2
+
+
+def test_negative_answer_is_cached_until_torch_arrives(tmp_path):
+    python = make_stub_python(tmp_path, torch_source=None)
+    cdir = tmp_path / "cache"
+    with pytest.raises(Unavailable):
+        run_probe(str(python), use_cache=True, cache_directory=cdir)
+    assert len(list(cdir.glob("torch-probe-*.json"))) == 1
+    site = next((python.parent.parent / "lib").glob("python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(STUB_TORCH)
+    os.utime(site, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert run_probe(str(python), use_cache=True, cache_directory=cdir)["torch_version"] == "2.4.0+cu121"
+
+
+def test_two_venvs_on_one_base_interpreter_have_separate_entries(tmp_path):
+    with_torch = make_stub_python(tmp_path, name="a")
+    without = make_stub_python(tmp_path, torch_source=None, name="b")
+    assert os.path.realpath(with_torch) == os.path.realpath(without)  # same binary behind both links
+    cdir = tmp_path / "cache"
+    assert run_probe(str(with_torch), use_cache=True, cache_directory=cdir)["torch_version"] == "2.4.0+cu121"
+    with pytest.raises(Unavailable):
+        run_probe(str(without), use_cache=True, cache_directory=cdir)
+    assert run_probe(str(with_torch), use_cache=True, cache_directory=cdir)["probe_cached"] is True
+
+
+def test_corrupt_cache_is_ignored_and_replaced(tmp_path):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    python, counter = counting_interpreter(tmp_path, site)
+    cdir = tmp_path / "cache"
+    run_probe(str(python), use_cache=True, cache_directory=cdir)
+    (entry,) = cdir.glob("torch-probe-*.json")
+    entry.write_text("{not json")
+    assert run_probe(str(python), use_cache=True, cache_directory=cdir)["probe_cached"] is False
+    assert json.loads(entry.read_text())["schema"] == cache.SCHEMA
+    assert run_probe(str(python), use_cache=True, cache_directory=cdir)["probe_cached"] is True
+
+
+def test_unwritable_cache_dir_still_answers(tmp_path):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    python, counter = counting_interpreter(tmp_path, site)
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    assert run_probe(str(python), use_cache=True, cache_directory=blocker / "cache")["torch_version"] == "9.9"
+
+
+def test_cache_location_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.cache_dir() == tmp_path / "envdoctor"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # invalid per the spec: ignored
+    assert cache.cache_dir() == Path.home() / ".cache" / "envdoctor"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache.cache_dir() == Path.home() / ".cache" / "envdoctor"
+
+
+def test_cache_holds_no_environment_values(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    python, _ = counting_interpreter(tmp_path, site)
+    monkeypatch.setenv("PYTHON_SECRET_TOKEN", "hunter2-very-secret")
+    cdir = tmp_path / "cache"
+    run_probe(str(python), use_cache=True, cache_directory=cdir)
+    (entry,) = cdir.glob("torch-probe-*.json")
+    assert "hunter2-very-secret" not in entry.read_text()
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(st.binary(max_size=300),
+                         st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+                                      lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                                      max_leaves=20).map(lambda v: json.dumps(v).encode())))
+def test_cache_load_never_raises_on_any_file_content(tmp_path_factory, content):
+    cdir = tmp_path_factory.mktemp("c")
+    python = "/usr/bin/python-that-does-not-matter"
+    cache.cache_file(python, cdir).write_bytes(content)
+    # whatever the file holds, it is never taken for valid facts of this interpreter
+    assert cache.load(python, "hash", directory=cdir) is None
+
+
+def test_probe_script_is_self_contained():
+    """The probe runs in interpreters without envdoctor: it may import only the
+    standard library and torch."""
+    import ast
+
+    tree = ast.parse(probe_source())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert "envdoctor" not in imported
+    assert imported - {"torch"} <= set(sys.stdlib_module_names)
