@@ -142,7 +142,7 @@ def test_a_hung_gpu_is_bounded_marked_and_the_others_judged(check):
     started = time.monotonic()
     r = check([FakeDevice(ecc_uncorrected=1), FakeDevice(hang="temperature"), FakeDevice()], timeout=0.5)
     elapsed = time.monotonic() - started
-    assert elapsed < 1.5, f"took {elapsed:.2f} s"
+    assert elapsed < 2.5, f"took {elapsed:.2f} s"
     assert r.status is Status.FAIL
     assert "GPU 1" in r.summary and "did not answer NVML in time (temperature: timed out" in r.summary
     assert "GPU 0" in r.summary and "uncorrectable ECC" in r.summary  # the others are still judged
@@ -152,7 +152,7 @@ def test_a_hung_gpu_is_bounded_marked_and_the_others_judged(check):
 def test_hung_nvml_init_fails_instead_of_skipping(check):
     started = time.monotonic()
     r = check(init_hangs=True, timeout=0.3)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.5
     assert r.status is Status.FAIL and "nvmlInit did not return" in r.summary
 
 
@@ -162,7 +162,7 @@ def test_whole_run_with_a_hang_stays_within_the_timeout(check):
         session = Session(env_override={}, nvml_factory=lambda: nvml.connect(lib=fake, timeout=0.3))
         started = time.monotonic()
         [r] = run([Plan(CHECK, DEFAULTS, 5)], session)
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 2.5
         assert r.status is Status.FAIL and r.facts["gpus"][0]["timed_out"]
     finally:
         fake.release()

