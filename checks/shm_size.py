@@ -40,8 +40,9 @@ from __future__ import annotations
 import errno
 import math
 import os
+import stat
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, Mapping
 
 from envdoctor.cgroup import parse_mountinfo
@@ -83,18 +84,19 @@ def gather(ctx) -> ShmFacts:
     path = ctx.target_path("/dev/shm")
     who = "the target" if ctx.target.pid is None else f"process {ctx.target.pid}"
     try:
-        if not Path(path).is_dir():
-            if Path(path).exists():
-                raise Unavailable(f"{path} is not a directory: {who} has no usable /dev/shm")
-            if ctx.target.pid is not None and not ctx.proc().exists():
-                raise Unavailable(f"process {ctx.target.pid} exited during the run")
-            raise Unavailable(f"{path} does not exist: {who} has no /dev/shm, so POSIX shared memory "
-                              "(DataLoader workers, NCCL) cannot work there")
+        mode = os.stat(path).st_mode
+        if not stat.S_ISDIR(mode):
+            raise Unavailable(f"{path} is not a directory: {who} has no usable /dev/shm")
         st = os.statvfs(path)
     except PermissionError:
         raise Unavailable(f"permission denied examining {path}: run envdoctor as root or as the target's user") from None
+    except FileNotFoundError:
+        if ctx.target.pid is not None and not ctx.proc().exists():
+            raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
+        raise Unavailable(f"{path} does not exist: {who} has no /dev/shm, so POSIX shared memory "
+                          "(DataLoader workers, NCCL) cannot work there") from None
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ESRCH) and ctx.target.pid is not None:
+        if exc.errno == errno.ESRCH and ctx.target.pid is not None:
             raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
         raise Unavailable(f"cannot examine {path}: {exc.strerror or exc}") from None
     fstype, mount_point = _mount_of(ctx, "/dev/shm")

@@ -151,3 +151,24 @@ def test_pid_target_is_judged_by_its_own_shm(tmp_path):
     # once the process is gone, the check skips with a reason instead of breaking
     gone = run_one(Plan(shm_size.CHECK, dict(shm_size.CHECK.config), 10.0), Session(target=Target(proc.pid)))
     assert gone.status is Status.SKIP and str(proc.pid) in gone.summary
+
+
+def test_another_users_process_is_a_skip_with_the_reason(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run envdoctor as 'nobody' against a root-owned process")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    child = subprocess.Popen(["sleep", "60"])  # owned by root: nobody may not look into /proc/N/root
+    try:
+        env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
+        proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                               "envdoctor", "check", "--pid", str(child.pid), "--only", "shm.size", "--format", "json"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        result = _shm_result(json.loads(proc.stdout))
+        assert result["status"] == "skip", result
+        assert "permission denied" in result["summary"] and f"/proc/{child.pid}/root/dev/shm" in result["summary"]
+    finally:
+        child.kill()
+        child.wait()
