@@ -50,3 +50,22 @@ def test_every_builtin_check_is_an_entry_point_whose_module_is_shipped(wheel):
         module = value.split(":")[0]
         assert module.replace(".", "/") + ".py" in names, f"{module} is declared but not in the wheel"
     assert "envdoctor = envdoctor.cli:main" in entry_points
+
+
+def test_readme_documents_every_check_and_metric():
+    """DESIGN: every metric name and label is documented in the README."""
+    from envdoctor import registry
+
+    readme = (REPO / "README.md").read_text()
+    loaded = registry.load(autoload_plugins=False)
+    assert not loaded.failures, loaded.failures
+    for check_id, check in loaded.checks.items():
+        assert f"`{check_id}`" in readme, f"{check_id} is not in the README's check table"
+        for metric in check.metrics:
+            row = next((line for line in readme.splitlines() if f"`envdoctor_{metric.name}`" in line), None)
+            assert row is not None, f"envdoctor_{metric.name} is not documented in the README"
+            if metric.label:
+                assert f"`{metric.label}`" in row, f"label {metric.label} of envdoctor_{metric.name} is not documented"
+    for name in ("envdoctor_check_status", "envdoctor_check_success", "envdoctor_check_duration_seconds",
+                 "envdoctor_build_info", "envdoctor_last_run_timestamp_seconds"):
+        assert f"`{name}`" in readme
