@@ -124,6 +124,7 @@ def judge(facts: CudnnFacts, config: Mapping[str, Any]) -> Result:
         "deterministic_algorithms": det_algos, "deterministic_warn_only": warn_only,
         VAR: cfg, "live_settings": live, "torch_version": t.get("torch_version"),
         "torch_cuda_version": t.get("torch_cuda_version"), "torch_cuda_available": t.get("cuda_available"),
+        "probe_cached": t.get("probe_cached"),
     }
     if facts.env_error:
         out["env_unavailable"] = facts.env_error

@@ -1,0 +1,220 @@
+"""torch.pin_memory: the /proc/N/stat parser, the judge on plain facts, the GPU path with
+a fake NVML and a stand-in measurement, and the --pid path on real busy and idle processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import envdoctor.nvml
+import envdoctor.probe
+from envdoctor.checks.torch_pin_memory import CHECK, CpuSample, PinFacts, judge, parse_proc_stat_cpu_ticks
+from envdoctor.context import Session, Target
+from envdoctor.errors import ParseError, Unavailable
+from envdoctor.model import Status
+from envdoctor.probe import ProbeError
+from envdoctor.runner import Plan, run_one
+from fake_pynvml import FakeDevice, FakeNvml
+
+CONFIG = dict(CHECK.config)
+GB = 1e9
+MEASURED = {"pinned_bytes_per_second": 24 * GB, "pageable_bytes_per_second": 9 * GB, "pin_cpu_seconds_per_gib": 0.21,
+            "size_bytes": 128 * 1024**2, "nvml_index": 0, "gpu_name": "NVIDIA H100 80GB HBM3", "errors": {},
+            "context_seconds": 0.3}
+STAT = "4242 (python3 my (weird) name) R 1 4242 4242 0 -1 4194304 1234 0 0 0 {utime} {stime} 0 0 20 0 9 0 100 0 0"
+
+
+def stat_line(utime, stime):
+    return STAT.format(utime=utime, stime=stime)
+
+
+# -- the parser ------------------------------------------------------------------------------
+
+
+def test_parse_stat_counts_from_the_last_parenthesis():
+    assert parse_proc_stat_cpu_ticks(stat_line(150, 50)) == 200
+    for bad in ("", "4242 python R 1", "4242 (x) R 1 2 3", stat_line("1e3", 5), stat_line(-1, 5), None):
+        with pytest.raises(ParseError):
+            parse_proc_stat_cpu_ticks(bad)
+
+
+@given(st.one_of(st.text(max_size=200), st.none(), st.binary(max_size=20)))
+def test_stat_parser_returns_ticks_or_parse_error(text):
+    try:
+        value = parse_proc_stat_cpu_ticks(text)
+    except ParseError:
+        return
+    assert isinstance(value, int) and value >= 0
+
+
+@given(comm=st.text(max_size=16).filter(lambda s: "\n" not in s), utime=st.integers(0, 10**12), stime=st.integers(0, 10**12))
+def test_stat_parser_reads_any_command_name(comm, utime, stime):
+    line = f"7 ({comm}) S 1 7 7 0 -1 0 0 0 0 0 {utime} {stime} 0 0 20 0 1 0 5 0 0"
+    assert parse_proc_stat_cpu_ticks(line) == utime + stime
+
+
+# -- judging ---------------------------------------------------------------------------------
+
+
+def test_no_gpu_skips_saying_pinning_has_no_effect():
+    r = judge(PinFacts(None, 0, "no NVIDIA driver here", None, None), CONFIG)
+    assert r.status is Status.SKIP and "no effect without a GPU" in r.summary
+
+
+def test_pid_at_its_cpu_limit_warns_naming_both_numbers():
+    cpu = CpuSample(4242, 3.96, 0.5, 4.0, "cgroup quota")
+    r = judge(PinFacts(cpu, 0, "no NVIDIA driver here", None, None), CONFIG)
+    assert r.status is Status.WARN
+    assert "3.96 of its 4 effective CPUs" in r.summary and "cgroup quota" in r.summary
+    assert "pin_memory=False" in r.remediation
+    assert r.facts["cpu_used"] == 3.96 and r.facts["cpu_effective"] == 4.0
+
+
+def test_pid_with_cpu_to_spare_and_no_gpu_skips_with_the_numbers():
+    cpu = CpuSample(4242, 0.4, 0.5, 4.0, "affinity")
+    r = judge(PinFacts(cpu, 0, "no NVIDIA driver here", None, None), CONFIG)
+    assert r.status is Status.SKIP and "0.40 of its 4 effective CPUs" in r.summary
+
+
+def test_measured_gain_is_ok_with_advice():
+    r = judge(PinFacts(None, 1, None, MEASURED, None), CONFIG)
+    assert r.status is Status.OK
+    assert "pinned 24.0 GB/s vs pageable 9.0 GB/s (2.7x)" in r.summary
+    assert "0.21 CPU s per GiB" in r.summary and "keep pin_memory=True" in r.summary
+    assert r.facts["pinned_bytes_per_second"] == 24 * GB and r.facts["pinned_speedup"] == pytest.approx(2.667, abs=1e-3)
+
+
+def test_little_gain_warns():
+    m = dict(MEASURED, pinned_bytes_per_second=10 * GB)
+    r = judge(PinFacts(None, 1, None, m, None), CONFIG)
+    assert r.status is Status.WARN and "gains little" in r.summary
+    assert r.remediation == "DataLoader(..., pin_memory=False)"
+
+
+def test_gpu_but_not_measured_skips_with_the_reason():
+    r = judge(PinFacts(None, 2, None, None, "every GPU has compute processes on it"), CONFIG)
+    assert r.status is Status.SKIP and "compute processes" in r.summary
+
+
+def test_measurement_failures_are_errors_with_the_reason():
+    r = judge(PinFacts(None, 1, None, {"error": "the torch probe ... did not finish within 25 s"}, None), CONFIG)
+    assert r.status is Status.ERROR and "did not finish" in r.summary
+    r = judge(PinFacts(None, 1, None, dict(MEASURED, errors={"measure": "OutOfMemoryError: CUDA out of memory"}), None), CONFIG)
+    assert r.status is Status.ERROR and "out of memory" in r.summary
+
+
+# -- the GPU path with a fake NVML and a stand-in measurement ----------------------------------
+
+
+CUDA_TORCH = {"torch_version": "2.4.0+cu121", "torch_cuda_version": "12.1", "cuda_available": True, "python": sys.executable}
+
+
+def gpu_session(fake, torch_facts=CUDA_TORCH):
+    def torch_factory(_s):
+        if isinstance(torch_facts, Exception):
+            raise torch_facts
+        return torch_facts
+
+    return Session(env_override={}, torch_factory=torch_factory,
+                   nvml_factory=lambda: envdoctor.nvml.connect(lib=fake, timeout=2.0))
+
+
+def test_measures_on_an_idle_gpu_pinned_by_uuid(monkeypatch):
+    calls = []
+
+    def measure(python, mode, params, *, timeout=None, env=None):
+        calls.append((mode, params, env, timeout))
+        return {k: v for k, v in MEASURED.items() if k not in ("nvml_index", "gpu_name")}
+
+    monkeypatch.setattr(envdoctor.probe, "run_measurement", measure)
+    fake = FakeNvml(devices=[FakeDevice(uuid="GPU-busy", processes=[(999, 10**9)]), FakeDevice(uuid="GPU-idle")])
+    r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
+    assert r.status is Status.OK, r.summary
+    (mode, params, env, timeout), = calls
+    assert mode == "pin_memory" and env == {"CUDA_VISIBLE_DEVICES": "GPU-idle"} and params["device"] == 0
+    assert params["size_bytes"] == CONFIG["measure_bytes"] and timeout == CONFIG["measure_timeout_seconds"]
+    assert r.facts["measured_gpu"] == 1
+
+
+def test_busy_gpus_are_not_measured(monkeypatch):
+    monkeypatch.setattr(envdoctor.probe, "run_measurement", lambda *a, **k: pytest.fail("must not measure on a busy GPU"))
+    fake = FakeNvml(devices=[FakeDevice(processes=[(999, 10**9)])])
+    r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
+    assert r.status is Status.SKIP and "so as not to take from them" in r.summary
+
+
+def test_measure_can_be_switched_off(monkeypatch):
+    monkeypatch.setattr(envdoctor.probe, "run_measurement", lambda *a, **k: pytest.fail("measure = false"))
+    r = run_one(Plan(CHECK, dict(CONFIG, measure=False), 90), gpu_session(FakeNvml(devices=[FakeDevice()])))
+    assert r.status is Status.SKIP and "measure = false" in r.summary
+
+
+def test_gpu_without_torch_skips_naming_the_interpreter():
+    r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice()]), Unavailable("no torch in /x/python")))
+    assert r.status is Status.SKIP and "no torch in /x/python" in r.summary
+
+
+def test_cpu_torch_on_gpu_node_is_not_measured():
+    cpu_torch = dict(CUDA_TORCH, torch_version="2.4.0+cpu", torch_cuda_version=None, cuda_available=False)
+    r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice()]), cpu_torch))
+    assert r.status is Status.SKIP and "cannot use CUDA" in r.summary
+
+
+def test_hung_measurement_is_an_error(monkeypatch):
+    def hung(*a, **k):
+        raise ProbeError("the torch probe in /x/python did not finish within 25 s (killed)")
+
+    monkeypatch.setattr(envdoctor.probe, "run_measurement", hung)
+    r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice()])))
+    assert r.status is Status.ERROR and "did not finish within 25 s" in r.summary
+
+
+# -- the --pid path on real processes ------------------------------------------------------
+
+
+def start(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.real
+def test_busy_process_pinned_to_one_cpu_warns_and_idle_one_does_not():
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    ready = "import os, sys, time; os.sched_setaffinity(0, {%d}); print(flush=True)" % cpu
+    busy = subprocess.Popen([sys.executable, "-c", ready + "\nwhile True: pass"], stdout=subprocess.PIPE)
+    idle = subprocess.Popen([sys.executable, "-c", ready + "\ntime.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        busy.stdout.readline(), idle.stdout.readline()  # both have set their affinity
+        time.sleep(0.1)
+        # Under a loaded CI runner the busy loop may not get its whole CPU: the
+        # threshold is set where busy and idle are still far apart.
+        config = dict(CONFIG, window_seconds=0.5, saturation_ratio=0.4)
+        no_gpu = lambda: (_ for _ in ()).throw(Unavailable("no NVIDIA driver here"))  # noqa: E731
+        r_busy = run_one(Plan(CHECK, config, 90), Session(target=Target(busy.pid), nvml_factory=no_gpu))
+        r_idle = run_one(Plan(CHECK, config, 90), Session(target=Target(idle.pid), nvml_factory=no_gpu))
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()
+    assert r_busy.status is Status.WARN, r_busy.summary
+    assert r_busy.facts["cpu_effective"] <= 1.0 and r_busy.facts["cpu_used"] >= 0.4
+    assert f"pid {busy.pid} used" in r_busy.summary and "effective CPU" in r_busy.summary
+    assert r_idle.status is Status.SKIP, r_idle.summary
+    assert r_idle.facts["cpu_used"] < 0.2
+    assert "no effect without a GPU" in r_idle.summary
+
+
+@pytest.mark.real
+def test_process_that_exits_is_a_reason_not_a_crash():
+    gone = start("pass")
+    gone.wait()
+    no_gpu = lambda: (_ for _ in ()).throw(Unavailable("no NVIDIA driver here"))  # noqa: E731
+    r = run_one(Plan(CHECK, dict(CONFIG, window_seconds=0.05), 90), Session(target=Target(gone.pid), nvml_factory=no_gpu))
+    assert r.status is Status.SKIP
+    assert "cannot sample" in r.summary and f"/proc/{gone.pid}/stat" in r.summary
