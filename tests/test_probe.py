@@ -423,7 +423,7 @@ def test_probe_script_is_self_contained():
     standard library and torch."""
     import ast
 
-    tree = ast.parse(probe_source())
+    tree = ast.parse(probe_source(), feature_version=(3, 8))  # old interpreters must parse it too
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
