@@ -14,9 +14,10 @@ __all__ = ["__version__", "preflight", "PreflightError"]
 
 
 def __getattr__(name: str) -> Any:
-    # preflight pulls in the runner and the checks; keep it off the import path of `envdoctor`.
+    # preflight lives in envdoctor.inprocess (it pulls in the runner and the checks); keep it
+    # off the import path of `envdoctor` so `import envdoctor` stays cheap.
     if name in ("preflight", "PreflightError"):
-        from envdoctor import preflight as module
+        import importlib
 
-        return getattr(module, name)
+        return getattr(importlib.import_module("envdoctor.inprocess"), name)
     raise AttributeError(f"module 'envdoctor' has no attribute {name!r}")

@@ -19,7 +19,7 @@ from envdoctor.check import Check
 from envdoctor.context import Session
 from envdoctor.errors import Unavailable, UsageError
 from envdoctor.model import Status, fail, ok
-from envdoctor.preflight import LIVE_CHECK_ID, PreflightError, judge_live, live_torch_facts, preflight
+from envdoctor.inprocess import LIVE_CHECK_ID, PreflightError, judge_live, live_torch_facts, preflight
 from envdoctor.registry import Registry
 from fake_pynvml import FakeDevice, FakeNvml
 
@@ -53,7 +53,7 @@ def test_preflight_reads_live_settings_and_never_initialises_cuda(tmp_path):
         torch.backends.cudnn.benchmark = True
         torch.backends.cudnn.deterministic = True
         torch.set_num_threads(1)
-        import envdoctor.preflight
+        import envdoctor
         import envdoctor
         results = envdoctor.preflight()
         print(json.dumps({"initialized": torch.cuda.is_initialized(),
@@ -76,8 +76,8 @@ def test_preflight_reads_live_settings_and_never_initialises_cuda(tmp_path):
 def test_preflight_imports_torch_when_the_script_has_not(tmp_path):
     proc = run_script("""
         import sys
-        import envdoctor.preflight
-        results = envdoctor.preflight.preflight(only=["torch.cudnn"], file=None)
+        import envdoctor
+        results = envdoctor.preflight(only=["torch.cudnn"], file=None)
         assert "torch" in sys.modules
         assert sys.modules["torch"].cuda.is_initialized() is False
         print([r.check for r in results], results[0].facts["live_settings"])
@@ -87,22 +87,13 @@ def test_preflight_imports_torch_when_the_script_has_not(tmp_path):
 
 
 @pytest.mark.real
-@pytest.mark.xfail(raises=RecursionError, strict=False,
-                   reason="envdoctor/__init__.py's lazy __getattr__ does `from envdoctor import preflight`, which "
-                          "re-enters __getattr__; it needs importlib.import_module('envdoctor.preflight') (lead's file)")
 def test_import_envdoctor_then_call_preflight_as_documented(tmp_path):
     proc = run_script("""
         import envdoctor
-        try:
-            results = envdoctor.preflight(file=None)
-        except RecursionError:
-            print("RecursionError")
-            raise SystemExit(0)
+        results = envdoctor.preflight(file=None)
         print(len(results) > 0, envdoctor.PreflightError.__name__)
     """, tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    if proc.stdout.strip() == "RecursionError":
-        raise RecursionError("envdoctor.preflight is not reachable through `import envdoctor`")
     assert proc.stdout.strip() == "True PreflightError"
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 from typing import IO, Any, Iterable, Mapping
 
 from envdoctor.errors import ConfigError, Unavailable
@@ -285,15 +284,3 @@ def _live_row(session) -> Result:
     result.check = LIVE_CHECK_ID
     result.target = session.target.label
     return redact.Scrubber(redact.secret_values([os.environ])).result(result)
-
-
-class _CallableModule(types.ModuleType):
-    """`envdoctor.preflight` names both this module and its function. Once the module
-    is imported, the package attribute is the module, so the module answers the call
-    itself: `envdoctor.preflight()` works whichever of the two it finds."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> list[Result]:
-        return preflight(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
