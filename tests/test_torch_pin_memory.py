@@ -193,7 +193,7 @@ def test_busy_process_pinned_to_one_cpu_warns_and_idle_one_does_not():
         time.sleep(0.1)
         # Under a loaded CI runner the busy loop may not get its whole CPU: the
         # threshold is set where busy and idle are still far apart.
-        config = dict(CONFIG, window_seconds=0.5, saturation_ratio=0.4)
+        config = dict(CONFIG, window_seconds=1.0, saturation_ratio=0.25)
         no_gpu = lambda: (_ for _ in ()).throw(Unavailable("no NVIDIA driver here"))  # noqa: E731
         r_busy = run_one(Plan(CHECK, config, 90), Session(target=Target(busy.pid), nvml_factory=no_gpu))
         r_idle = run_one(Plan(CHECK, config, 90), Session(target=Target(idle.pid), nvml_factory=no_gpu))
@@ -203,10 +203,10 @@ def test_busy_process_pinned_to_one_cpu_warns_and_idle_one_does_not():
         busy.wait()
         idle.wait()
     assert r_busy.status is Status.WARN, r_busy.summary
-    assert r_busy.facts["cpu_effective"] <= 1.0 and r_busy.facts["cpu_used"] >= 0.4
+    assert r_busy.facts["cpu_effective"] <= 1.0 and r_busy.facts["cpu_used"] >= 0.25
     assert f"pid {busy.pid} used" in r_busy.summary and "effective CPU" in r_busy.summary
     assert r_idle.status is Status.SKIP, r_idle.summary
-    assert r_idle.facts["cpu_used"] < 0.2
+    assert r_idle.facts["cpu_used"] < 0.1
     assert "no effect without a GPU" in r_idle.summary
 
 
