@@ -52,9 +52,12 @@ How to fix
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import os
 import re
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -434,23 +437,72 @@ def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None]:
     return value, None
 
 
-def gather(ctx: Any) -> OnnxFacts:
+STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v1"
+
+
+def _install_stamp() -> list[Any]:
+    """Where onnx and onnxruntime are installed and when they last changed, found
+    without importing them (find_spec locates a top-level package without running it)."""
+    import importlib.util
+
+    stamp: list[Any] = [sys.executable]
+    for name in ("onnx", "onnxruntime"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        origin = spec.origin if spec and spec.origin else None
+        try:
+            mtime = os.stat(origin).st_mtime_ns if origin else None
+            parent = os.stat(os.path.dirname(os.path.dirname(origin))).st_mtime_ns if origin else None
+        except OSError:
+            mtime = parent = None
+        stamp.append([name, origin, mtime, parent])  # parent: site-packages changes on (un)install
+    return stamp
+
+
+def _stack_from_imports() -> dict[str, Any]:
     import onnx
 
+    return {"onnx_version": onnx.__version__, "onnx_max_opset": onnx.defs.onnx_opset_version(),
+            "onnx_max_ir_version": onnx.IR_VERSION, "runtime": dataclasses.asdict(runtime_facts())}
+
+
+def stack_facts() -> dict[str, Any]:
+    """onnx's and onnxruntime's versions and limits, from the disk cache when the
+    installation has not changed: importing both costs ~0.2-0.5 s, which a warm
+    `envdoctor check` without model files should not pay."""
+    from envdoctor import diskcache
+
+    if not diskcache.enabled():
+        return _stack_from_imports()
+    stamp = _install_stamp()
+    path = diskcache.cache_dir() / f"onnx-stack-{hashlib.sha256(repr(stamp).encode()).hexdigest()[:20]}.json"
+    cached = diskcache.read(path, STACK_CACHE_SCHEMA, stamp)
+    if cached is not None:
+        return cached
+    facts = _stack_from_imports()
+    diskcache.write(path, STACK_CACHE_SCHEMA, stamp, facts)
+    return facts
+
+
+def gather(ctx: Any) -> OnnxFacts:
     try:
         released_only = ctx.env.get(RELEASED_ONLY_VAR)
     except Unavailable:
         released_only = None
     torch_opset, torch_reason = _torch_default_opset(ctx)
+    paths = _model_paths(ctx)
+    stack = _stack_from_imports() if paths else stack_facts()  # reading models imports onnx anyway
     return OnnxFacts(
-        onnx_version=onnx.__version__,
-        onnx_max_opset=onnx.defs.onnx_opset_version(),
-        onnx_max_ir_version=onnx.IR_VERSION,
-        runtime=runtime_facts(),
+        onnx_version=stack["onnx_version"],
+        onnx_max_opset=stack["onnx_max_opset"],
+        onnx_max_ir_version=stack["onnx_max_ir_version"],
+        runtime=RuntimeFacts(**stack["runtime"]),
         torch_default_opset=torch_opset,
         torch_reason=torch_reason,
         released_only=released_only,
-        models=tuple(read_model(p) for p in _model_paths(ctx)),
+        models=tuple(read_model(p) for p in paths),
     )
 
 

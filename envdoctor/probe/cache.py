@@ -32,29 +32,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from envdoctor import diskcache
+from envdoctor.diskcache import MAX_AGE_SECONDS, NO_CACHE_VAR, cache_dir, enabled  # noqa: F401 (the cache's public face)
+
 SCHEMA = "envdoctor.torch-probe-cache/v1"
-MAX_AGE_SECONDS = 24 * 3600
-NO_CACHE_VAR = "ENVDOCTOR_NO_CACHE"
 _ENV_PREFIXES = ("PYTHON", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "TORCH_", "PYTORCH_", "CUBLAS_", "CUDNN_", "LD_")
 _ENV_NAMES = ("HOME",)
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    environ = os.environ if environ is None else environ
-    return environ.get(NO_CACHE_VAR, "").strip().lower() in ("", "0", "false", "no")
-
-
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    environ = os.environ if environ is None else environ
-    base = environ.get("XDG_CACHE_HOME") or ""
-    # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    return root / "envdoctor"
 
 
 def cache_file(python: str, directory: Path | None = None) -> Path:
@@ -137,23 +123,15 @@ def load(python: str, probe_source_hash: str, *, directory: Path | None = None, 
     path = cache_file(python, directory)
     try:
         with open(path, "rb") as f:
-            entry = json.load(f)
-    except (OSError, ValueError):
+            stored = json.load(f).get("facts")
+    except (OSError, ValueError, AttributeError):
         return None
-    if not isinstance(entry, dict) or entry.get("schema") != SCHEMA:
+    if not isinstance(stored, dict):
         return None
-    facts, fingerprint, created = entry.get("facts"), entry.get("fingerprint"), entry.get("created")
-    if not isinstance(facts, dict) or not isinstance(fingerprint, dict) or not isinstance(created, (int, float)):
-        return None
-    now = time.time() if now is None else now
-    if not (0 <= now - created <= MAX_AGE_SECONDS):
-        return None
+    # The fingerprint depends on the facts themselves (the paths the probe reported).
     expected = dict(static_fingerprint(python, probe_source_hash))
-    expected.update(dynamic_fingerprint(facts))
-    # JSON turns tuples into lists; compare in the stored form.
-    if json.loads(json.dumps(expected)) != fingerprint:
-        return None
-    return facts
+    expected.update(dynamic_fingerprint(stored))
+    return diskcache.read(path, SCHEMA, expected, now=now)
 
 
 def store(python: str, facts: dict[str, Any], before: dict[str, Any], *, directory: Path | None = None) -> bool:
@@ -162,20 +140,4 @@ def store(python: str, facts: dict[str, Any], before: dict[str, Any], *, directo
     stale facts. Never raises: a cache that cannot be written is just not used."""
     fingerprint = dict(before)
     fingerprint.update(dynamic_fingerprint(facts))
-    entry = {"schema": SCHEMA, "created": time.time(), "fingerprint": fingerprint, "facts": facts}
-    path = cache_file(python, directory)
-    tmp = None
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".torch-probe-", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(entry, f, sort_keys=True)
-        os.replace(tmp, path)
-        return True
-    except (OSError, TypeError, ValueError):
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        return False
+    return diskcache.write(cache_file(python, directory), SCHEMA, fingerprint, facts)
