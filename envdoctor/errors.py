@@ -20,8 +20,14 @@ class ParseError(EnvdoctorError, ValueError):
 class Unavailable(EnvdoctorError):
     """Something a check needs is not here (no GPU, no torch, no permission).
 
-    The runner turns it into a `skip` result with this message as the reason.
+    The runner turns it into a `skip` result with this message as the reason and
+    `hint` (what would make it apply, if anything) as the fix column, so a row
+    stays one short reason rather than a paragraph.
     """
+
+    def __init__(self, reason: str, hint: str = ""):
+        super().__init__(reason)
+        self.hint = hint
 
 
 class ConfigError(EnvdoctorError):

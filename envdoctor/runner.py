@@ -63,6 +63,7 @@ def run_one(plan: Plan, session: Session) -> Result:
             result = error(f"check returned {type(result).__name__}, not a Result (a bug in {check.id})")
     except Unavailable as exc:
         result = skip(str(exc))
+        result.remediation = exc.hint
     except Exception as exc:
         where = _where(exc)
         result = error(f"the check broke: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else ""), exception=type(exc).__name__)

@@ -170,7 +170,7 @@ def test_whole_run_with_a_hang_stays_within_the_timeout(check):
 
 def test_no_driver_skips_with_nvmls_reason(check):
     r = check(no_library=True)
-    assert r.status is Status.SKIP and "--gpus all" in r.summary
+    assert r.status is Status.SKIP and "no NVIDIA driver" in r.summary and "--gpus all" in r.remediation
 
 
 def test_no_gpus_skips(check):

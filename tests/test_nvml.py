@@ -81,8 +81,9 @@ def test_init_is_done_once_per_library(fakes):
 def test_init_failures_become_unavailable_with_a_hint(fakes, error, words):
     with pytest.raises(Unavailable) as caught:
         connect(fakes(init_error=error))
+    said = f"{caught.value} {caught.value.hint}"  # the reason, and the fix column's hint
     for word in words:
-        assert word in str(caught.value)
+        assert word in said
 
 
 def test_a_failed_init_is_retried_on_the_next_connect(fakes):
@@ -299,8 +300,8 @@ def test_real_nvml_without_a_driver_is_unavailable_with_a_hint():
     with pytest.raises(Unavailable) as caught:
         nvml.connect()
     assert time.monotonic() - started < 2
-    assert "--gpus all" in str(caught.value) and "libnvidia-ml" in str(caught.value)
-    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert "libnvidia-ml" in str(caught.value) and "--gpus all" in caught.value.hint
+    assert caught.value.__cause__ is None and (caught.value.__context__ is None or caught.value.__suppress_context__)
 
 
 @pytest.mark.real
@@ -321,3 +322,20 @@ def test_real_nvml_snapshot_is_well_formed():
         for pid, used in g.processes:
             assert pid > 0 and (used is None or used >= 0)
         assert set(g.to_dict()) >= {"index", "uuid", "memory_total_bytes", "errors"}
+
+
+@pytest.mark.real
+def test_no_driver_is_known_without_importing_pynvml():
+    """Without a driver, connect() answers from a dlopen of the same library pynvml
+    loads, without paying for pynvml's import on every start."""
+    import subprocess
+    import sys
+
+    if nvml._driver_library_loads():
+        pytest.skip("this machine has an NVIDIA driver")
+    code = ("import sys\nfrom envdoctor import nvml\nfrom envdoctor.errors import Unavailable\n"
+            "try:\n    nvml.connect()\nexcept Unavailable as exc:\n    print(exc, '|', exc.hint)\n"
+            "print('pynvml' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].startswith(nvml.NO_DRIVER_REASON) and "--gpus all" in out[0]
+    assert out[1] == "False"
