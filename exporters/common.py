@@ -17,9 +17,13 @@ SYSTEM_ROWS = (
 )
 
 
-def describe(key: str, value: Any) -> str:
+def describe(key: str, value: Any, system: dict[str, Any] | None = None) -> str:
     if value is None:
-        return "none" if key == "cpu_quota" else "unknown"
+        if key == "cpu_quota":
+            return "none"
+        if key in ("torch_cuda_version", "cudnn_version") and (system or {}).get("torch_version"):
+            return "none (CPU-only build)"  # the probe ran: None means torch was built without it
+        return "unknown"
     if key.endswith("_bytes") and isinstance(value, (int, float)):
         return format_bytes(value)
     if key == "cpu_quota":
@@ -29,7 +33,7 @@ def describe(key: str, value: Any) -> str:
 
 def system_rows(system: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) pairs for the system section, GPUs and unavailable items included."""
-    rows = [(label, describe(key, system[key])) for key, label in SYSTEM_ROWS if key in system]
+    rows = [(label, describe(key, system[key], system)) for key, label in SYSTEM_ROWS if key in system]
     for gpu in system.get("gpus") or []:
         cc = f", sm {gpu['compute_capability']}" if gpu.get("compute_capability") else ""
         rows.append((f"GPU {gpu.get('index')}", f"{gpu.get('name')} ({format_bytes(gpu.get('memory_total_bytes') or 0)}{cc}) {gpu.get('uuid') or ''}".strip()))
