@@ -526,3 +526,20 @@ def test_envdoctor_never_imports_torch_while_checking(torch_exports):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["fail", "False"]
+
+
+def test_stack_facts_are_cached_so_a_warm_run_imports_neither_onnx_nor_onnxruntime(tmp_path):
+    """A second run without model files answers from the disk cache, with the same facts."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom envdoctor.checks import onnx_opset\n"
+            "facts = onnx_opset.stack_facts()\n"
+            "print(json.dumps([facts['onnx_max_opset'], facts['runtime']['max_opset'], 'onnx' in sys.modules]))")
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop("ENVDOCTOR_NO_CACHE", None)
+    first = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+    second = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+    assert first[2] is True and second[2] is False  # imported once, then served from the cache
+    assert first[:2] == second[:2] and isinstance(first[0], int)
+    assert list((tmp_path / "envdoctor").glob("onnx-stack-*.json"))

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from envdoctor import diskcache
 from envdoctor.errors import Unavailable
 from envdoctor.probe import ProbeError, cache, probe_source, run_measurement, run_probe
 
@@ -334,7 +335,7 @@ def test_cache_expires(tmp_path, monkeypatch):
     cdir = tmp_path / "cache"
     run_probe(str(python), use_cache=True, cache_directory=cdir)
     real_time = time.time
-    monkeypatch.setattr(cache.time, "time", lambda: real_time() + cache.MAX_AGE_SECONDS + 60)
+    monkeypatch.setattr(diskcache.time, "time", lambda: real_time() + cache.MAX_AGE_SECONDS + 60)
     assert run_probe(str(python), use_cache=True, cache_directory=cdir)["probe_cached"] is False
     assert runs(counter) == 2
 
