@@ -16,3 +16,33 @@ def cli(*args: str, env: dict | None = None, cwd: str | os.PathLike | None = Non
         full_env.update(env)
     return subprocess.run([sys.executable, "-m", "envdoctor", *args], capture_output=True, text=True,
                           env=full_env, cwd=cwd, timeout=timeout, input=input)
+
+
+NOBODY = 65534
+
+
+def unprivileged_envdoctor(*args: str, env: dict | None = None, cwd=None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run envdoctor as root stripped of every capability (empty bounding set).
+
+    Looking into another user's /proc/N (environ, root) then needs CAP_SYS_PTRACE,
+    which it lacks: the permission-denied path, seen for real. Staying uid 0 keeps
+    the checkout and the venv readable wherever they live (a 0700 temporary
+    directory included), which running as 'nobody' would not.
+    """
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("needs root and setpriv (util-linux) to drop capabilities")
+    full_env = dict(os.environ)
+    full_env.pop("ENVDOCTOR_CONFIG", None)
+    full_env.update(env or {})
+    return subprocess.run([setpriv, "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "envdoctor", *args],
+                          capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
+
+
+def other_users_sleeper() -> subprocess.Popen:
+    """A process owned by 'nobody' (root may start one; /bin/sleep is readable by all)."""
+    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "60"])

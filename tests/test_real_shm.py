@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import other_users_sleeper, unprivileged_envdoctor
+
 from envdoctor.checks import shm_size
 from envdoctor.context import Session, Target
 from envdoctor.model import Status
@@ -154,17 +156,10 @@ def test_pid_target_is_judged_by_its_own_shm(tmp_path):
 
 
 def test_another_users_process_is_a_skip_with_the_reason(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run envdoctor as 'nobody' against a root-owned process")
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is not installed")
-    child = subprocess.Popen(["sleep", "60"])  # owned by root: nobody may not look into /proc/N/root
+    child = other_users_sleeper()  # owned by nobody; envdoctor below keeps uid 0 but has no capabilities
     try:
-        env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
-        proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                               "envdoctor", "check", "--pid", str(child.pid), "--only", "shm.size", "--format", "json"],
-                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        proc = unprivileged_envdoctor("check", "--pid", str(child.pid), "--only", "shm.size", "--format", "json",
+                                      cwd=tmp_path)
         assert "Traceback" not in proc.stderr, proc.stderr
         result = _shm_result(json.loads(proc.stdout))
         assert result["status"] == "skip", result

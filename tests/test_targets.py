@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pytest
 
 from envdoctor.context import Session, Target
 from envdoctor.errors import Unavailable
-from helpers import cli
+from helpers import cli, other_users_sleeper, unprivileged_envdoctor
 
 
 def _sleeper(env=None):
@@ -43,17 +42,10 @@ def test_a_process_that_exits_mid_run_is_a_reason_not_a_crash():
 
 @pytest.mark.real
 def test_permission_denied_on_another_users_process_is_a_skip(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run envdoctor as 'nobody' against a root-owned process")
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is not installed")
-    child = _sleeper()  # owned by root
+    child = other_users_sleeper()  # owned by nobody; envdoctor below keeps uid 0 but has no capabilities
     try:
-        env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
-        proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                               "envdoctor", "check", "--pid", str(child.pid), "--only", "dist.env", "--format", "json"],
-                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        proc = unprivileged_envdoctor("check", "--pid", str(child.pid), "--only", "dist.env", "--format", "json",
+                                      cwd=tmp_path)
         assert "Traceback" not in proc.stderr, proc.stderr
         row = json.loads(proc.stdout)["results"][0]
         assert row["status"] == "skip", row
