@@ -50,7 +50,9 @@ def test_no_secret_in_any_format_for_self(fmt, plugin_env):
 def test_no_secret_in_any_format_for_a_pid_target(fmt, plugin_env):
     # The target holds the secrets; envdoctor's own environment does not.
     child_env = {**os.environ, **SECRETS, "OMP_NUM_THREADS": "4"}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=child_env)
+    child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"], env=child_env,
+                             stdout=subprocess.PIPE)
+    child.stdout.readline()  # started: its environ is readable (not the empty window right after exec)
     try:
         for args in (("check", "--pid", str(child.pid), "--format", fmt),
                      ("check", "--pid", str(child.pid), "--format", fmt, "--only", "example.echo_env")):
@@ -58,6 +60,8 @@ def test_no_secret_in_any_format_for_a_pid_target(fmt, plugin_env):
             assert proc.returncode in (0, 1), proc.stderr
             assert f"pid:{child.pid}" in proc.stdout or fmt == "prometheus" and "pid:" in proc.stdout
             _assert_clean(proc.stdout + proc.stderr, f"{fmt} --pid {' '.join(args[4:])}")
+X
+                assert "OMP_NUM_THREADS" in proc.stdout and "HF_TOKEN" in proc.stdout
         # the allow-listed, non-secret value is still visible: redaction is not blanket
         proc = cli("check", "--pid", str(child.pid), "--format", "json", "--only", "example.echo_env", env=plugin_env)
         assert "OMP_NUM_THREADS=4" in proc.stdout

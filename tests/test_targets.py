@@ -17,7 +17,12 @@ from helpers import cli, other_users_sleeper, unprivileged_envdoctor
 
 
 def _sleeper(env=None):
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    """A child that has finished starting: right after exec, /proc/N/environ can
+    still read empty (the kernel sets the new environ bounds late in execve)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"], env=env,
+                             stdout=subprocess.PIPE)
+    child.stdout.readline()
+    return child
 
 
 def test_pid_target_environment_is_the_targets_not_ours():
