@@ -4,6 +4,7 @@ installed for real, and golden files with an update flag."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,12 @@ def plugin_path(tmp_path_factory) -> Path:
     an installed third-party distribution's would be, without touching the venv.
     """
     target = tmp_path_factory.mktemp("plugin-site")
+    # Build from a private copy: setuptools writes build/ and *.egg-info into the source
+    # tree, and parallel test workers installing from one tree corrupt each other's build.
+    source = tmp_path_factory.mktemp("plugin-src") / "plugin_example"
+    shutil.copytree(TESTS / "plugin_example", source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(TESTS / "plugin_example")], check=True, capture_output=True, text=True)
+                    "--target", str(target), str(source)], check=True, capture_output=True, text=True)
     return target
 
 
