@@ -86,6 +86,13 @@ def check(
         _die(f"--fail-on must be warn or fail, not {fail_on!r}")
     if timeout is not None and timeout <= 0:
         _die("--timeout must be a positive number of seconds")
+    if python is not None:
+        import shutil
+
+        found = shutil.which(python)
+        if found is None:
+            _die(f"--python {python}: no such executable interpreter")
+        python = found
     for name, path in (("--path.procfs", procfs), ("--path.sysfs", sysfs), ("--path.rootfs", rootfs)):
         if not path.is_dir():
             _die(f"{name} {path} is not a directory")

@@ -68,6 +68,7 @@ def test_hanging_and_raising_checks_end_as_errors_near_the_timeout(plugin_env, t
 
 @pytest.mark.parametrize("args, message", [
     (("check", "--pid", "999999999"), "no process 999999999"),
+    (("check", "--python", "/no/such/python3"), "--python /no/such/python3: no such executable interpreter"),
     (("check", "--only", "shm.sise"), "unknown check id 'shm.sise'"),
     (("check", "--format", "yaml"), "--format must be one of"),
     (("check", "--fail-on", "error"), "--fail-on must be warn or fail"),
