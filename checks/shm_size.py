@@ -47,6 +47,7 @@ from typing import Any, Mapping
 
 from envdoctor.cgroup import parse_mountinfo
 from envdoctor.check import Check, Metric
+from envdoctor.context import permission_hint
 from envdoctor.errors import ParseError, Unavailable
 from envdoctor.model import Result, Status, fail, ok, warn, worst
 from envdoctor.units import docker_size, format_bytes, k8s_size
@@ -89,7 +90,7 @@ def gather(ctx) -> ShmFacts:
             raise Unavailable(f"{path} is not a directory: {who} has no usable /dev/shm")
         st = os.statvfs(path)
     except PermissionError:
-        raise Unavailable(f"permission denied examining {path}: run envdoctor as root or as the target's user") from None
+        raise Unavailable(f"permission denied examining {path}", permission_hint(ctx.target)) from None
     except FileNotFoundError:
         if ctx.target.pid is not None and not ctx.proc().exists():
             raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None

@@ -53,8 +53,8 @@ def _root(
 
 @app.command()
 def check(
-    only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable)."),
-    skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable)."),
+    only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
+    skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", metavar="FORMAT",
                                       help="text (default), json, markdown, junit or prometheus."),
     pid: Optional[int] = typer.Option(None, "--pid", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
@@ -97,6 +97,8 @@ def check(
         if not path.is_dir():
             _die(f"{name} {path} is not a directory")
 
+    only = [part.strip() for item in only for part in item.split(",") if part.strip()]
+    skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
     registry = pipeline.load_registry()
     try:
         config = load_config(registry.checks, explicit_file=config_file, known_ids={f.name for f in registry.failures})
@@ -181,10 +183,13 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
         typer.echo(f"Needs: {', '.join(check.needs)} (skipped with the reason when missing).")
     typer.echo(f"Enabled by default: {'yes' if check.enabled else 'no'}.")
     typer.echo(f"\nSettings, in envdoctor.toml under [check.\"{check.id}\"] (or {env_name(check.id, 'KEY')}):")
-    typer.echo(f"  enabled = {str(check.enabled).lower()}")
-    typer.echo(f"  timeout = {check.timeout if check.timeout is not None else 'the run default (15 s)'}")
+    from envdoctor.config import DEFAULT_TIMEOUT, toml_value
+
+    typer.echo(f"  enabled = {toml_value(check.enabled)}")
+    timeout = check.timeout if check.timeout is not None else DEFAULT_TIMEOUT
+    typer.echo(f"  timeout = {toml_value(float(timeout))}" + ("" if check.timeout is not None else "  # the run's default"))
     for key, default in check.config.items():
-        typer.echo(f"  {key} = {default!r}")
+        typer.echo(f"  {key} = {toml_value(default)}")
     if check.metrics:
         typer.echo("\nMetrics:")
         for m in check.metrics:

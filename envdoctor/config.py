@@ -254,6 +254,11 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
             setattr(config, key, _coerce_run_key(key, value, from_text=False))
         except ParseError as exc:
             raise ConfigError(str(exc), file=name, line=where("", key), key=key) from None
+        if key in ("only", "skip"):
+            unknown = [v for v in getattr(config, key) if v not in known]
+            if unknown:
+                raise ConfigError(f"unknown check id {unknown[0]!r}; known: {', '.join(sorted(known))}",
+                                  file=name, line=where("", key), key=key)
 
     tables = data.get("check", {})
     if not isinstance(tables, dict):
@@ -298,6 +303,19 @@ def _coerce_check_key(key: str, value: Any, default: Any, *, from_text: bool) ->
     if key == "timeout" and value <= 0:
         raise ParseError(f"expected a positive number of seconds, got {value!r}")
     return value
+
+
+def toml_value(value: Any) -> str:
+    """A default as it would be written in envdoctor.toml (so `explain` output can be pasted)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return '""' if value is None else repr(value)
 
 
 def env_name(check_id: str, key: str) -> str:

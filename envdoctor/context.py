@@ -221,10 +221,18 @@ class Context:
         return self.roots.sysfs.joinpath(*parts)
 
 
+def permission_hint(target: Target) -> str:
+    """What would let envdoctor look into another process, given who we already are."""
+    if os.geteuid() == 0:
+        return (f"envdoctor is root but may not look into {target}: it lacks CAP_SYS_PTRACE (a container or "
+                f"security profile dropped it); run it on the host, or add the capability (docker run --cap-add SYS_PTRACE)")
+    return f"run envdoctor as the same user as {target}, or as root"
+
+
 def unavailable_from_oserror(exc: OSError, target: Target, path: Path) -> Unavailable:
     """Turn a failed read of a target's /proc file into a skip reason a person understands."""
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return Unavailable(f"permission denied reading {path}: run envdoctor as the same user as {target} or as root")
+        return Unavailable(f"permission denied reading {path}", permission_hint(target))
     if exc.errno in (errno.ENOENT, errno.ESRCH) and target.pid is not None:
         return Unavailable(f"process {target.pid} exited during the run ({path} is gone)")
     return Unavailable(f"cannot read {path}: {exc.strerror or exc}")

@@ -27,6 +27,8 @@ def render(report: Report, options) -> str:
     properties = ET.SubElement(suite, "properties")
     ET.SubElement(properties, "property", name="envdoctor.version", value=report.version)
     for key, value in report.system.items():
+        if value is None or value == {} or value == []:
+            continue  # nothing known: no property, rather than value="null"
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         ET.SubElement(properties, "property", name=key, value=text)
     for r in report.results:

@@ -38,5 +38,7 @@ def render(report: Report, options) -> str:
     if fixes:
         lines += ["", "### Fixes", ""]
         for r in fixes:
-            lines += [f"- `{r.check}` ({r.status.value}):", "", "  ```", *(f"  {l}" for l in r.remediation.splitlines()), "  ```"]
+            # a fix that offers alternatives ("docker ...; Kubernetes: ...") gets one line each
+            steps = [step.strip() for line in r.remediation.splitlines() for step in line.split("; ") if step.strip()]
+            lines += [f"- `{r.check}` ({r.status.value}):", "", "  ```", *(f"  {step}" for step in steps), "  ```"]
     return "\n".join(lines) + "\n"

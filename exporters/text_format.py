@@ -33,10 +33,11 @@ def render(report: Report, options) -> str:
     console.print()
 
     table = Table(show_lines=False, expand=False)
+    # overflow="fold": a narrow terminal wraps long paths and commands instead of cutting them with "…"
     table.add_column("status", no_wrap=True)
-    table.add_column("check", no_wrap=True)
-    table.add_column("summary", ratio=3)
-    table.add_column("fix", ratio=2)
+    table.add_column("check", overflow="fold")
+    table.add_column("summary", ratio=3, overflow="fold")
+    table.add_column("fix", ratio=2, overflow="fold")
     for r in sorted(report.results, key=lambda r: (ORDER[r.status], r.check)):
         table.add_row(Text(r.status.value.upper(), style=STYLE[r.status]), r.check, r.summary, r.remediation)
     console.print(table)

@@ -107,3 +107,24 @@ def test_no_color_in_pipes_and_with_no_color():
     proc = cli("check", "--only", "dist.env")
     assert "\x1b[" not in proc.stdout
     assert "dist.env" in proc.stdout
+
+
+def test_only_accepts_a_comma_list_and_an_empty_selection_is_bad_usage():
+    proc = cli("check", "--only", "shm.size,dist.env", "--format", "json")
+    assert sorted(r["check"] for r in json.loads(proc.stdout)["results"]) == ["dist.env", "shm.size"]
+    proc = cli("check", "--only", "shm.size", "--skip", "shm.size")
+    assert proc.returncode == 2 and "leave no check to run" in proc.stderr
+
+
+@pytest.mark.parametrize("check_id", ["shm.size", "dist.env", "cpu.threads", "torch.pin_memory", "onnx.opset"])
+def test_explain_settings_paste_into_envdoctor_toml(check_id, tmp_path):
+    """What `explain` lists under Settings is valid TOML that the config loader accepts."""
+    import tomllib
+
+    text = cli("explain", check_id).stdout
+    block = text.split("Settings, in envdoctor.toml")[1].split("\n\n")[0].splitlines()[1:]
+    toml = f'[check."{check_id}"]\n' + "\n".join(line.strip() for line in block)
+    assert tomllib.loads(toml)["check"][check_id]
+    (tmp_path / "envdoctor.toml").write_text(toml)
+    proc = cli("check", "--only", check_id, "--format", "json", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr

@@ -148,3 +148,11 @@ def test_file_paths_in_a_config_file_are_relative_to_that_file(tmp_path):
     config = cfg.load({"onnx.opset": onnx_check}, explicit_file=str(sub / "envdoctor.toml"), environ={}, cwd=tmp_path)
     assert config.onnx == [str(sub / "a.onnx"), "/abs/b.onnx"]
     assert config.check_config(onnx_check)["files"] == [str(sub / "models/c.onnx")]
+
+
+def test_unknown_id_in_skip_names_its_line(tmp_path):
+    path = _write(tmp_path, "envdoctor.toml", 'timeout = 3\nskip = ["onnx.opset", "shm.sise"]\n')
+    with pytest.raises(ConfigError) as info:
+        cfg.load(CATALOG, environ={}, cwd=tmp_path)
+    assert (info.value.file, info.value.line, info.value.key) == (str(path), 2, "skip")
+    assert "'shm.sise'" in str(info.value)
