@@ -163,7 +163,7 @@ def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
         share = f"{_fmt_cpus(effective)} effective CPUs ({where})"
         per = f" / {processes} processes per node ({processes_from})" if processes > 1 else ""
         per += f" less {workers} DataLoader workers each" if workers else ""
-        budget = f"{share}{per} leaves {recommended} threads per process"
+        budget = f"{share}{per} leaves {_count(recommended, 'thread')} per process"
 
         threads = {name: math.prod(c) for name, c in counts.items()}
         over = {n: t for n, t in threads.items() if t > recommended}
@@ -216,7 +216,7 @@ def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
                         **result_facts)
         set_vars = ", ".join(f"{k}={v}" for k, v in facts.variables.items()) or "no thread variables set"
         return ok(f"threads fit: {set_vars}; {_fmt_cpus(effective)} effective CPUs ({where}), "
-                  f"{processes} process(es) per node, up to {recommended} threads each", **result_facts)
+                  f"{_count(processes, 'process', 'processes')} per node, up to {_count(recommended, 'thread')} each", **result_facts)
 
     status = worst([s for s, _ in findings])
     # the loudest finding first: it is the one a Slurm drain reason or a log line keeps
@@ -225,6 +225,10 @@ def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
     if status is Status.FAIL:
         return fail(summary, fix, **result_facts)
     return warn(summary, fix, **result_facts)
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 CHECK = Check(

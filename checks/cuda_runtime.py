@@ -69,7 +69,7 @@ from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable
-from envdoctor.model import Result, Status, fail, ok, skip, warn
+from envdoctor.model import Result, Status, fail, join_fixes, ok, skip, warn
 
 # CUDA variants of the official torch wheels (download.pytorch.org/whl/cuXYZ), newest last.
 WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
@@ -388,7 +388,7 @@ def _result(found: _Findings, ok_summary: str, facts: dict[str, Any], context: s
         return ok(ok_summary, **facts)
     loud = [item for item in found.loudest() if item[0].severity > 0]
     summary = "; ".join([text for _, text, _ in loud] + ([context] if context else []))
-    fix = next((fix for s, _, fix in loud if fix), "")
+    fix = join_fixes(loud)
     return (fail if status is Status.FAIL else warn)(summary, fix, **facts)
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check, Metric
 from envdoctor.errors import Unavailable
-from envdoctor.model import Result, Status, worst
+from envdoctor.model import Result, Status, join_fixes, worst
 
 _LOCAL_RANK = re.compile(r"^\s*[0-9]+\s*$")
 
@@ -260,7 +260,7 @@ def judge(facts: VisibleFacts, config) -> Result:
             summary = f"CUDA_VISIBLE_DEVICES={raw!r}: CUDA will use {visible_count}{of} GPU{'s' if visible_count != 1 else ''} ({shown})"
         return Result(Status.OK, summary + note, "", facts_out)
     status = worst([s for s, _, _ in findings])
-    fix = next(f for s, _, f in findings if s == status)
+    fix = join_fixes(findings)
     return Result(status, "; ".join(m for _, m, _ in findings) + note, fix, facts_out)
 
 

@@ -60,7 +60,7 @@ from typing import Any
 
 from envdoctor.check import Check
 from envdoctor.errors import ParseError
-from envdoctor.model import Result, Status, skip, worst
+from envdoctor.model import Result, Status, join_fixes, skip, worst
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 REQUIRED = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -420,7 +420,7 @@ def judge(facts: DistFacts, config) -> Result:
         summary = "; ".join(parts) + (f" ({'; '.join(notes)})" if notes else "")
         return Result(Status.OK, summary, "", facts_out)
     status = worst([s for s, _, _ in findings])
-    fix = next(f for s, _, f in findings if s == status)
+    fix = join_fixes(findings)
     summary = "; ".join(m for _, m, _ in findings) + (f" ({'; '.join(notes)})" if notes else "")
     return Result(status, summary, fix, facts_out)
 

@@ -42,7 +42,7 @@ import os
 from dataclasses import dataclass
 
 from envdoctor.check import Check, Metric
-from envdoctor.model import Result, Status, skip, worst
+from envdoctor.model import Result, Status, join_fixes, skip, worst
 from envdoctor.nvml import GpuInfo, NvmlHung
 from envdoctor.units import format_bytes
 
@@ -169,7 +169,7 @@ def judge(facts: HealthFacts, config) -> Result:
                    f"no pending retirement or remap, no throttling, at most {format_bytes(busiest)} used by others{hottest}")
         return Result(Status.OK, summary, "", facts_out)
     status = worst([s for s, _, _ in findings])
-    fix = next(f for s, _, f in findings if s == status)
+    fix = join_fixes(findings)
     return Result(status, "; ".join(m for _, m, _ in findings), fix, facts_out)
 
 

@@ -321,6 +321,9 @@ def read_model(path: Path) -> ModelFile:
     """Read and parse one file; every failure becomes a ModelFile with a problem, never an exception."""
     shown = str(path)
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            # a FIFO or device would block open() or read() forever
+            return ModelFile(shown, problem="is not a regular file (a pipe or device?)", unreadable=True)
         with path.open("rb") as stream:
             stripped = strip_weights(stream, os.fstat(stream.fileno()).st_size)
     except FileNotFoundError:
@@ -574,6 +577,9 @@ def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> tuple[li
         notes.append("onnxruntime is not installed: not checked whether it runs this model")
     if opset is not None and opset > facts.onnx_max_opset:
         notes.append(f"opset {opset} is newer than the installed onnx {facts.onnx_version} knows ({facts.onnx_max_opset})")
+    if len(facts.models) > 1:  # several models: say which one each fix is for
+        name = Path(model.path).name
+        findings = [dataclasses.replace(f, fix=f"{name}: {f.fix}") if f.fix else f for f in findings]
     return findings, notes
 
 

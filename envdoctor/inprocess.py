@@ -72,6 +72,12 @@ def _get(errors: dict[str, str], name: str, fn, default=None):
         return default
 
 
+def _effective_cpus(session) -> float | None:
+    from envdoctor.cgroup import effective_cpus
+
+    return effective_cpus(session.roots, None).cpus
+
+
 def _nvml_count(session) -> int | None:
     try:
         return int(session.need("nvml").device_count())
@@ -160,8 +166,22 @@ def _visible_count(value: str) -> int | None:
     return None
 
 
-def judge_live(facts: Mapping[str, Any], env: Mapping[str, str], *, fragmentation_bytes: int = GIB) -> Result:
-    """What only an in-process look can tell: CUDA already initialised, and allocator state."""
+def _thread_share(effective_cpus: float | None, env: Mapping[str, str]) -> int | None:
+    """Threads one process may run: its effective CPUs split among the ranks on this node."""
+    if not effective_cpus:
+        return None
+    try:
+        ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, int(effective_cpus // ranks))
+
+
+def judge_live(facts: Mapping[str, Any], env: Mapping[str, str], *, fragmentation_bytes: int = GIB,
+               effective_cpus: float | None = None) -> Result:
+    """What only an in-process look can tell: CUDA already initialised, allocator state,
+    and the thread count the script actually set (torch.set_num_threads), which no
+    environment variable shows."""
     from envdoctor.model import ok, warn
     from envdoctor.units import format_bytes
 
@@ -194,9 +214,18 @@ def judge_live(facts: Mapping[str, Any], env: Mapping[str, str], *, fragmentatio
                                  "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # or torch.cuda.empty_cache() between phases"))
     else:
         notes.append("CUDA not initialised yet: CUDA_VISIBLE_DEVICES may still be changed")
-    notes.append(f"torch uses {facts.get('num_threads')} intra-op threads")
+    threads = facts.get("num_threads")
+    share = _thread_share(effective_cpus, env)
+    out["effective_cpus"], out["thread_share"] = effective_cpus, share
+    if isinstance(threads, int) and share is not None and threads > share:
+        findings.append((f"torch runs {threads} intra-op threads but this process has {effective_cpus:g} effective CPUs"
+                         + (f" shared by LOCAL_WORLD_SIZE={env['LOCAL_WORLD_SIZE']} ranks" if env.get("LOCAL_WORLD_SIZE") else "")
+                         + f": oversubscribed, expected <= {share}",
+                         f"torch.set_num_threads({share})  # and export OMP_NUM_THREADS={share} before launch"))
+    else:
+        notes.append(f"torch uses {threads} intra-op threads")
     if findings:
-        return warn("; ".join(text for text, _ in findings), findings[0][1], **out)
+        return warn("; ".join(text for text, _ in findings), "; ".join(dict.fromkeys(fix for _, fix in findings)), **out)
     return ok("; ".join(notes), **out)
 
 
@@ -276,7 +305,7 @@ def _live_row(session) -> Result:
 
     try:
         facts = session.need("torch")
-        result = judge_live(facts, session.env)
+        result = judge_live(facts, session.env, effective_cpus=_effective_cpus(session))
     except Unavailable as exc:
         result = skip(str(exc))
     except Exception as exc:  # never a traceback into the training script

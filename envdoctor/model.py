@@ -84,6 +84,21 @@ def error(summary: str, **facts: Any) -> Result:
     return Result(Status.ERROR, summary, "", facts)
 
 
+def join_fixes(findings) -> str:
+    """Every distinct fix of a check's findings, worst finding first, as one line.
+
+    A check reports one result, but each of its findings needs its own fix: a
+    user who fixes only the first would meet the next on the following run.
+    `findings` holds (status, message, fix) triples.
+    """
+    ordered = sorted(findings, key=lambda f: -f[0].severity)  # stable: same-status findings keep their order
+    fixes: list[str] = []
+    for _, _, fix in ordered:
+        if fix and fix not in fixes:
+            fixes.append(fix)
+    return "; ".join(fixes)
+
+
 def worst(statuses: list[Status]) -> Status:
     """The loudest status among several findings (OK when there are none)."""
     return max(statuses, key=lambda s: s.severity, default=Status.OK)

@@ -270,3 +270,12 @@ def test_parsers_reject_non_text(value):
         parse_net_dev(value)
     with pytest.raises(ParseError):
         parse_ifname_spec(value)
+
+
+def test_every_finding_brings_its_own_fix():
+    """Two problems, two fixes: a user who fixed only the first would meet the second next run."""
+    r = check(torchrun_env(MASTER_ADDR="no-such-host.invalid", NCCL_SOCKET_IFNAME="ib9"),
+              config={"resolve_timeout_seconds": 5.0, "check_port": False})
+    assert r.status is Status.FAIL
+    assert "does not resolve" in r.summary and "NCCL_SOCKET_IFNAME" in r.summary
+    assert "MASTER_ADDR" in r.remediation and "NCCL_SOCKET_IFNAME" in r.remediation

@@ -543,3 +543,15 @@ def test_stack_facts_are_cached_so_a_warm_run_imports_neither_onnx_nor_onnxrunti
     assert first[2] is True and second[2] is False  # imported once, then served from the cache
     assert first[:2] == second[:2] and isinstance(first[0], int)
     assert list((tmp_path / "envdoctor").glob("onnx-stack-*.json"))
+
+
+def test_a_fifo_is_an_error_at_once_not_a_hang(tmp_path):
+    import os
+    import time as _time
+
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    started = _time.monotonic()
+    model = read_model(fifo)
+    assert _time.monotonic() - started < 1
+    assert model.unreadable and "not a regular file" in model.problem

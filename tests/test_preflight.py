@@ -252,3 +252,28 @@ def test_a_broken_config_file_does_not_stop_the_script(fake_world, tmp_path, mon
     out = io.StringIO()
     results = preflight(file=out)
     assert results and "config ignored" in out.getvalue()
+
+
+def test_live_thread_count_set_by_the_script_is_judged_against_the_cpus():
+    """torch.set_num_threads(64) shows in no environment variable: only the live look sees it."""
+    facts = {"cuda_initialized": False, "num_threads": 64}
+    r = judge_live(facts, {}, effective_cpus=2.0)
+    assert r.status is Status.WARN and "64 intra-op threads" in r.summary and "expected <= 2" in r.summary
+    assert r.remediation.startswith("torch.set_num_threads(2)")
+    r = judge_live(facts, {"LOCAL_WORLD_SIZE": "8"}, effective_cpus=32.0)
+    assert r.status is Status.WARN and "expected <= 4" in r.summary
+    assert judge_live({"cuda_initialized": False, "num_threads": 2}, {}, effective_cpus=2.0).status is Status.OK
+    assert judge_live(facts, {}, effective_cpus=None).status is Status.OK  # unknown CPUs: no verdict
+
+
+@pytest.mark.real
+def test_preflight_warns_on_a_live_set_num_threads(tmp_path):
+    proc = run_script("""
+        import os, torch, envdoctor
+        torch.set_num_threads(4 * len(os.sched_getaffinity(0)))
+        live = [r for r in envdoctor.preflight(file=None) if r.check == "preflight.live"][0]
+        print(live.status.value, live.remediation.split("  #")[0])
+    """, tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    status, fix = proc.stdout.split(maxsplit=1)
+    assert status == "warn" and fix.strip().startswith("torch.set_num_threads(")

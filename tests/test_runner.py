@@ -106,3 +106,12 @@ def test_a_shared_need_is_computed_once_across_concurrent_checks():
     results = run(plans, session)
     assert [r.summary for r in results] == ["2.13.0"] * 4
     assert calls == [1]
+
+
+def test_join_fixes_keeps_every_distinct_fix_worst_first():
+    from envdoctor.model import Status, join_fixes
+
+    findings = [(Status.WARN, "w", "export A=1"), (Status.FAIL, "f", "export B=2"), (Status.WARN, "w2", "export A=1"),
+                (Status.FAIL, "f2", "")]
+    assert join_fixes(findings) == "export B=2; export A=1"
+    assert join_fixes([]) == ""
