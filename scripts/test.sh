@@ -26,7 +26,7 @@ fi
 echo "== installing envdoctor and the test dependencies into .venv"
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[test,torch,onnx]"
+.venv/bin/python -m pip install --quiet -e ".[test,torch,onnx]" "torch==2.13.0"  # named again: the extra is only a floor
 if .venv/bin/python -m pip list 2>/dev/null | grep -qi '^nvidia-cu'; then
     echo "!! a CUDA build of torch was pulled in; the install step is wrong" >&2
     exit 1
