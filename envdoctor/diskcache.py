@@ -36,7 +36,11 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None) -> dict[str, Any] | None:
-    """The facts stored at `path` if the entry has this schema and fingerprint and is fresh."""
+    """The facts stored at `path` if the entry has this schema and fingerprint and is fresh.
+
+    `fingerprint` may be a function of the stored facts, for caches whose key depends
+    on what was cached (the torch probe's sys.path): the file is still read once.
+    """
     try:
         with open(path, "rb") as f:
             entry = json.load(f)
@@ -50,6 +54,8 @@ def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None)
     now = time.time() if now is None else now
     if not (0 <= now - created <= MAX_AGE_SECONDS):
         return None
+    if callable(fingerprint):
+        fingerprint = fingerprint(facts)
     # JSON turns tuples into lists; compare in the stored form.
     if json.loads(json.dumps(fingerprint)) != entry.get("fingerprint"):
         return None

@@ -30,7 +30,6 @@ Writes are atomic (temporary file + rename). ENVDOCTOR_NO_CACHE=1 turns it off.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -120,18 +119,13 @@ def dynamic_fingerprint(facts: dict[str, Any]) -> dict[str, Any]:
 
 def load(python: str, probe_source_hash: str, *, directory: Path | None = None, now: float | None = None) -> dict[str, Any] | None:
     """The cached facts for `python` if they are still true; None otherwise."""
-    path = cache_file(python, directory)
-    try:
-        with open(path, "rb") as f:
-            stored = json.load(f).get("facts")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(stored, dict):
-        return None
-    # The fingerprint depends on the facts themselves (the paths the probe reported).
-    expected = dict(static_fingerprint(python, probe_source_hash))
-    expected.update(dynamic_fingerprint(stored))
-    return diskcache.read(path, SCHEMA, expected, now=now)
+    static = static_fingerprint(python, probe_source_hash)
+
+    def expected(facts: dict[str, Any]) -> dict[str, Any]:
+        # part of the key depends on the facts themselves (the paths the probe reported)
+        return {**static, **dynamic_fingerprint(facts)}
+
+    return diskcache.read(cache_file(python, directory), SCHEMA, expected, now=now)
 
 
 def store(python: str, facts: dict[str, Any], before: dict[str, Any], *, directory: Path | None = None) -> bool:
