@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from envdoctor.affinity import affinity, online_cpus
-from envdoctor.context import Roots
+from envdoctor.paths import Roots
 from envdoctor.errors import ParseError
 
 # The kernel prints at most 20 digits for a u64; refusing longer runs keeps int()

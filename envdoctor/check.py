@@ -1,18 +1,24 @@
-"""How a check declares itself: metadata as data, plus one function.
+"""How a check declares itself: metadata as data, plus gather and judge.
 
 A check module exposes `CHECK = Check(...)` and an entry point in the
 `envdoctor.checks` group names it. Everything the engine needs to know about a
-check (its id, what it needs, its config keys and their defaults, the metrics its
-facts become) is here as data, so there is no second list to keep in step: the
-config validator, `envdoctor checks`, `envdoctor explain` and the Prometheus
-exporter all read the same declaration.
+check (its id, what it needs, where it may run, whether it is intrusive, its
+settings and their defaults, the metrics its facts become) is here as data, so
+there is no second list to keep in step: the config validator, `envdoctor checks`,
+`envdoctor explain`, the Prometheus exporter, `serve` and `exec` all read the same
+declaration.
+
+A check is `gather` (I/O through the context: files, NVML, the torch facts) and
+`judge` (pure: facts and settings to a Result, built with model.verdict), so tests
+feed facts straight to the judge and fixture trees to the gatherer. A plug-in
+written against the older single `run(ctx)` keeps working unchanged.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
     from envdoctor.context import Context
@@ -23,6 +29,13 @@ ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 # What a check may need. A check that declares a need is skipped, with the reason,
 # when the need cannot be met here, before its function runs.
 NEEDS = ("nvml", "torch", "onnx")
+
+# Where a check may run. `check` is the one-shot report, `serve` the node monitor
+# (every interval, over every process on the node), `exec` the container entrypoint
+# (on every container start, before the job), `inprocess` preflight() and attach()
+# inside the training script. serve and exec never run an intrusive check.
+MODES = ("check", "serve", "exec", "inprocess")
+DEFAULT_MODES = ("check", "serve", "exec", "inprocess")
 
 
 @dataclass(frozen=True)
@@ -45,13 +58,17 @@ class Metric:
 class Check:
     id: str
     title: str  # one line: what the check protects against
-    run: Callable[["Context"], "Result"]
+    run: Callable[["Context"], "Result"] | None = None  # the older one-function form; or gather + judge
     explain: str = ""  # what it reads, why it matters to a CUDA job, how to fix it
     needs: tuple[str, ...] = ()
     enabled: bool = True  # on by default?
     timeout: float | None = None  # seconds; None means the run's default
-    config: dict[str, Any] = field(default_factory=dict)  # keys and defaults
+    config: dict[str, Any] = field(default_factory=dict)  # setting keys and their defaults
     metrics: tuple[Metric, ...] = ()
+    gather: Callable[["Context"], Any] | None = None  # I/O through the context -> facts
+    judge: Callable[[Any, Mapping[str, Any]], "Result"] | None = None  # pure: (facts, settings) -> Result
+    modes: tuple[str, ...] = DEFAULT_MODES  # where it may run
+    intrusive: bool = False  # creates a CUDA context, loads onnxruntime, binds a port...
 
     def __post_init__(self) -> None:
         if not ID_PATTERN.match(self.id):
@@ -59,3 +76,26 @@ class Check:
         unknown = set(self.needs) - set(NEEDS)
         if unknown:
             raise ValueError(f"check {self.id}: unknown needs {sorted(unknown)}; known: {NEEDS}")
+        unknown_modes = set(self.modes) - set(MODES)
+        if unknown_modes:
+            raise ValueError(f"check {self.id}: unknown modes {sorted(unknown_modes)}; known: {MODES}")
+        if self.run is None and (self.gather is None or self.judge is None):
+            raise ValueError(f"check {self.id}: give run=, or both gather= and judge=")
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The check's own settings and their defaults (`config=` in the declaration)."""
+        return self.config
+
+    def runs_in(self, mode: str) -> bool:
+        """May this check run in `mode`? serve and exec never run intrusive checks."""
+        if mode not in self.modes:
+            return False
+        return not (self.intrusive and mode in ("serve", "exec"))
+
+    def execute(self, ctx: "Context") -> "Result":
+        """Gather then judge (or the older run)."""
+        if self.run is not None:
+            return self.run(ctx)
+        assert self.gather is not None and self.judge is not None
+        return self.judge(self.gather(ctx), ctx.config)

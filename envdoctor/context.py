@@ -1,15 +1,18 @@
-"""What a check may read: the target, its environment, file-system roots, and
-lazily gathered GPU (NVML) and torch (probe) facts.
+"""What a check may read: the node's facts, the target's environment and paths,
+and lazily gathered GPU (NVML) and torch facts.
 
 Checks never write a literal "/proc" or "/dev/shm": they ask the context for
-`ctx.proc("cgroup")` or `ctx.target_path("/dev/shm")`. That is how the same check
-runs against this process, against another process through /proc/N, against a
-host mounted at /host (`--path.rootfs=/host`), and against fixture trees in tests.
+`ctx.proc("cgroup")` or `ctx.target_path("/dev/shm")` (see envdoctor.paths).
 
-A Session holds what all checks of one run share (the target, its environment,
-the NVML handle, the torch probe's facts), computed once and under a lock because
-checks run concurrently. A Context is one check's view: the session plus that
-check's own config.
+Two levels of sharing, because `serve` examines many processes per run:
+- a HostSession holds what the node has once per run (the NVML snapshot, system
+  facts, the onnx stack) and is shared by every target of that run;
+- a Session holds one target's view (its environment, its paths under /proc/N,
+  its torch), built per target and per run.
+Both compute each fact once, on first use, under a lock (checks run concurrently).
+A failure is remembered only for the run: the next run builds new sessions and
+tries again. A Context is one check's view: the target session plus the check's
+resolved settings.
 """
 
 from __future__ import annotations
@@ -23,26 +26,28 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from envdoctor.errors import Unavailable
+from envdoctor.paths import Roots
 from envdoctor.procfs import parse_environ
+from envdoctor.watchdog import Watchdog, default_watchdog
 
-
-@dataclass(frozen=True)
-class Roots:
-    """Where the proc, sys and root file systems are mounted (node_exporter's --path.*)."""
-
-    procfs: Path = Path("/proc")
-    sysfs: Path = Path("/sys")
-    rootfs: Path = Path("/")
+__all__ = ["Roots", "Target", "HostSession", "Session", "Context", "permission_hint", "unavailable_from_oserror"]
 
 
 @dataclass(frozen=True)
 class Target:
-    """What is examined: this process (pid None) or another one by pid."""
+    """What is examined: this process (pid None), another one by pid, or the node."""
 
     pid: int | None = None
+    kind: str = "process"  # "process" or "node"
+
+    @classmethod
+    def node(cls) -> "Target":
+        return cls(None, "node")
 
     @property
     def label(self) -> str:
+        if self.kind == "node":
+            return "node"
         return "self" if self.pid is None else f"pid:{self.pid}"
 
     def __str__(self) -> str:
@@ -52,8 +57,8 @@ class Target:
 class _Once:
     """A value computed once, on first use, by whichever thread asks first.
 
-    A failure is cached too: if NVML is missing, every check that asks hears
-    the same reason without paying for the attempt again.
+    A failure is kept too (for this session's life, one run): if NVML is missing,
+    every check that asks hears the same reason without paying for the attempt again.
     """
 
     def __init__(self, factory: Callable[[], Any]):
@@ -72,7 +77,7 @@ class _Once:
             if not self._done:
                 try:
                     self._value = self._factory()
-                except BaseException as exc:  # cached and re-raised to every caller
+                except BaseException as exc:  # kept and re-raised to every caller
                     self._error = exc
                 self._done = True
         if self._error is not None:
@@ -100,9 +105,42 @@ def _onnx_available() -> bool:
     return True
 
 
+class HostSession:
+    """What the node has, gathered once per run and shared by every target of it."""
+
+    def __init__(self, roots: Roots = Roots(), nvml_factory: Callable[[], Any] = _default_nvml,
+                 watchdog: Watchdog | None = None):
+        self.roots = roots
+        self.watchdog = watchdog or default_watchdog()
+        self._nvml = _Once(nvml_factory)
+        self._onnx = _Once(_onnx_available)
+        self._facts: dict[str, _Once] = {}
+        self._facts_lock = threading.Lock()
+
+    def fact(self, name: str, factory: Callable[[], Any]) -> Any:
+        """A node fact computed once per run under `name` (system facts, the onnx stack...)."""
+        with self._facts_lock:
+            once = self._facts.get(name)
+            if once is None:
+                once = self._facts[name] = _Once(factory)
+        return once.get()
+
+    def computed(self, what: str) -> Any:
+        once = {"nvml": self._nvml, "onnx": self._onnx}.get(what) or self._facts.get(what)
+        return once.peek() if once is not None else None
+
+    def need(self, what: str) -> Any:
+        if what == "nvml":
+            return self._nvml.get()
+        if what == "onnx":
+            return self._onnx.get()
+        raise ValueError(f"unknown host need {what!r}")
+
+
 @dataclass
 class Session:
-    """What every check of one run shares. Build one per run."""
+    """One target's view for one run. Pass `host` to share node facts between targets;
+    without it the session makes its own HostSession from `roots` and `nvml_factory`."""
 
     target: Target = field(default_factory=Target)
     roots: Roots = field(default_factory=Roots)
@@ -112,12 +150,21 @@ class Session:
     nvml_factory: Callable[[], Any] = _default_nvml
     torch_factory: Callable[["Session"], Any] = _default_torch
     check_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host: HostSession | None = None
+    python_explicit: bool = False  # --python given: probe that interpreter even for a --pid target
 
     def __post_init__(self) -> None:
+        if self.host is None:
+            self.host = HostSession(roots=self.roots, nvml_factory=self.nvml_factory)
+        else:
+            self.roots = self.host.roots
         self._env = _Once(self._read_env)
-        self._nvml = _Once(self.nvml_factory)
         self._torch = _Once(lambda: self.torch_factory(self))
-        self._onnx = _Once(_onnx_available)
+
+    @property
+    def watchdog(self) -> Watchdog:
+        assert self.host is not None
+        return self.host.watchdog
 
     # -- the target's environment -------------------------------------------------
     def _read_env(self) -> Mapping[str, str]:
@@ -135,43 +182,49 @@ class Session:
     def env(self) -> Mapping[str, str]:
         return self._env.get()
 
+    def env_if_read(self) -> Mapping[str, str] | None:
+        """The environment if a check already read it, else None: never reads (never blocks)."""
+        return self._env.peek()
+
     # -- paths under the roots ----------------------------------------------------
     def proc_path(self, *parts: str) -> Path:
         """A file of the target under procfs: /proc/self/... or /proc/N/..."""
-        who = "self" if self.target.pid is None else str(self.target.pid)
-        return self.roots.procfs.joinpath(who, *parts)
+        return self.roots.proc(self.target.pid, *parts)
 
     def target_path(self, path: str) -> Path:
         """A path as the target sees it: another process's through /proc/N/root,
         our own through the configured rootfs."""
-        relative = path.lstrip("/")
-        if self.target.pid is None:
-            return self.roots.rootfs / relative
-        return self.proc_path("root", relative)
+        return self.roots.seen_by(self.target.pid, path)
 
     # -- lazily gathered facts ----------------------------------------------------
     def computed(self, what: str) -> Any:
         """A need's value if some check already paid for it, else None (never computes)."""
-        once = {"nvml": self._nvml, "torch": self._torch, "onnx": self._onnx}[what]
-        return once.peek()
+        if what == "torch":
+            return self._torch.peek()
+        assert self.host is not None
+        return self.host.computed(what)
 
     def need(self, what: str) -> Any:
         """Meet a declared need or raise Unavailable saying why it cannot be met."""
-        if what == "nvml":
-            return self._nvml.get()
         if what == "torch":
             return self._torch.get()
-        if what == "onnx":
-            return self._onnx.get()
+        if what in ("nvml", "onnx"):
+            assert self.host is not None
+            return self.host.need(what)
         raise ValueError(f"unknown need {what!r}")
 
 
 @dataclass
 class Context:
-    """One check's view of the run: the session, plus the check's own config."""
+    """One check's view of the run: the target session, plus the check's resolved settings."""
 
     session: Session
     config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """This check's resolved settings (its declared defaults < file < environment)."""
+        return self.config
 
     @property
     def target(self) -> Target:
@@ -180,6 +233,15 @@ class Context:
     @property
     def roots(self) -> Roots:
         return self.session.roots
+
+    @property
+    def host(self) -> HostSession:
+        assert self.session.host is not None
+        return self.session.host
+
+    @property
+    def watchdog(self) -> Watchdog:
+        return self.session.watchdog
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -201,7 +263,7 @@ class Context:
 
     @property
     def torch(self) -> Any:
-        """Torch facts from the probe (a dict); raises Unavailable without torch."""
+        """Torch facts (a dict); raises Unavailable without torch."""
         return self.session.need("torch")
 
     def nvml_or_none(self) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 SCHEMA = "envdoctor.report/v1"
 
@@ -51,9 +51,10 @@ class Result:
     check: str = ""
     target: str = ""
     duration_seconds: float = 0.0
+    fix_env: dict[str, str] = field(default_factory=dict)  # environment changes that would fix it
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "check": self.check,
             "target": self.target,
             "status": self.status.value,
@@ -62,6 +63,9 @@ class Result:
             "facts": self.facts,
             "duration_seconds": round(self.duration_seconds, 6),
         }
+        if self.fix_env:
+            out["fix_env"] = dict(self.fix_env)
+        return out
 
 
 def ok(summary: str, **facts: Any) -> Result:
@@ -84,19 +88,62 @@ def error(summary: str, **facts: Any) -> Result:
     return Result(Status.ERROR, summary, "", facts)
 
 
-def join_fixes(findings) -> str:
+@dataclass(frozen=True)
+class Finding:
+    """One thing a check noticed: how loud, what (subject, observed, expected), the
+    fix a person can paste, and the environment changes that would fix it as data
+    (`{"OMP_NUM_THREADS": "2"}`), so `envdoctor exec --fix` can apply them."""
+
+    status: Status
+    message: str
+    fix: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def as_finding(item: "Finding | tuple") -> Finding:
+    """A Finding from a Finding or a (status, message[, fix]) tuple, the older shape."""
+    if isinstance(item, Finding):
+        return item
+    status, message, *rest = item
+    return Finding(status, message, rest[0] if rest else "")
+
+
+def loudest_first(findings: Iterable["Finding | tuple"]) -> list[Finding]:
+    # stable: same-status findings keep their order
+    return sorted((as_finding(f) for f in findings), key=lambda f: -f.status.severity)
+
+
+def join_fixes(findings: Iterable[Finding]) -> str:
     """Every distinct fix of a check's findings, worst finding first, as one line.
 
     A check reports one result, but each of its findings needs its own fix: a
     user who fixes only the first would meet the next on the following run.
-    `findings` holds (status, message, fix) triples.
     """
-    ordered = sorted(findings, key=lambda f: -f[0].severity)  # stable: same-status findings keep their order
     fixes: list[str] = []
-    for _, _, fix in ordered:
-        if fix and fix not in fixes:
-            fixes.append(fix)
+    for finding in loudest_first(findings):
+        if finding.fix and finding.fix not in fixes:
+            fixes.append(finding.fix)
     return "; ".join(fixes)
+
+
+def verdict(findings: Iterable[Finding], facts: Mapping[str, Any], ok_summary: str, *, note: str = "") -> Result:
+    """The one way a check turns its findings into a result.
+
+    No warn/fail finding: `ok` with `ok_summary`. Otherwise the loudest status,
+    the messages loudest first, every distinct fix, and the environment changes
+    of every finding (the loudest finding wins where two set the same variable).
+    `note` is context appended to the summary in parentheses either way.
+    """
+    loud = [f for f in loudest_first(findings) if f.status in (Status.WARN, Status.FAIL, Status.ERROR)]
+    suffix = f" ({note})" if note else ""
+    if not loud:
+        return Result(Status.OK, ok_summary + suffix, "", dict(facts))
+    env: dict[str, str] = {}
+    for finding in loud:
+        for name, value in finding.env.items():
+            env.setdefault(name, value)
+    return Result(worst([f.status for f in loud]), "; ".join(f.message for f in loud) + suffix,
+                  join_fixes(loud), dict(facts), fix_env=env)
 
 
 def worst(statuses: list[Status]) -> Status:

@@ -1,20 +1,22 @@
-"""Run checks concurrently, each under its own timeout, and never fall over.
+"""Run checks concurrently on the watchdog's bounded pool, and never fall over.
 
-Each check runs in a daemon thread. The runner waits for each one only until
-that check's deadline; a check that is still running then (a hung NVML call, a
-stuck statfs on a dead NFS mount) becomes an `error` row naming where it hung,
-and its thread is abandoned: being a daemon thread, it cannot keep the process
-alive. All checks start together, so a run takes as long as its slowest check,
-not the sum. An exception becomes an `error` row; Unavailable becomes `skip`.
+Every check of a run starts at once on the watchdog (envdoctor.watchdog), keyed
+by (check id, target), and the runner waits for each only until that check's
+deadline. What comes back becomes exactly one row:
+- a Result: the check's verdict;
+- Unavailable: `skip`, its hint in the fix column;
+- any other exception, SystemExit and KeyboardInterrupt included: `error`,
+  naming the exception and where it was raised;
+- no answer by the deadline: `error` "timed out after N s, stuck at file:line";
+- the same (check, target) still stuck from an earlier run: `error` "still stuck
+  since ..., not started again", without spending a thread on it.
+A run takes as long as its slowest check, not the sum, and a daemon that re-runs
+a hung check every interval keeps one stuck thread for it, not one per interval.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -22,88 +24,69 @@ from envdoctor.check import Check
 from envdoctor.context import Context, Session
 from envdoctor.errors import Unavailable
 from envdoctor.model import Result, Status, error, skip
+from envdoctor.watchdog import DONE, RAISED, STUCK, Outcome, describe_exception
 
 DEFAULT_TIMEOUT = 15.0
 
 
 @dataclass
 class Plan:
-    """One check to run, with its resolved config and timeout."""
+    """One check to run, with its resolved settings and timeout."""
 
     check: Check
     config: dict
     timeout: float
 
 
-def _where(exc: BaseException) -> str:
-    """file:line of the innermost frame, so an error row points at the bug."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f"{os.path.basename(last.filename)}:{last.lineno}"
+def _call(plan: Plan, session: Session) -> Result:
+    """Meet the check's needs, then gather and judge, in a watchdog worker."""
+    check = plan.check
+    for need in check.needs:
+        session.need(need)
+    result = check.execute(Context(session, plan.config))
+    if not isinstance(result, Result):
+        return error(f"check returned {type(result).__name__}, not a Result (a bug in {check.id})")
+    return result
 
 
-def _stuck_at(thread: threading.Thread) -> str:
-    frame = sys._current_frames().get(thread.ident or -1)
-    if frame is None:
-        return ""
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}()"
+def _row(plan: Plan, outcome: Outcome) -> Result:
+    """The one row an outcome becomes."""
+    if outcome.kind == DONE:
+        return outcome.value
+    if outcome.kind == RAISED:
+        exc = outcome.error
+        if isinstance(exc, Unavailable):
+            result = skip(str(exc))
+            result.remediation = exc.hint
+            return result
+        return error(f"the check broke: {describe_exception(exc)}", exception=type(exc).__name__)
+    if outcome.kind == STUCK:
+        return error(f"{outcome.describe()}; a call that never returns keeps its thread, so envdoctor waits "
+                     "for it rather than start another", stuck_since=outcome.since)
+    at = f", stuck at {outcome.where}" if outcome.where else ""
+    return error(f"timed out after {plan.timeout:g} s{at}; raise it with [check.\"{plan.check.id}\"] timeout = N",
+                 timeout_seconds=plan.timeout)
 
 
 def run_one(plan: Plan, session: Session) -> Result:
-    """Run one check in the calling thread and turn whatever happens into a Result."""
-    check = plan.check
-    started = time.perf_counter()
-    try:
-        for need in check.needs:
-            session.need(need)
-        result = check.run(Context(session, plan.config))
-        if not isinstance(result, Result):
-            result = error(f"check returned {type(result).__name__}, not a Result (a bug in {check.id})")
-    except Unavailable as exc:
-        result = skip(str(exc))
-        result.remediation = exc.hint
-    except Exception as exc:
-        where = _where(exc)
-        result = error(f"the check broke: {type(exc).__name__}: {exc}" + (f" (at {where})" if where else ""), exception=type(exc).__name__)
-    result.check = check.id
-    result.target = session.target.label
-    result.duration_seconds = time.perf_counter() - started
-    return result
+    """Run one check under its timeout and turn whatever happens into a Result."""
+    return run([plan], session)[0]
 
 
 def run(plans: Iterable[Plan], session: Session) -> list[Result]:
     """Run every plan concurrently; return one result per plan, in plan order."""
     plans = list(plans)
-    slots: list[Result | None] = [None] * len(plans)
-    threads: list[threading.Thread] = []
-    started = time.perf_counter()
-
-    def work(i: int, plan: Plan) -> None:
-        slots[i] = run_one(plan, session)
-
-    for i, plan in enumerate(plans):
-        thread = threading.Thread(target=work, args=(i, plan), name=f"envdoctor-check-{plan.check.id}", daemon=True)
-        thread.start()
-        threads.append(thread)
-
+    watchdog = session.watchdog
+    started = time.monotonic()
+    pending = [watchdog.start((plan.check.id, session.target.label), lambda plan=plan: _call(plan, session))
+               for plan in plans]
     results: list[Result] = []
-    for i, (plan, thread) in enumerate(zip(plans, threads)):
-        thread.join(max(0.0, started + plan.timeout - time.perf_counter()))
-        finished = slots[i]  # read once: an abandoned thread may still write its slot later
-        if finished is not None and not thread.is_alive():
-            results.append(finished)
-            continue
-        where = _stuck_at(thread)
-        result = error(
-            f"timed out after {plan.timeout:g} s" + (f", stuck at {where}" if where else "")
-            + f"; raise it with [check.\"{plan.check.id}\"] timeout = N",
-            timeout_seconds=plan.timeout,
-        )
+    for plan, call in zip(plans, pending):
+        outcome = call.wait(started + plan.timeout)
+        result = _row(plan, outcome)
         result.check = plan.check.id
         result.target = session.target.label
-        result.duration_seconds = time.perf_counter() - started
+        result.duration_seconds = outcome.seconds
         results.append(result)
     return results
 

@@ -1,0 +1,278 @@
+"""One primitive for every call that can hang: a bounded call by key.
+
+NVML calls hang when a GPU falls off the bus, statfs hangs on a dead NFS mount,
+a name lookup hangs on a broken resolver, a plug-in's check can loop forever.
+Python cannot kill a thread, so a call that never returns keeps its thread for
+the life of the process. A daemon that re-runs its checks every interval over
+many processes must therefore never start the same stuck call again, or it
+grows a thread per interval until it dies.
+
+`Watchdog.call(key, fn, timeout)` runs `fn` on a bounded pool of worker threads
+and says what happened, as an `Outcome`:
+
+- done: it returned in time (`value`);
+- raised: it raised in time, BaseException included (`error`): a plug-in that
+  calls sys.exit() is reported as having raised SystemExit, not as a timeout;
+- timed_out: it had not returned by the deadline; its key is now *stuck*;
+- stuck: the same key is still running from an earlier call, since `since`;
+  it is not started again, and no thread is spent on it.
+
+A stuck call whose function finally returns frees its key (and its worker goes
+back to the pool). Workers lost to stuck calls are replaced, so the pool keeps
+its capacity; their number is bounded by the number of distinct stuck keys, and
+beyond `max_stuck` new calls are refused rather than given a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+DONE, RAISED, TIMED_OUT, STUCK = "done", "raised", "timed_out", "stuck"
+
+
+@dataclass
+class Outcome:
+    """What became of one bounded call."""
+
+    kind: str
+    value: Any = None
+    error: BaseException | None = None
+    since: float | None = None  # time.time() when the call started, for timed_out and stuck
+    where: str = ""  # file:line in function() where a timed-out or stuck call is waiting
+    seconds: float = 0.0  # how long this call took or waited
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == DONE
+
+    def unwrap(self) -> Any:
+        """The value, or raise: the function's own exception, or CallTimedOut."""
+        if self.kind == DONE:
+            return self.value
+        if self.kind == RAISED and self.error is not None:
+            raise self.error
+        raise CallTimedOut(self)
+
+    def describe(self) -> str:
+        """One line for a report: what happened, without the value."""
+        if self.kind == DONE:
+            return "finished"
+        if self.kind == RAISED:
+            return describe_exception(self.error)
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.since)) if self.since else "?"
+        at = f", stuck at {self.where}" if self.where else ""
+        if self.kind == TIMED_OUT:
+            return f"timed out after {self.seconds:.3g} s{at}"
+        return f"still stuck since {stamp} from an earlier run{at}; not started again"
+
+
+class CallTimedOut(Exception):
+    """Outcome.unwrap() of a call that timed out or is still stuck."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.describe())
+        self.outcome = outcome
+
+
+def describe_exception(exc: BaseException | None) -> str:
+    """`SystemExit(3) at plugin.py:12`: the exception's kind, its text and where it came from."""
+    if exc is None:
+        return "raised nothing"
+    kind = type(exc).__name__
+    text = str(exc)
+    what = f"{kind}: {text}" if text else kind
+    if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
+        what = f"raised {kind}({text})" if text else f"raised {kind}"
+    where = where_raised(exc)
+    return what + (f" (at {where})" if where else "")
+
+
+def where_raised(exc: BaseException) -> str:
+    """file:line of the innermost frame of a traceback, so an error row points at the bug."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    return f"{os.path.basename(last.tb_frame.f_code.co_filename)}:{last.tb_lineno}"
+
+
+class _Job:
+    __slots__ = ("key", "fn", "done", "value", "error", "thread", "started", "cancelled", "abandoned", "t0", "t1")
+
+    def __init__(self, key: Hashable, fn: Callable[[], Any]):
+        self.key = key
+        self.fn = fn
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+        self.started: float | None = None  # time.time() when a worker took it
+        self.cancelled = False  # timed out before any worker took it: never run it
+        self.abandoned = False  # timed out while running: its key is stuck
+        self.t0 = time.monotonic()  # queued
+        self.t1: float | None = None  # finished
+
+
+class Pending:
+    """A call that was started; `wait(deadline)` turns it into an Outcome."""
+
+    def __init__(self, watchdog: "Watchdog", job: _Job | None, outcome: Outcome | None = None):
+        self._watchdog = watchdog
+        self._job = job
+        self._outcome = outcome
+        self._t0 = time.monotonic()
+
+    def wait(self, deadline: float) -> Outcome:
+        """Wait until `deadline` (time.monotonic()) at the latest."""
+        if self._outcome is not None:
+            return self._outcome
+        job = self._job
+        assert job is not None
+        job.done.wait(max(0.0, deadline - time.monotonic()))
+        self._outcome = self._watchdog._settle(job, time.monotonic() - self._t0)
+        return self._outcome
+
+
+class Watchdog:
+    """A bounded pool of worker threads that remembers which keys are stuck."""
+
+    def __init__(self, max_workers: int = 16, max_stuck: int = 64, name: str = "envdoctor"):
+        self.max_workers = max(1, max_workers)
+        self.max_stuck = max(1, max_stuck)
+        self.name = name
+        self._lock = threading.Lock()
+        self._queue: "queue.SimpleQueue[_Job]" = queue.SimpleQueue()
+        self._workers = 0  # alive worker threads, stuck ones included
+        self._idle = 0
+        self._stuck: dict[Hashable, _Job] = {}
+        self._serial = 0
+        self.timeouts_total = 0  # calls that ever timed out (a counter for the monitor)
+        self.refused_total = 0  # calls refused because too many keys were stuck
+
+    # -- public --------------------------------------------------------------------
+    def call(self, key: Hashable, fn: Callable[[], Any], timeout: float) -> Outcome:
+        return self.start(key, fn).wait(time.monotonic() + timeout)
+
+    def start(self, key: Hashable, fn: Callable[[], Any]) -> Pending:
+        """Start `fn` under `key` unless that key is still stuck; wait on the result later."""
+        with self._lock:
+            stuck = self._stuck.get(key)
+            if stuck is not None:
+                return Pending(self, None, Outcome(STUCK, since=stuck.started, where=_waiting_at(stuck.thread)))
+            if len(self._stuck) >= self.max_stuck:
+                self.refused_total += 1
+                error = RuntimeError(f"{len(self._stuck)} earlier calls are still stuck; not starting another")
+                return Pending(self, None, Outcome(RAISED, error=error))
+            job = _Job(key, fn)
+            self._queue.put(job)
+            busy = self._workers - self._idle
+            if self._idle == 0 and busy - len(self._stuck) < self.max_workers:
+                self._spawn()
+            elif self._idle > 0:
+                self._idle -= 1  # that idle worker will take this job
+        return Pending(self, job)
+
+    def stuck(self) -> dict[Hashable, float | None]:
+        """Keys whose call is still running past its deadline, with when it started."""
+        with self._lock:
+            return {key: job.started for key, job in self._stuck.items()}
+
+    def threads(self) -> int:
+        with self._lock:
+            return self._workers
+
+    # -- internals -----------------------------------------------------------------
+    def _spawn(self) -> None:
+        self._serial += 1
+        thread = threading.Thread(target=self._work, name=f"{self.name}-worker-{self._serial}", daemon=True)
+        self._workers += 1
+        thread.start()
+
+    def _work(self) -> None:
+        idle_limit = 30.0
+        while True:
+            try:
+                job = self._queue.get(timeout=idle_limit)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:
+                        self._idle -= 1
+                        self._workers -= 1
+                        return
+                continue  # a job was promised to us; it is on its way
+            self._run(job)
+            with self._lock:
+                if job.abandoned and self._stuck.get(job.key) is job:
+                    del self._stuck[job.key]  # it came back after all: the key may run again
+                if self._idle >= self.max_workers:
+                    self._workers -= 1
+                    return
+                self._idle += 1
+
+    def _run(self, job: _Job) -> None:
+        with self._lock:
+            if job.cancelled:
+                job.done.set()
+                return
+            job.thread = threading.current_thread()
+            job.started = time.time()
+        try:
+            job.value = job.fn()
+        except BaseException as exc:  # noqa: B036 - SystemExit and KeyboardInterrupt from a check are results too
+            job.error = exc
+        finally:
+            job.t1 = time.monotonic()
+            job.done.set()
+
+    def _settle(self, job: _Job, waited: float) -> Outcome:
+        with self._lock:
+            if job.done.is_set() and not job.abandoned:
+                if job.cancelled:
+                    return Outcome(TIMED_OUT, seconds=waited, where="waiting for a free worker")
+                took = (job.t1 - job.t0) if job.t1 is not None else waited
+                if job.error is not None:
+                    return Outcome(RAISED, error=job.error, seconds=took)
+                return Outcome(DONE, value=job.value, seconds=took)
+            self.timeouts_total += 1
+            if job.thread is None:  # never started: all workers were busy
+                job.cancelled = True
+                return Outcome(TIMED_OUT, seconds=waited, where="waiting for a free worker")
+            job.abandoned = True
+            self._stuck[job.key] = job
+            # A worker is lost to this call; make sure the pool keeps its capacity.
+            busy = self._workers - self._idle
+            if not self._queue.empty() and self._idle == 0 and busy - len(self._stuck) < self.max_workers:
+                self._spawn()
+            return Outcome(TIMED_OUT, since=job.started, where=_waiting_at(job.thread), seconds=waited)
+
+
+def _waiting_at(thread: threading.Thread | None) -> str:
+    """file:line in function() where a thread is right now (where a stuck call waits)."""
+    if thread is None or thread.ident is None:
+        return ""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return ""
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}()"
+
+
+_DEFAULT: Watchdog | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_watchdog() -> Watchdog:
+    """The process-wide watchdog: one pool and one stuck map for every bounded call."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = Watchdog()
+        return _DEFAULT

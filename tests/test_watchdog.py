@@ -1,0 +1,113 @@
+"""The watchdog: a bounded call by key, and the runner on top of it, in a long-lived process.
+
+These are the engine issue's "done when": a check that never returns, run 50 times
+through the runner in one process, keeps the live thread count at a small constant,
+and every run answers within its timeout; a check that calls sys.exit() is reported
+as having raised SystemExit, not as having timed out.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from envdoctor.check import Check
+from envdoctor.context import HostSession, Session, Target
+from envdoctor.model import Status, ok
+from envdoctor.runner import Plan, run
+from envdoctor.watchdog import DONE, RAISED, STUCK, TIMED_OUT, Watchdog
+
+
+def test_each_outcome_kind():
+    wd = Watchdog(max_workers=2)
+    release = threading.Event()
+    assert wd.call("a", lambda: 42, 5).kind == DONE
+    assert wd.call("a", lambda: 42, 5).value == 42
+    raised = wd.call("b", lambda: 1 / 0, 5)
+    assert raised.kind == RAISED and isinstance(raised.error, ZeroDivisionError)
+    timed = wd.call("c", lambda: release.wait(30), 0.2)
+    assert timed.kind == TIMED_OUT and "wait" in timed.where
+    again = wd.call("c", lambda: 1, 5)  # still stuck: not started again
+    assert again.kind == STUCK and again.since is not None
+    assert "not started again" in again.describe()
+    release.set()
+    deadline = time.monotonic() + 5
+    while "c" in wd.stuck() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert wd.call("c", lambda: "back", 5).value == "back"  # it came back: the key runs again
+
+
+def test_base_exceptions_are_outcomes_not_crashes():
+    wd = Watchdog()
+    out = wd.call("exit", lambda: sys.exit(3), 5)
+    assert out.kind == RAISED and isinstance(out.error, SystemExit)
+    assert "SystemExit(3)" in out.describe()
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    assert isinstance(wd.call("kbd", interrupt, 5).error, KeyboardInterrupt)
+
+
+def test_stuck_calls_are_bounded_and_refused_beyond_the_limit():
+    wd = Watchdog(max_workers=2, max_stuck=3)
+    release = threading.Event()
+    for i in range(3):
+        assert wd.call(f"k{i}", lambda: release.wait(30), 0.05).kind == TIMED_OUT
+    refused = wd.call("k-new", lambda: 1, 1)
+    assert refused.kind == RAISED and "still stuck" in str(refused.error)
+    assert wd.threads() <= 3 + 2
+    release.set()
+
+
+def test_pool_keeps_capacity_while_calls_are_stuck():
+    wd = Watchdog(max_workers=2)
+    release = threading.Event()
+    for i in range(2):
+        wd.call(f"hang{i}", lambda: release.wait(30), 0.05)
+    # both original workers are stuck; new work still runs, on replacement workers
+    outs = [wd.start(f"ok{i}", lambda i=i: i) for i in range(4)]
+    assert [o.wait(time.monotonic() + 5).value for o in outs] == [0, 1, 2, 3]
+    release.set()
+
+
+def _hang_forever(ctx):
+    threading.Event().wait()  # never returns
+    return ok("never")
+
+
+def test_a_never_returning_check_run_50_times_keeps_threads_bounded():
+    host = HostSession(watchdog=Watchdog(max_workers=4))
+    plans = [Plan(Check(id="t.never", title="never returns", run=_hang_forever), {}, 0.2),
+             Plan(Check(id="t.fine", title="fine", run=lambda ctx: ok("fine")), {}, 5)]
+    before = threading.active_count()
+    counts = []
+    for i in range(50):
+        started = time.monotonic()
+        session = Session(target=Target(), env_override={}, host=host)
+        rows = {r.check: r for r in run(plans, session)}
+        took = time.monotonic() - started
+        assert rows["t.fine"].status is Status.OK
+        assert rows["t.never"].status is Status.ERROR
+        if i == 0:
+            assert "timed out after 0.2 s" in rows["t.never"].summary
+        else:
+            assert "still stuck since" in rows["t.never"].summary and "not started again" in rows["t.never"].summary
+        assert took < 0.2 + 2.0, took  # bounded by the timeout, not by the hang
+        counts.append(threading.active_count())
+    assert max(counts) - before <= 4 + 1, (before, counts)  # the pool, and nothing per run
+    assert counts[-1] == counts[10], counts  # flat after the first runs
+
+
+def test_sys_exit_in_a_check_is_reported_as_such_not_as_a_timeout():
+    def leaves(ctx):
+        sys.exit(3)
+
+    session = Session(env_override={}, host=HostSession(watchdog=Watchdog()))
+    started = time.monotonic()
+    [row] = run([Plan(Check(id="t.exit", title="exits", run=leaves), {}, 10)], session)
+    assert time.monotonic() - started < 5
+    assert row.status is Status.ERROR
+    assert "SystemExit(3)" in row.summary and "timed out" not in row.summary
+    assert "test_watchdog.py" in row.summary
