@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from envdoctor.errors import Unavailable
-from envdoctor.paths import Roots
+from envdoctor.paths import Roots, read_bytes
 from envdoctor.procfs import parse_environ
 from envdoctor.watchdog import Watchdog, default_watchdog
 
@@ -174,7 +174,7 @@ class Session:
             return dict(os.environ)
         path = self.proc_path("environ")
         try:
-            return parse_environ(path.read_bytes())
+            return parse_environ(read_bytes(path))
         except OSError as exc:
             raise unavailable_from_oserror(exc, self.target, path) from None
 
