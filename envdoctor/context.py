@@ -149,7 +149,6 @@ class Session:
     env_override: Mapping[str, str] | None = None  # tests and preflight() give the env directly
     nvml_factory: Callable[[], Any] = _default_nvml
     torch_factory: Callable[["Session"], Any] = _default_torch
-    check_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     host: HostSession | None = None
     python_explicit: bool = False  # --python given: probe that interpreter even for a --pid target
 

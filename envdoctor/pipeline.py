@@ -51,7 +51,7 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
             continue
         if check_id in skip:
             continue
-        plans.append(runner.Plan(check, config.check_config(check), config.timeout_for(check)))
+        plans.append(runner.Plan(check, config.settings_for(check), config.timeout_for(check)))
     if not plans and (only or skip) and not [f for f in registry.failures if not only or f.name in only]:
         raise UsageError("--only/--skip (or the config's only/skip) leave no check to run")
     return plans
