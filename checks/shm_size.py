@@ -49,7 +49,7 @@ from envdoctor.cgroup import parse_mountinfo
 from envdoctor.check import Check, Metric
 from envdoctor.context import permission_hint
 from envdoctor.errors import ParseError, Unavailable
-from envdoctor.model import Result, Status, fail, ok, warn, worst
+from envdoctor.model import Finding, Result, Status, verdict
 from envdoctor.units import docker_size, format_bytes, k8s_size
 
 MIB = 1024**2
@@ -108,11 +108,16 @@ def gather(ctx) -> ShmFacts:
     return ShmFacts(str(path), size, free, fstype, mount_point)
 
 
-def _need(config: Mapping[str, Any]) -> tuple[int | None, str]:
+def _loader(settings: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(num_workers, batch_bytes, prefetch_factor) as configured; 0 means unknown."""
+    workers = max(0, int(settings["num_workers"] or 0))
+    batch = max(0, int(settings["batch_bytes"] or 0))
+    return workers, batch, max(1, int(settings["prefetch_factor"] or 2))
+
+
+def _need(settings: Mapping[str, Any]) -> tuple[int | None, str]:
     """Bytes the DataLoader workers hold at once in /dev/shm, and how that was worked out."""
-    workers = int(config.get("num_workers", 0) or 0)
-    batch = int(config.get("batch_bytes", 0) or 0)
-    prefetch = max(1, int(config.get("prefetch_factor", 2) or 2))
+    workers, batch, prefetch = _loader(settings)
     if workers <= 0 or batch <= 0:
         return None, ""
     batches = workers * prefetch + 1
@@ -120,65 +125,109 @@ def _need(config: Mapping[str, Any]) -> tuple[int | None, str]:
                              f"= {batches} batches of {format_bytes(batch)}")
 
 
-def judge(facts: ShmFacts, config: Mapping[str, Any]) -> Result:
-    min_bytes = int(config.get("min_bytes", 256 * MIB))
-    recommended = int(config.get("recommended_bytes", GIB))
-    headroom = max(1.0, float(config.get("headroom", 1.5)))
-    need, need_how = _need(config)
+def _headroom(settings: Mapping[str, Any]) -> float:
+    return max(1.0, float(settings["headroom"]))
+
+
+def _subject(facts: ShmFacts) -> str:
+    return "/dev/shm" if facts.path.endswith("/dev/shm") else facts.path
+
+
+def _docker(size: int) -> str:
+    return " (Docker's default)" if size == DOCKER_DEFAULT_BYTES else ""
+
+
+def _suggested(settings: Mapping[str, Any]) -> int:
+    need, _ = _need(settings)
+    return max(int(settings["recommended_bytes"]), math.ceil(need * _headroom(settings)) if need else 0,
+               int(settings["min_bytes"]))
+
+
+def _rule_size_below_min(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Below the floor: workers die with a bus error whatever the loader does."""
+    size, min_bytes = facts.size_bytes, int(settings["min_bytes"])
+    if size is None or size >= min_bytes:
+        return []
+    return [Finding(Status.FAIL, f"{_subject(facts)} is {format_bytes(size)}{_docker(size)}, expected >= "
+                    f"{format_bytes(min_bytes)}: DataLoader workers die with a bus error ('insufficient shared "
+                    "memory') and NCCL fails", _remediation(facts, settings))]
+
+
+def _rule_size_below_need(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """With the loader known: less than its batches in flight fails, less than that with headroom warns."""
+    size, (need, how), headroom = facts.size_bytes, _need(settings), _headroom(settings)
+    if size is None or need is None or size >= need * headroom:
+        return []
+    if size < need:
+        return [Finding(Status.FAIL, f"{_subject(facts)} is {format_bytes(size)}; {how} need {format_bytes(need)}",
+                        _remediation(facts, settings))]
+    return [Finding(Status.WARN, f"{_subject(facts)} is {format_bytes(size)}; {how} need {format_bytes(need)}, "
+                    f"expected x{headroom:g} headroom = {format_bytes(math.ceil(need * headroom))}",
+                    _remediation(facts, settings))]
+
+
+def _rule_size_below_recommended(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """With the loader unknown: above the floor but below what NGC containers get warns."""
+    size, recommended = facts.size_bytes, int(settings["recommended_bytes"])
+    if size is None or _need(settings)[0] is not None or size < int(settings["min_bytes"]) or size >= recommended:
+        return []
+    return [Finding(Status.WARN, f"{_subject(facts)} is {format_bytes(size)}{_docker(size)}, expected >= "
+                    f"{format_bytes(recommended)} for DataLoader workers (set num_workers and batch_bytes to "
+                    "judge your loader)", _remediation(facts, settings))]
+
+
+def _rule_free_short(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Big enough, but other processes or crashed jobs' leftover segments hold the space."""
     size, free = facts.size_bytes, facts.free_bytes
-    findings: list[tuple[Status, str]] = []
-    subject = "/dev/shm" if facts.path.endswith("/dev/shm") else facts.path
+    need, _ = _need(settings)
+    short = need if need is not None else int(settings["min_bytes"])
+    if free is None or free >= short or (size is not None and size < short):
+        return []
+    used = _used(facts)
+    held = f" ({format_bytes(used)} held by other processes or leftover segments)" if used else ""
+    return [Finding(Status.WARN, f"{_subject(facts)} has only {format_bytes(free)} free{held}, expected >= "
+                    f"{format_bytes(short)} free", _remediation(facts, settings))]
 
-    if size is not None:
-        docker = " (Docker's default)" if size == DOCKER_DEFAULT_BYTES else ""
-        if size < min_bytes:
-            findings.append((Status.FAIL, f"{subject} is {format_bytes(size)}{docker}, expected >= {format_bytes(min_bytes)}: "
-                                          "DataLoader workers die with a bus error ('insufficient shared memory') and NCCL fails"))
-        if need is not None:
-            if size < need:
-                findings.append((Status.FAIL, f"{subject} is {format_bytes(size)}; {need_how} need {format_bytes(need)}"))
-            elif size < need * headroom:
-                findings.append((Status.WARN, f"{subject} is {format_bytes(size)}; {need_how} need {format_bytes(need)}, "
-                                              f"expected x{headroom:g} headroom = {format_bytes(math.ceil(need * headroom))}"))
-        elif size >= min_bytes and size < recommended:
-            findings.append((Status.WARN, f"{subject} is {format_bytes(size)}{docker}, expected >= {format_bytes(recommended)} "
-                                          "for DataLoader workers (set num_workers and batch_bytes to judge your loader)"))
-    used = None if size is None or free is None else max(0, size - free)
-    short = need if need is not None else min_bytes
-    if free is not None and free < short and (size is None or size >= short):
-        findings.append((Status.WARN, f"{subject} has only {format_bytes(free)} free"
-                                      + (f" ({format_bytes(used)} held by other processes or leftover segments)" if used else "")
-                                      + f", expected >= {format_bytes(short)} free"))
 
-    suggested = max(recommended, math.ceil(need * headroom) if need else 0, min_bytes)
+RULES = (_rule_size_below_min, _rule_size_below_need, _rule_size_below_recommended, _rule_free_short)
+
+
+def _used(facts: ShmFacts) -> int | None:
+    size, free = facts.size_bytes, facts.free_bytes
+    return None if size is None or free is None else max(0, size - free)
+
+
+def _ok_summary(facts: ShmFacts, settings: Mapping[str, Any]) -> str:
+    subject, size = _subject(facts), facts.size_bytes
+    if size is None:
+        return f"{subject} is a tmpfs without a size limit (size=0: bounded only by memory)"
+    need, how = _need(settings)
+    against = (f"{how} need {format_bytes(need)}" if need is not None
+               else f">= {format_bytes(int(settings['recommended_bytes']))} recommended")
+    note = "" if facts.fstype in (None, "tmpfs") else f"; it is {facts.fstype}, not tmpfs, so it is backed by disk"
+    return f"{subject} is {format_bytes(size)}, {format_bytes(facts.free_bytes or 0)} free ({against}){note}"
+
+
+def judge(facts: ShmFacts, settings: Mapping[str, Any]) -> Result:
+    findings = [finding for rule in RULES for finding in rule(facts, settings)]
     result_facts: dict[str, Any] = {
         "path": facts.path,
-        "size_bytes": size,
-        "free_bytes": free,
-        "used_bytes": used,
+        "size_bytes": facts.size_bytes,
+        "free_bytes": facts.free_bytes,
+        "used_bytes": _used(facts),
         "fstype": facts.fstype,
         "own_mount": facts.mount_point == "/dev/shm" if facts.mount_point is not None else None,
-        "min_bytes": min_bytes,
-        "recommended_bytes": recommended,
-        "need_bytes": need,
-        "suggested_bytes": suggested,
-        "findings": [f"{s.value}: {m}" for s, m in findings],
+        "min_bytes": int(settings["min_bytes"]),
+        "recommended_bytes": int(settings["recommended_bytes"]),
+        "need_bytes": _need(settings)[0],
+        "suggested_bytes": _suggested(settings),
+        "findings": [f"{f.status.value}: {f.message}" for f in findings],
     }
-
-    if not findings:
-        if size is None:
-            return ok(f"{subject} is a tmpfs without a size limit (size=0: bounded only by memory)", **result_facts)
-        against = f"{need_how} need {format_bytes(need)}" if need is not None else f">= {format_bytes(recommended)} recommended"
-        note = "" if facts.fstype in (None, "tmpfs") else f"; it is {facts.fstype}, not tmpfs, so it is backed by disk"
-        return ok(f"{subject} is {format_bytes(size)}, {format_bytes(free)} free ({against}){note}", **result_facts)
-
-    fix = _remediation(suggested, config, size, headroom)
-    status = worst([s for s, _ in findings])
-    summary = "; ".join(m for s, m in sorted(findings, key=lambda f: -f[0].severity))
-    return (fail if status is Status.FAIL else warn)(summary, fix, **result_facts)
+    return verdict(findings, result_facts, _ok_summary(facts, settings))
 
 
-def _remediation(suggested: int, config: Mapping[str, Any], size: int | None, headroom: float) -> str:
+def _remediation(facts: ShmFacts, settings: Mapping[str, Any]) -> str:
+    suggested, size = _suggested(settings), facts.size_bytes
     gib = -(-suggested // GIB)
     fixes = [
         f"docker run --shm-size={docker_size(suggested)} ... (or --ipc=host)",
@@ -186,11 +235,9 @@ def _remediation(suggested: int, config: Mapping[str, Any], size: int | None, he
         "with volumeMounts: [{name: dshm, mountPath: /dev/shm}]",
         f"host: mount -o remount,size={gib}G /dev/shm",
     ]
-    workers = int(config.get("num_workers", 0) or 0)
-    batch = int(config.get("batch_bytes", 0) or 0)
-    prefetch = max(1, int(config.get("prefetch_factor", 2) or 2))
+    workers, batch, prefetch = _loader(settings)
     if workers > 0 and batch > 0 and size:
-        fit = max(0, math.floor((size / headroom / batch - 1) / prefetch))
+        fit = max(0, math.floor((size / _headroom(settings) / batch - 1) / prefetch))
         fixes.append(f"or lower DataLoader num_workers to {fit} (fewer batches in flight, slower loading"
                      + ("; 0 loads in the training loop and the GPU waits" if fit == 0 else "") + ")")
     else:
@@ -201,7 +248,10 @@ def _remediation(suggested: int, config: Mapping[str, Any], size: int | None, he
 CHECK = Check(
     id="shm.size",
     title="/dev/shm is big enough for DataLoader workers and NCCL (Docker's 64 MiB default is not)",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    modes=("check", "serve", "exec"),  # one statvfs: cheap, harmless
+    intrusive=False,
     explain=__doc__ or "",
     config={
         "min_bytes": 256 * MIB,  # fail below
