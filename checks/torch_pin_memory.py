@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable
-from envdoctor.model import Result, Status, error, fail, ok, skip, warn
+from envdoctor.model import Finding, Result, Status, skip, verdict
 from envdoctor.units import format_bytes
 
 GB = 1e9
@@ -165,80 +165,125 @@ def gather(ctx) -> PinFacts:
     return PinFacts(cpu, len(gpus), None, measurement, reason)
 
 
-def judge(facts: PinFacts, config: Mapping[str, Any]) -> Result:
-    out: dict[str, Any] = {"gpu_count": facts.gpu_count}
-    findings: list[tuple[Status, str, str]] = []
-    notes: list[str] = []
-    fix_cpu = "DataLoader(..., pin_memory=False)  # or give the job more CPU: docker run --cpus=N"
+FIX_CPU = "DataLoader(..., pin_memory=False)  # or give the job more CPU: docker run --cpus=N"
 
-    cpu = facts.cpu
-    if cpu is not None:
-        out.update(pid=cpu.pid, cpu_used=None if cpu.used_cpus is None else round(cpu.used_cpus, 3),
-                   cpu_effective=cpu.effective_cpus, cpu_limited_by=cpu.limited_by,
-                   cpu_window_seconds=round(cpu.window_seconds, 3))
-        if cpu.reason:
-            notes.append(cpu.reason)
-        elif cpu.effective_cpus and cpu.used_cpus is not None:
-            ratio = cpu.used_cpus / cpu.effective_cpus
-            out["cpu_used_ratio"] = round(ratio, 3)
-            text = (f"pid {cpu.pid} used {cpu.used_cpus:.2f} of its {cpu.effective_cpus:g} effective CPUs "
-                    f"({ratio:.0%}, limit set by {cpu.limited_by}) over {cpu.window_seconds:.1f} s")
-            if ratio >= float(config["saturation_ratio"]):
-                findings.append((Status.WARN,
-                                 text + f"; expected below {float(config['saturation_ratio']):.0%}: at its CPU limit, "
-                                 "the DataLoader's pin-memory thread competes with the workers and pinning adds to the load",
-                                 fix_cpu))
-            else:
-                notes.append(text)
 
+def _cpu_facts(cpu: CpuSample | None) -> dict[str, Any]:
+    if cpu is None:
+        return {}
+    out: dict[str, Any] = dict(pid=cpu.pid, cpu_used=None if cpu.used_cpus is None else round(cpu.used_cpus, 3),
+                               cpu_effective=cpu.effective_cpus, cpu_limited_by=cpu.limited_by,
+                               cpu_window_seconds=round(cpu.window_seconds, 3))
+    if not cpu.reason and cpu.effective_cpus and cpu.used_cpus is not None:
+        out["cpu_used_ratio"] = round(cpu.used_cpus / cpu.effective_cpus, 3)
+    return out
+
+
+def _cpu_note(cpu: CpuSample | None) -> str:
+    """What the CPU sample showed, in words ("" when there was none)."""
+    if cpu is None:
+        return ""
+    if cpu.reason or not cpu.effective_cpus or cpu.used_cpus is None:
+        return cpu.reason or ""
+    ratio = cpu.used_cpus / cpu.effective_cpus
+    return (f"pid {cpu.pid} used {cpu.used_cpus:.2f} of its {cpu.effective_cpus:g} effective CPUs "
+            f"({ratio:.0%}, limit set by {cpu.limited_by}) over {cpu.window_seconds:.1f} s")
+
+
+def _cpu_saturated(cpu: CpuSample | None, settings: Mapping[str, Any]) -> bool:
+    return (cpu is not None and not cpu.reason and bool(cpu.effective_cpus) and cpu.used_cpus is not None
+            and cpu.used_cpus / cpu.effective_cpus >= float(settings["saturation_ratio"]))
+
+
+def _rule_cpu_saturated(facts: PinFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """A --pid target at its CPU limit: the pin thread competes with the DataLoader workers."""
+    if not _cpu_saturated(facts.cpu, settings):
+        return []
+    return [Finding(Status.WARN, _cpu_note(facts.cpu) + f"; expected below {float(settings['saturation_ratio']):.0%}: "
+                    "at its CPU limit, the DataLoader's pin-memory thread competes with the workers and pinning "
+                    "adds to the load", FIX_CPU)]
+
+
+def _rule_measurement_broke(m: Mapping[str, Any]) -> list[Finding]:
+    """The probe failed (out of memory, a lost GPU) or returned no figures."""
+    merr = (m.get("errors") or {}).get("measure")
+    if m.get("error"):
+        return [Finding(Status.ERROR, f"the pin_memory measurement broke: {m['error']}")]
+    if merr:
+        return [Finding(Status.ERROR, f"the pin_memory measurement on GPU {m.get('nvml_index')} failed: {merr}")]
+    if not m.get("pinned_bytes_per_second") or not m.get("pageable_bytes_per_second"):
+        return [Finding(Status.ERROR, "the pin_memory measurement returned no bandwidth")]
+    return []
+
+
+def _measured(m: Mapping[str, Any]) -> str:
+    pinned, pageable = m["pinned_bytes_per_second"], m["pageable_bytes_per_second"]
+    return (f"host-to-device on GPU {m.get('nvml_index')} ({m.get('gpu_name')}): pinned {pinned / GB:.1f} GB/s vs "
+            f"pageable {pageable / GB:.1f} GB/s ({pinned / pageable:.1f}x) over {format_bytes(m.get('size_bytes') or 0)}; "
+            f"pinning costs {m.get('pin_cpu_seconds_per_gib'):.2f} CPU s per GiB")
+
+
+def _rule_gains_little(m: Mapping[str, Any], settings: Mapping[str, Any]) -> list[Finding]:
+    """Pinned copies not clearly faster than pageable ones: the CPU cost buys nothing."""
+    speedup = m["pinned_bytes_per_second"] / m["pageable_bytes_per_second"]
+    if speedup >= float(settings["min_speedup"]):
+        return []
+    return [Finding(Status.WARN, _measured(m) + f": pinning gains little here (expected >= "
+                    f"{float(settings['min_speedup']):g}x) but costs CPU", "DataLoader(..., pin_memory=False)")]
+
+
+def _measurement_facts(m: Mapping[str, Any]) -> dict[str, Any]:
+    pinned, pageable = m.get("pinned_bytes_per_second"), m.get("pageable_bytes_per_second")
+    out = dict(pinned_bytes_per_second=pinned, pageable_bytes_per_second=pageable,
+               pin_cpu_seconds_per_gib=m.get("pin_cpu_seconds_per_gib"), measure_bytes=m.get("size_bytes"),
+               measured_gpu=m.get("nvml_index"), context_seconds=m.get("context_seconds"))
+    if pinned and pageable:
+        out["pinned_speedup"] = round(pinned / pageable, 3)
+    return out
+
+
+def _judge_unmeasured(facts: PinFacts, cpu_findings: list[Finding], out: dict[str, Any]) -> Result:
+    """No figures: no GPU (pinning has no effect), or a GPU that was not measured."""
+    notes = [n for n in [_cpu_note(facts.cpu)] if n and not cpu_findings]
     if facts.gpu_count == 0:
         out["nvml_unavailable"] = facts.nvml_reason
-        no_gpu = f"pinning has no effect without a GPU ({_short(facts.nvml_reason)}): pin_memory=True only costs CPU and locked RAM here"
-        if findings:
-            return warn("; ".join(t for _, t, _ in findings) + "; " + no_gpu, findings[0][2], **out)
-        return skip("; ".join([no_gpu] + notes), **out)
+        no_gpu = (f"pinning has no effect without a GPU ({_short(facts.nvml_reason)}): pin_memory=True only costs "
+                  "CPU and locked RAM here")
+        return verdict(cpu_findings, out, "", note=no_gpu) if cpu_findings else skip("; ".join([no_gpu] + notes), **out)
+    reason = facts.not_measured or "not measured"
+    if cpu_findings:
+        return verdict(cpu_findings, out, "", note=f"bandwidth {reason}")
+    if facts.cpu is not None and not facts.cpu.reason:
+        return verdict([], out, "; ".join(notes + [f"bandwidth {reason}"]))
+    return skip(f"pinned vs pageable bandwidth not measured: {reason}", **out)
 
+
+def judge(facts: PinFacts, settings: Mapping[str, Any]) -> Result:
+    out: dict[str, Any] = {"gpu_count": facts.gpu_count, **_cpu_facts(facts.cpu)}
+    cpu_findings = _rule_cpu_saturated(facts, settings)
     m = facts.measurement
-    if m is None:
-        reason = facts.not_measured or "not measured"
-        if findings:
-            return warn("; ".join(t for _, t, _ in findings) + f"; bandwidth {reason}", findings[0][2], **out)
-        if cpu is not None and not cpu.reason:
-            return ok("; ".join(notes + [f"bandwidth {reason}"]), **out)
-        return skip(f"pinned vs pageable bandwidth not measured: {reason}", **out)
-    if m.get("error"):
-        return error(f"the pin_memory measurement broke: {m['error']}", **out)
-    merr = (m.get("errors") or {}).get("measure")
-    if merr:
-        return error(f"the pin_memory measurement on GPU {m.get('nvml_index')} failed: {merr}", **out)
-
-    pinned, pageable = m.get("pinned_bytes_per_second"), m.get("pageable_bytes_per_second")
-    cpu_per_gib = m.get("pin_cpu_seconds_per_gib")
-    out.update(pinned_bytes_per_second=pinned, pageable_bytes_per_second=pageable,
-               pin_cpu_seconds_per_gib=cpu_per_gib, measure_bytes=m.get("size_bytes"),
-               measured_gpu=m.get("nvml_index"), context_seconds=m.get("context_seconds"))
-    if not pinned or not pageable:
-        return error("the pin_memory measurement returned no bandwidth", **out)
-    speedup = pinned / pageable
-    out["pinned_speedup"] = round(speedup, 3)
-    measured = (f"host-to-device on GPU {m.get('nvml_index')} ({m.get('gpu_name')}): pinned {pinned / GB:.1f} GB/s vs "
-                f"pageable {pageable / GB:.1f} GB/s ({speedup:.1f}x) over {format_bytes(m.get('size_bytes') or 0)}; "
-                f"pinning costs {cpu_per_gib:.2f} CPU s per GiB")
-    if speedup < float(config["min_speedup"]):
-        findings.append((Status.WARN,
-                         measured + f": pinning gains little here (expected >= {float(config['min_speedup']):g}x) but costs CPU",
-                         "DataLoader(..., pin_memory=False)"))
-    if findings:
-        findings.sort(key=lambda f: -f[0].severity)
-        return warn("; ".join(t for _, t, _ in findings), findings[0][2], **out)
-    advice = "keep pin_memory=True" + (" while the process has CPU to spare" if cpu is not None else "")
-    return ok("; ".join([measured + f": {advice}"] + notes), **out)
+    if facts.gpu_count == 0 or m is None:
+        return _judge_unmeasured(facts, cpu_findings, out)
+    out.update(_measurement_facts(m))
+    broke = _rule_measurement_broke(m)
+    if broke:
+        return verdict(broke, out, "")
+    advice = "keep pin_memory=True" + (" while the process has CPU to spare" if facts.cpu is not None else "")
+    note = "" if cpu_findings else _cpu_note(facts.cpu)
+    ok_summary = "; ".join(part for part in [_measured(m) + f": {advice}", note] if part)
+    return verdict(cpu_findings + _rule_gains_little(m, settings), out, ok_summary)
 
 
 CHECK = Check(
     id="torch.pin_memory",
     title="pin_memory=True pays off here: pinned vs pageable bandwidth, and CPU to spare",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    # The bandwidth measurement creates a CUDA context on an idle GPU (in a probe
+    # process, but on the GPU a job is about to use) for up to measure_timeout_seconds:
+    # intrusive, so `envdoctor check` only; never serve, exec or inside the script.
+    modes=("check",),
+    intrusive=True,
     explain=__doc__ or "",
     timeout=90.0,
     config={
