@@ -46,7 +46,7 @@ from typing import Any, Mapping
 
 from envdoctor.check import Check
 from envdoctor.errors import ParseError, Unavailable
-from envdoctor.model import Result, Status, fail, ok, skip, warn
+from envdoctor.model import Finding, Result, Status, skip, verdict
 
 VAR = "CUBLAS_WORKSPACE_CONFIG"
 DETERMINISTIC_CONFIGS = (":4096:8", ":16:8")  # the two strings torch accepts (aten Context::checkCuBLASConfigDeterministic)
@@ -112,87 +112,106 @@ def _flag(value: Any) -> str:
     return "?" if value is None else ("True" if value else "False")
 
 
-def judge(facts: CudnnFacts, config: Mapping[str, Any]) -> Result:
-    t = dict(facts.torch)
-    enabled, benchmark = t.get("cudnn_enabled"), t.get("cudnn_benchmark")
-    deterministic = t.get("cudnn_deterministic")
-    det_algos, warn_only = t.get("deterministic_algorithms"), t.get("deterministic_warn_only")
-    live = bool(t.get("live"))
-    cfg = facts.workspace_config
+def _workspace_fix(status: Status, message: str) -> Finding:
+    """A finding whose fix is CUBLAS_WORKSPACE_CONFIG=:4096:8, as text and as an env change."""
+    return Finding(status, message, f"export {VAR}=:4096:8", env={VAR: ":4096:8"})
+
+
+def _rule_workspace_malformed(facts: CudnnFacts) -> list[Finding]:
+    """CUBLAS_WORKSPACE_CONFIG set but not ':SIZE:COUNT' pairs: cuBLAS ignores it."""
+    if facts.workspace_config is None:
+        return []
+    try:
+        parse_cublas_workspace_config(facts.workspace_config)
+    except ParseError as exc:
+        return [_workspace_fix(Status.WARN, f"{exc}; cuBLAS cannot read it as a workspace setting")]
+    return []
+
+
+def _rule_cudnn_disabled(t: Mapping[str, Any]) -> list[Finding]:
+    """cudnn.enabled=False on CUDA: convolutions and RNNs fall back to slow kernels."""
+    if t.get("cudnn_enabled") is not False:
+        return []
+    return [Finding(Status.WARN, "torch.backends.cudnn.enabled is False: convolutions and RNNs run on slow native "
+                    "kernels; expected True", "torch.backends.cudnn.enabled = True")]
+
+
+def _rule_benchmark_and_deterministic(t: Mapping[str, Any]) -> list[Finding]:
+    """benchmark picks algorithms by timing, which undoes deterministic."""
+    if not (t.get("cudnn_benchmark") and t.get("cudnn_deterministic")):
+        return []
+    return [Finding(Status.WARN, "cudnn.benchmark=True with cudnn.deterministic=True: benchmark picks algorithms by "
+                    "timing, so runs can still differ; expected benchmark=False for reproducible runs",
+                    "torch.backends.cudnn.benchmark = False")]
+
+
+def _rule_deterministic_without_workspace(t: Mapping[str, Any], cfg: str | None) -> list[Finding]:
+    """Deterministic algorithms need CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8, or the first matmul raises."""
+    if not t.get("deterministic_algorithms") or (cfg is not None and cfg.strip() in DETERMINISTIC_CONFIGS):
+        return []
+    observed = f"{VAR}={cfg!r}" if cfg is not None else f"{VAR} is unset"
+    if t.get("deterministic_warn_only"):
+        return [_workspace_fix(Status.WARN, f"deterministic algorithms are on (warn_only) but {observed}: cuBLAS "
+                               "results are not reproducible and torch warns at every matmul; expected ':4096:8' or ':16:8'")]
+    return [_workspace_fix(Status.FAIL, f"torch.use_deterministic_algorithms(True) is on but {observed}: the first "
+                           "cuBLAS matmul raises \"Deterministic behavior was enabled ... uses CuBLAS\"; expected "
+                           "':4096:8' or ':16:8'")]
+
+
+def _facts_out(facts: CudnnFacts) -> dict[str, Any]:
+    t, cfg = facts.torch, facts.workspace_config
     out: dict[str, Any] = {
-        "cudnn_enabled": enabled, "cudnn_benchmark": benchmark, "cudnn_deterministic": deterministic,
-        "deterministic_algorithms": det_algos, "deterministic_warn_only": warn_only,
-        VAR: cfg, "live_settings": live, "torch_version": t.get("torch_version"),
+        "cudnn_enabled": t.get("cudnn_enabled"), "cudnn_benchmark": t.get("cudnn_benchmark"),
+        "cudnn_deterministic": t.get("cudnn_deterministic"), "deterministic_algorithms": t.get("deterministic_algorithms"),
+        "deterministic_warn_only": t.get("deterministic_warn_only"),
+        VAR: cfg, "live_settings": bool(t.get("live")), "torch_version": t.get("torch_version"),
         "torch_cuda_version": t.get("torch_cuda_version"), "torch_cuda_available": t.get("cuda_available"),
         "probe_cached": t.get("probe_cached"),
     }
     if facts.env_error:
         out["env_unavailable"] = facts.env_error
-    findings: list[tuple[Status, str, str]] = []
+    try:
+        if cfg is not None:
+            out["cublas_workspace"] = [{"size_kib": s, "count": c} for s, c in parse_cublas_workspace_config(cfg)]
+    except ParseError:
+        pass
+    out["cublas_deterministic"] = cfg is not None and cfg.strip() in DETERMINISTIC_CONFIGS
+    out["applies"] = bool(t.get("torch_cuda_version")) and (bool(t.get("cuda_available")) or bool(facts.nvml_gpus))
+    return out
 
-    parsed = None
-    if cfg is not None:
-        try:
-            parsed = parse_cublas_workspace_config(cfg)
-            out["cublas_workspace"] = [{"size_kib": s, "count": c} for s, c in parsed]
-        except ParseError as exc:
-            findings.append((Status.WARN, f"{exc}; cuBLAS cannot read it as a workspace setting", f"export {VAR}=:4096:8"))
-    cublas_deterministic = cfg is not None and cfg.strip() in DETERMINISTIC_CONFIGS
-    out["cublas_deterministic"] = cublas_deterministic
 
-    on_cuda = bool(t.get("torch_cuda_version")) and (bool(t.get("cuda_available")) or bool(facts.nvml_gpus))
-    out["applies"] = on_cuda
-    if not on_cuda:
-        if not t.get("torch_cuda_version"):
-            why = f"torch {t.get('torch_version')} is CPU-only: cuDNN and cuBLAS settings have no effect"
-        else:
-            why = f"torch {t.get('torch_version')} cannot use CUDA here (no GPU visible): cuDNN and cuBLAS settings have no effect"
-        if not findings:
-            return skip(why, **out)
-        status, text, fix = findings[0]
-        return warn(f"{text}; {why}", fix, **out)
-
-    if enabled is False:
-        findings.append((Status.WARN,
-                         "torch.backends.cudnn.enabled is False: convolutions and RNNs run on slow native kernels; expected True",
-                         "torch.backends.cudnn.enabled = True"))
-    if benchmark and deterministic:
-        findings.append((Status.WARN,
-                         "cudnn.benchmark=True with cudnn.deterministic=True: benchmark picks algorithms by timing, "
-                         "so runs can still differ; expected benchmark=False for reproducible runs",
-                         "torch.backends.cudnn.benchmark = False"))
-    if det_algos and not cublas_deterministic:
-        observed = f"{VAR}={cfg!r}" if cfg is not None else f"{VAR} is unset"
-        if warn_only:
-            findings.append((Status.WARN,
-                             f"deterministic algorithms are on (warn_only) but {observed}: cuBLAS results are not "
-                             "reproducible and torch warns at every matmul; expected ':4096:8' or ':16:8'",
-                             f"export {VAR}=:4096:8"))
-        else:
-            findings.append((Status.FAIL,
-                             f"torch.use_deterministic_algorithms(True) is on but {observed}: the first cuBLAS matmul "
-                             "raises \"Deterministic behavior was enabled ... uses CuBLAS\"; expected ':4096:8' or ':16:8'",
-                             f"export {VAR}=:4096:8"))
-
+def _settings_line(t: Mapping[str, Any], cfg: str | None) -> str:
+    benchmark = t.get("cudnn_benchmark")
     trade_off = ("benchmark=True (autotunes per input shape: fastest when shapes are fixed, slow and memory-hungry "
                  "when they vary)" if benchmark else
                  "benchmark=False (default algorithms: steady when shapes vary; set True for fixed shapes to gain speed)")
-    settings = (f"cudnn enabled={_flag(enabled)}, {trade_off}, deterministic={_flag(deterministic)}, "
-                f"deterministic algorithms={_flag(det_algos)}, {VAR}={cfg if cfg is not None else 'unset'}")
-    source = "live settings" if live else "interpreter defaults; envdoctor.preflight() in the script checks its live settings"
-    out["findings"] = [text for _, text, _ in findings]
-    if not findings:
-        return ok(f"{settings} ({source})", **out)
-    findings.sort(key=lambda f: -f[0].severity)
-    status = findings[0][0]
-    summary = "; ".join(text for _, text, _ in findings) + f" ({source})"
-    return (fail if status is Status.FAIL else warn)(summary, findings[0][2], **out)
+    return (f"cudnn enabled={_flag(t.get('cudnn_enabled'))}, {trade_off}, deterministic={_flag(t.get('cudnn_deterministic'))}, "
+            f"deterministic algorithms={_flag(t.get('deterministic_algorithms'))}, {VAR}={cfg if cfg is not None else 'unset'}")
+
+
+def judge(facts: CudnnFacts, settings: Mapping[str, Any]) -> Result:
+    t, cfg = dict(facts.torch), facts.workspace_config
+    out = _facts_out(facts)
+    findings = _rule_workspace_malformed(facts)
+    if not out["applies"]:
+        state = "is CPU-only" if not t.get("torch_cuda_version") else "cannot use CUDA here (no GPU visible)"
+        why = f"torch {t.get('torch_version')} {state}: cuDNN and cuBLAS settings have no effect"
+        return verdict(findings, out, "", note=why) if findings else skip(why, **out)
+    findings += (_rule_cudnn_disabled(t) + _rule_benchmark_and_deterministic(t)
+                 + _rule_deterministic_without_workspace(t, cfg))
+    out["findings"] = [f.message for f in findings]
+    source = "live settings" if t.get("live") else "interpreter defaults; envdoctor.preflight() in the script checks its live settings"
+    return verdict(findings, out, _settings_line(t, cfg), note=source)
 
 
 CHECK = Check(
     id="torch.cudnn",
     title="cuDNN benchmark/deterministic flags and CUBLAS_WORKSPACE_CONFIG agree with each other",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    # No CUDA context (the probe reads flags only); in exec its fix_env sets the workspace variable.
+    modes=("check", "serve", "exec", "inprocess"),
+    intrusive=False,
     explain=__doc__ or "",
     needs=("torch",),
     timeout=90.0,
