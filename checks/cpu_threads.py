@@ -50,7 +50,7 @@ from typing import Any, Mapping
 from envdoctor.cgroup import EffectiveCpus, effective_cpus
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError
-from envdoctor.model import Result, Status, fail, ok, skip, warn, worst
+from envdoctor.model import Finding, Result, Status, skip, verdict
 
 THREAD_VARS = (
     "OMP_NUM_THREADS",
@@ -113,9 +113,9 @@ def _fmt_cpus(cpus: float) -> str:
     return f"{cpus:g}" if cpus == int(cpus) else f"{cpus:.2f}".rstrip("0")
 
 
-def _processes(facts: ThreadFacts, config: Mapping[str, Any]) -> tuple[int, str, str | None]:
+def _processes(facts: ThreadFacts, settings: Mapping[str, Any]) -> tuple[int, str, str | None]:
     """(processes per node, where that number came from, a note when LOCAL_WORLD_SIZE is unusable)."""
-    configured = int(config.get("processes_per_node", 0) or 0)
+    configured = int(settings["processes_per_node"] or 0)
     if facts.local_world_size is not None:
         try:
             (count,) = parse_thread_count("LOCAL_WORLD_SIZE", facts.local_world_size)
@@ -128,103 +128,152 @@ def _processes(facts: ThreadFacts, config: Mapping[str, Any]) -> tuple[int, str,
     return 1, "default", None
 
 
-def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
-    findings: list[tuple[Status, str]] = []
-    notes = list(dict.fromkeys([*facts.cpus.notes, *facts.cpus.quota.notes, *facts.notes]))
+@dataclass(frozen=True)
+class Budget:
+    """The threads one process may run: its share of the effective CPUs, and how that was worked out."""
 
-    # 1. every value that is set must be a thread count
-    counts: dict[str, tuple[int, ...]] = {}
+    effective: float | None
+    visible: int | None  # cores a runtime sees when left to itself (affinity, else online)
+    processes: int
+    processes_from: str
+    workers: int
+    where: str  # what limits the CPUs, in words
+    recommended: int | None
+    text: str  # "4 effective CPUs (...) leaves 4 threads per process"
+    note: str | None
+
+
+def _budget(facts: ThreadFacts, settings: Mapping[str, Any]) -> Budget:
+    cpus = facts.cpus
+    effective, visible = cpus.cpus, cpus.affinity or cpus.online
+    processes, processes_from, note = _processes(facts, settings)
+    workers = max(0, int(settings["num_workers"] or 0))
+    where = f"{cpus.limited_by}" + (f" {cpus.quota.path}" if cpus.limited_by == "cgroup quota" and cpus.quota.path else "")
+    if effective is None:
+        recommended = max(1, visible // processes - workers) if visible is not None else None
+        return Budget(None, visible, processes, processes_from, workers, where, recommended, "", note)
+    recommended = max(1, math.floor(effective / processes + 1e-9) - workers)
+    per = f" / {processes} processes per node ({processes_from})" if processes > 1 else ""
+    per += f" less {workers} DataLoader workers each" if workers else ""
+    text = f"{_fmt_cpus(effective)} effective CPUs ({where}){per} leaves {_count(recommended, 'thread')} per process"
+    return Budget(effective, visible, processes, processes_from, workers, where, recommended, text, note)
+
+
+def _counts(facts: ThreadFacts) -> dict[str, tuple[int, ...]]:
+    """The thread counts of the variables that parse."""
+    counts = {}
     for name, value in facts.variables.items():
         try:
             counts[name] = parse_thread_count(name, value)
+        except ParseError:
+            pass
+    return counts
+
+
+def _fix(budget: Budget) -> tuple[str, dict[str, str]]:
+    """The five variables set to the per-process share: as a command and as environment changes."""
+    env = {name: str(budget.recommended or 1) for name in THREAD_VARS}
+    return "export " + " ".join(f"{k}={v}" for k, v in env.items()), env
+
+
+def _finding(status: Status, message: str, budget: Budget) -> Finding:
+    fix, env = _fix(budget)
+    return Finding(status, message, fix, env=env)
+
+
+def _rule_invalid_values(facts: ThreadFacts, budget: Budget) -> list[Finding]:
+    """A value that is not a thread count is ignored: one thread per visible core again."""
+    found = []
+    for name, value in facts.variables.items():
+        try:
+            parse_thread_count(name, value)
         except ParseError as exc:
-            findings.append((Status.FAIL, f"{name}={value!r} is invalid: {exc}; expected a positive integer, "
-                                          "and the runtime ignores it and starts one thread per visible core"))
+            found.append(_finding(Status.FAIL, f"{name}={value!r} is invalid: {exc}; expected a positive integer, "
+                                  "and the runtime ignores it and starts one thread per visible core", budget))
+    return found
 
-    # 2. the ones that are set should agree
-    outer = {name: c[0] for name, c in counts.items()}
-    if len(set(outer.values())) > 1:
-        listed = ", ".join(f"{n}={facts.variables[n]}" for n in outer)
-        findings.append((Status.WARN, f"thread variables disagree: {listed}; expected one value for all"))
 
-    # 3. threads against the CPUs this process may use
+def _rule_disagree(facts: ThreadFacts, budget: Budget) -> list[Finding]:
+    """Set variables should agree: each library sizes its own pool from its own."""
+    outer = {name: c[0] for name, c in _counts(facts).items()}
+    if len(set(outer.values())) <= 1:
+        return []
+    listed = ", ".join(f"{n}={facts.variables[n]}" for n in outer)
+    return [_finding(Status.WARN, f"thread variables disagree: {listed}; expected one value for all", budget)]
+
+
+def _rule_oversubscribed(facts: ThreadFacts, budget: Budget) -> list[Finding]:
+    """More threads per process than its share of the effective CPUs."""
+    if budget.effective is None or budget.recommended is None:
+        return []
+    counts = _counts(facts)
+    over = {n: math.prod(c) for n, c in counts.items() if math.prod(c) > budget.recommended}
+    if not over:
+        return []
+    listed = ", ".join(f"{n}={facts.variables[n]}" + (f" ({t} threads)" if len(counts[n]) > 1 else "")
+                       for n, t in over.items())
+    return [_finding(Status.WARN, f"oversubscribed: {listed}; {budget.text}", budget)]
+
+
+def _rule_unset(facts: ThreadFacts, budget: Budget) -> list[Finding]:
+    """An unset variable means one thread per visible core, more than the share."""
+    if budget.effective is None or budget.visible is None or budget.recommended is None:
+        return []
+    omp_set = "OMP_NUM_THREADS" in _counts(facts)
+    unset = [name for name in THREAD_VARS
+             if name not in facts.variables and name != "VECLIB_MAXIMUM_THREADS"
+             and not (name in _FALLS_BACK_TO_OMP and omp_set)  # follows OMP_NUM_THREADS, judged above
+             and budget.visible > budget.recommended]
+    if not unset:
+        return []
+    return [_finding(Status.WARN, f"{', '.join(unset)} unset: the runtime starts one thread per visible core "
+                     f"({budget.visible}) in each process, but {budget.text}", budget)]
+
+
+def _rule_too_many_processes(facts: ThreadFacts, budget: Budget) -> list[Finding]:
+    """More ranks per node than CPUs: oversubscribed even at one thread each."""
+    if budget.effective is None or budget.processes <= 1 or budget.processes <= budget.effective + 1e-9:
+        return []
+    return [_finding(Status.WARN, f"{budget.processes} processes per node on {_fmt_cpus(budget.effective)} effective "
+                     "CPUs oversubscribe even at one thread each; expected at most one process per CPU", budget)]
+
+
+RULES = (_rule_invalid_values, _rule_disagree, _rule_oversubscribed, _rule_unset, _rule_too_many_processes)
+
+
+def _facts_out(facts: ThreadFacts, budget: Budget, findings: list[Finding]) -> dict[str, Any]:
     cpus = facts.cpus
-    effective = cpus.cpus
-    visible = cpus.affinity or cpus.online
-    processes, processes_from, lws_note = _processes(facts, config)
-    if lws_note:
-        notes.append(lws_note)
-    workers = max(0, int(config.get("num_workers", 0) or 0))
-    where = f"{cpus.limited_by}" + (f" {cpus.quota.path}" if cpus.limited_by == "cgroup quota" and cpus.quota.path else "")
-
-    recommended = None
-    if effective is not None:
-        recommended = max(1, math.floor(effective / processes + 1e-9) - workers)
-        share = f"{_fmt_cpus(effective)} effective CPUs ({where})"
-        per = f" / {processes} processes per node ({processes_from})" if processes > 1 else ""
-        per += f" less {workers} DataLoader workers each" if workers else ""
-        budget = f"{share}{per} leaves {_count(recommended, 'thread')} per process"
-
-        threads = {name: math.prod(c) for name, c in counts.items()}
-        over = {n: t for n, t in threads.items() if t > recommended}
-        if over:
-            listed = ", ".join(f"{n}={facts.variables[n]}" + (f" ({t} threads)" if len(counts[n]) > 1 else "")
-                               for n, t in over.items())
-            findings.append((Status.WARN, f"oversubscribed: {listed}; {budget}"))
-
-        if visible is not None:
-            omp = threads.get("OMP_NUM_THREADS")
-            unset = []
-            for name in THREAD_VARS:
-                if name in facts.variables or name == "VECLIB_MAXIMUM_THREADS":
-                    continue
-                if name in _FALLS_BACK_TO_OMP and omp is not None:
-                    continue  # follows OMP_NUM_THREADS, judged above
-                if visible > recommended:
-                    unset.append(name)
-            if unset:
-                findings.append((Status.WARN, f"{', '.join(unset)} unset: the runtime starts one thread per visible core "
-                                              f"({visible}) in each process, but {budget}"))
-
-        if processes > 1 and processes > effective + 1e-9:
-            findings.append((Status.WARN, f"{processes} processes per node on {_fmt_cpus(effective)} effective CPUs "
-                                          "oversubscribe even at one thread each; expected at most one process per CPU"))
-    elif visible is not None:
-        recommended = max(1, visible // processes - workers)
-
-    n = recommended or 1
-    fix = "export " + " ".join(f"{name}={n}" for name in THREAD_VARS)
-    result_facts: dict[str, Any] = {
-        "effective_cpus": effective,
+    out: dict[str, Any] = {
+        "effective_cpus": budget.effective,
         "affinity_cpus": cpus.affinity,
         "online_cpus": cpus.online,
         "limited_by": cpus.limited_by,
         **cpus.quota.to_facts(),
-        "processes_per_node": processes,
-        "processes_per_node_source": processes_from,
-        "num_workers": workers,
-        "recommended_threads": recommended,
+        "processes_per_node": budget.processes,
+        "processes_per_node_source": budget.processes_from,
+        "num_workers": budget.workers,
+        "recommended_threads": budget.recommended,
         "variables": dict(facts.variables),
-        "findings": [f"{s.value}: {m}" for s, m in findings],
+        "findings": [f"{f.status.value}: {f.message}" for f in findings],
     }
+    notes = list(dict.fromkeys([*cpus.notes, *cpus.quota.notes, *facts.notes, *([budget.note] if budget.note else [])]))
     if notes:
-        result_facts["notes"] = notes
+        out["notes"] = notes
+    return out
 
-    if not findings:
-        if effective is None:
-            return skip("cannot tell how many CPUs the target may use: " + ("; ".join(notes) or "no affinity, quota or online count"),
-                        **result_facts)
-        set_vars = ", ".join(f"{k}={v}" for k, v in facts.variables.items()) or "no thread variables set"
-        return ok(f"threads fit: {set_vars}; {_fmt_cpus(effective)} effective CPUs ({where}), "
-                  f"{_count(processes, 'process', 'processes')} per node, up to {_count(recommended, 'thread')} each", **result_facts)
 
-    status = worst([s for s, _ in findings])
-    # the loudest finding first: it is the one a Slurm drain reason or a log line keeps
-    ordered = [m for s, m in sorted(findings, key=lambda f: -f[0].severity)]
-    summary = "; ".join(ordered)
-    if status is Status.FAIL:
-        return fail(summary, fix, **result_facts)
-    return warn(summary, fix, **result_facts)
+def judge(facts: ThreadFacts, settings: Mapping[str, Any]) -> Result:
+    budget = _budget(facts, settings)
+    findings = [finding for rule in RULES for finding in rule(facts, budget)]
+    out = _facts_out(facts, budget, findings)
+    if not findings and budget.effective is None:
+        return skip("cannot tell how many CPUs the target may use: "
+                    + ("; ".join(out.get("notes", [])) or "no affinity, quota or online count"), **out)
+    set_vars = ", ".join(f"{k}={v}" for k, v in facts.variables.items()) or "no thread variables set"
+    ok_summary = (f"threads fit: {set_vars}; {_fmt_cpus(budget.effective or 0)} effective CPUs ({budget.where}), "
+                  f"{_count(budget.processes, 'process', 'processes')} per node, up to "
+                  f"{_count(budget.recommended or 1, 'thread')} each")
+    return verdict(findings, out, ok_summary)
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:
@@ -234,7 +283,10 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 CHECK = Check(
     id="cpu.threads",
     title="Thread pools (OMP/MKL/OpenBLAS) fit the CPUs the container's quota and affinity allow",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    modes=("check", "serve", "exec", "inprocess"),  # reads the environment and cgroup files: cheap, harmless
+    intrusive=False,
     explain=__doc__ or "",
     config={
         "processes_per_node": 0,  # 0: take LOCAL_WORLD_SIZE, else 1
