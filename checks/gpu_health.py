@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
-from envdoctor.model import Result, Status, join_fixes, skip, worst
+from envdoctor.model import Finding, Result, Status, skip, verdict
 from envdoctor.nvml import GpuInfo, NvmlHung
 from envdoctor.units import format_bytes
 
@@ -79,73 +80,118 @@ def _by_gpu(gpus, attr: str) -> dict[str, float]:
     return {str(g.index): getattr(g, attr) for g in gpus if getattr(g, attr) is not None}
 
 
-def judge(facts: HealthFacts, config) -> Result:
+def _rule_lost(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Fallen off the bus: nothing else about it can be read."""
+    if not g.lost:
+        return []
+    return [Finding(Status.FAIL, f"{_label(g)} is lost: it has fallen off the bus (NVML: GPU is lost)",
+                    HUNG_FIX.format(i=g.index))]
+
+
+def _rule_hung(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """NVML queries that never answered: the GPU or its driver is hung."""
+    if not g.timed_out:
+        return []
+    stuck = ", ".join(f"{k}: {v}" for k, v in g.errors.items()) or "no answer"
+    return [Finding(Status.FAIL, f"{_label(g)} did not answer NVML in time ({stuck}): the GPU or its driver is hung",
+                    HUNG_FIX.format(i=g.index))]
+
+
+def _rule_memory_faults(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Uncorrectable ECC errors, and retirements or remaps that wait for a reset."""
+    name, i, found = _label(g), g.index, []
+    if g.ecc_uncorrected:
+        found.append(Finding(Status.FAIL, f"{name} has {g.ecc_uncorrected} uncorrectable ECC error"
+                             f"{'s' if g.ecc_uncorrected != 1 else ''} since the driver loaded, expected 0",
+                             RESET_FIX.format(i=i) + "; replace the GPU if they return"))
+    if g.retired_pages_pending:
+        found.append(Finding(Status.FAIL, f"{name} has a memory page retirement pending: it takes effect only after "
+                             "a GPU reset", RESET_FIX.format(i=i)))
+    if g.remapped_rows_failure:
+        found.append(Finding(Status.FAIL, f"{name} failed to remap a memory row (no spare rows left): the GPU needs "
+                             "replacing", f"drain the node and have GPU {i} ({g.uuid or 'see nvidia-smi -L'}) replaced"))
+    elif g.remapped_rows_pending:
+        found.append(Finding(Status.FAIL, f"{name} has a memory row remap pending: it takes effect only after a GPU "
+                             "reset", RESET_FIX.format(i=i)))
+    return found
+
+
+def _rule_compute_mode(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Prohibited, or Exclusive_Process held by another process: no context for the job."""
+    if g.compute_mode == "prohibited":
+        return [Finding(Status.FAIL, f"{_label(g)} is in compute mode Prohibited: no process can create a CUDA "
+                        "context on it", f"nvidia-smi -i {g.index} -c DEFAULT")]
+    if g.compute_mode == "exclusive_process" and any(pid not in facts.own_pids for pid, _ in g.processes):
+        return [Finding(Status.WARN, f"{_label(g)} is in compute mode Exclusive_Process and another process holds "
+                        "it: the job cannot create a context there", f"pick another GPU, or nvidia-smi -i {g.index} -c DEFAULT")]
+    return []
+
+
+def _used_by_others(g: GpuInfo, facts: HealthFacts) -> int | None:
+    if g.memory_used_bytes is None or not g.memory_total_bytes:
+        return None
+    own = sum(used or 0 for pid, used in g.processes if pid in facts.own_pids)
+    return max(0, g.memory_used_bytes - own)
+
+
+def _rule_memory_taken(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Memory other processes already hold: the job will not get it."""
+    used = _used_by_others(g, facts)
+    max_fraction, max_bytes = float(settings["max_used_fraction"]), int(settings["max_used_bytes"])
+    if used is None or not (used / g.memory_total_bytes > max_fraction or (max_bytes > 0 and used > max_bytes)):
+        return []
+    pids = [str(pid) for pid, _ in g.processes if pid not in facts.own_pids]
+    held = f" (pids {', '.join(pids)})" if pids else ""
+    limit = f"{max_fraction:.0%}" + (f" or {format_bytes(max_bytes)}" if max_bytes > 0 else "")
+    return [Finding(Status.WARN, f"{_label(g)}: {format_bytes(used)} of {format_bytes(g.memory_total_bytes)} "
+                    f"({used / g.memory_total_bytes:.0%}) is already used by other processes{held}, expected at most "
+                    f"{limit}: the job will not get it",
+                    "nvidia-smi --query-compute-apps=pid,used_memory --format=csv  # end the strays, or pick "
+                    "free GPUs with CUDA_VISIBLE_DEVICES")]
+
+
+def _rule_throttling(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Thermal, power-brake (and by default software power cap) slowdowns."""
+    hot = [r for r in g.throttle_reasons if r in HOT_REASONS or (settings["warn_sw_power_cap"] and r == "sw_power_cap")]
+    if not hot:
+        return []
+    temp = f" at {g.temperature_c} C" if g.temperature_c is not None else ""
+    power = f", {g.power_watts:.0f} W" if g.power_watts is not None else ""
+    return [Finding(Status.WARN, f"{_label(g)} is throttling ({', '.join(hot)}){temp}{power}: every step runs slower",
+                    f"nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {g.index}  # check cooling, airflow and power supply")]
+
+
+RULES = (_rule_hung, _rule_memory_faults, _rule_compute_mode, _rule_memory_taken, _rule_throttling)
+
+
+def _gpu_findings(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    lost = _rule_lost(g, facts, settings)
+    return lost or [finding for rule in RULES for finding in rule(g, facts, settings)]
+
+
+def _ok_summary(gpus: tuple[GpuInfo, ...], others_used: Mapping[str, int]) -> str:
+    models: dict[str, int] = {}
+    for g in gpus:
+        models[g.name or "unknown"] = models.get(g.name or "unknown", 0) + 1
+    kinds = ", ".join(f"{n}x {m}" for m, n in models.items())
+    temps = [g.temperature_c for g in gpus if g.temperature_c is not None]
+    hottest = f", hottest {max(temps)} C" if temps else ""
+    return (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} healthy ({kinds}): no uncorrectable ECC errors, "
+            f"no pending retirement or remap, no throttling, at most {format_bytes(max(others_used.values(), default=0))} "
+            f"used by others{hottest}")
+
+
+def judge(facts: HealthFacts, settings: Mapping[str, Any]) -> Result:
     if facts.hung:
-        return Result(Status.FAIL, f"NVML did not answer: {facts.hung}",
-                      "dmesg | grep -i xid  # then check nvidia-smi; drain the node and reset the GPUs or reboot",
-                      {"gpu_count": None, "gpus": [], "findings": [facts.hung]})
+        hung = Finding(Status.FAIL, f"NVML did not answer: {facts.hung}",
+                       "dmesg | grep -i xid  # then check nvidia-smi; drain the node and reset the GPUs or reboot")
+        return verdict([hung], {"gpu_count": None, "gpus": [], "findings": [facts.hung]}, "")
     gpus = facts.gpus
     if not gpus:
         return skip("NVML reports no GPU on this node", gpu_count=0, gpus=[])
-    max_fraction = float(config.get("max_used_fraction", 0.05))
-    max_bytes = int(config.get("max_used_bytes", 0))
-    warn_power_cap = bool(config.get("warn_sw_power_cap", True))
-
-    findings: list[tuple[Status, str, str]] = []
-    others_used: dict[str, int] = {}
-    for g in gpus:
-        i, name = g.index, _label(g)
-        if g.lost:
-            findings.append((Status.FAIL, f"{name} is lost: it has fallen off the bus (NVML: GPU is lost)", HUNG_FIX.format(i=i)))
-            continue
-        if g.timed_out:
-            stuck = ", ".join(f"{k}: {v}" for k, v in g.errors.items()) or "no answer"
-            findings.append((Status.FAIL, f"{name} did not answer NVML in time ({stuck}): the GPU or its driver is hung",
-                             HUNG_FIX.format(i=i)))
-        if g.ecc_uncorrected:
-            findings.append((Status.FAIL, f"{name} has {g.ecc_uncorrected} uncorrectable ECC error"
-                             f"{'s' if g.ecc_uncorrected != 1 else ''} since the driver loaded, expected 0",
-                             RESET_FIX.format(i=i) + "; replace the GPU if they return"))
-        if g.retired_pages_pending:
-            findings.append((Status.FAIL, f"{name} has a memory page retirement pending: it takes effect only after a GPU reset",
-                             RESET_FIX.format(i=i)))
-        if g.remapped_rows_failure:
-            findings.append((Status.FAIL, f"{name} failed to remap a memory row (no spare rows left): the GPU needs replacing",
-                             f"drain the node and have GPU {i} ({g.uuid or 'see nvidia-smi -L'}) replaced"))
-        elif g.remapped_rows_pending:
-            findings.append((Status.FAIL, f"{name} has a memory row remap pending: it takes effect only after a GPU reset",
-                             RESET_FIX.format(i=i)))
-        if g.compute_mode == "prohibited":
-            findings.append((Status.FAIL, f"{name} is in compute mode Prohibited: no process can create a CUDA context on it",
-                             f"nvidia-smi -i {i} -c DEFAULT"))
-
-        if g.memory_used_bytes is not None and g.memory_total_bytes:
-            own = sum(used or 0 for pid, used in g.processes if pid in facts.own_pids)
-            used = max(0, g.memory_used_bytes - own)
-            others_used[str(i)] = used
-            fraction = used / g.memory_total_bytes
-            over_fraction = fraction > max_fraction
-            over_bytes = max_bytes > 0 and used > max_bytes
-            if over_fraction or over_bytes:
-                pids = [str(pid) for pid, _ in g.processes if pid not in facts.own_pids]
-                held = f" (pids {', '.join(pids)})" if pids else ""
-                limit = f"{max_fraction:.0%}" + (f" or {format_bytes(max_bytes)}" if max_bytes > 0 else "")
-                findings.append((Status.WARN, f"{name}: {format_bytes(used)} of {format_bytes(g.memory_total_bytes)} "
-                                 f"({fraction:.0%}) is already used by other processes{held}, expected at most {limit}: "
-                                 "the job will not get it",
-                                 "nvidia-smi --query-compute-apps=pid,used_memory --format=csv  # end the strays, or pick "
-                                 "free GPUs with CUDA_VISIBLE_DEVICES"))
-        if g.compute_mode == "exclusive_process" and any(pid not in facts.own_pids for pid, _ in g.processes):
-            findings.append((Status.WARN, f"{name} is in compute mode Exclusive_Process and another process holds it: "
-                             "the job cannot create a context there", f"pick another GPU, or nvidia-smi -i {i} -c DEFAULT"))
-
-        hot = [r for r in g.throttle_reasons if r in HOT_REASONS or (warn_power_cap and r == "sw_power_cap")]
-        if hot:
-            temp = f" at {g.temperature_c} C" if g.temperature_c is not None else ""
-            power = f", {g.power_watts:.0f} W" if g.power_watts is not None else ""
-            findings.append((Status.WARN, f"{name} is throttling ({', '.join(hot)}){temp}{power}: every step runs slower",
-                             f"nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {i}  # check cooling, airflow and power supply"))
-
+    findings = [finding for g in gpus for finding in _gpu_findings(g, facts, settings)]
+    others_used = {str(g.index): used for g in gpus if not g.lost
+                   for used in [_used_by_others(g, facts)] if used is not None}
     facts_out = {
         "gpu_count": len(gpus),
         "gpus": [g.to_dict() for g in gpus],
@@ -155,28 +201,18 @@ def judge(facts: HealthFacts, config) -> Result:
         "temperature_celsius": _by_gpu(gpus, "temperature_c"),
         "power_watts": _by_gpu(gpus, "power_watts"),
         "ecc_uncorrected": _by_gpu(gpus, "ecc_uncorrected"),
-        "findings": [m for _, m, _ in findings],
+        "findings": [f.message for f in findings],
     }
-    if not findings:
-        models: dict[str, int] = {}
-        for g in gpus:
-            models[g.name or "unknown"] = models.get(g.name or "unknown", 0) + 1
-        kinds = ", ".join(f"{n}x {m}" for m, n in models.items())
-        busiest = max(others_used.values(), default=0)
-        temps = [g.temperature_c for g in gpus if g.temperature_c is not None]
-        hottest = f", hottest {max(temps)} C" if temps else ""
-        summary = (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} healthy ({kinds}): no uncorrectable ECC errors, "
-                   f"no pending retirement or remap, no throttling, at most {format_bytes(busiest)} used by others{hottest}")
-        return Result(Status.OK, summary, "", facts_out)
-    status = worst([s for s, _, _ in findings])
-    fix = join_fixes(findings)
-    return Result(status, "; ".join(m for _, m, _ in findings), fix, facts_out)
+    return verdict(findings, facts_out, _ok_summary(gpus, others_used))
 
 
 CHECK = Check(
     id="gpu.health",
     title="Every GPU is healthy and free: no ECC faults, pending resets, lost GPUs, stray memory or throttling",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    modes=("check", "serve", "exec", "inprocess"),  # NVML queries only: no CUDA context
+    intrusive=False,
     explain=__doc__,
     needs=("nvml",),
     config={"max_used_fraction": 0.05, "max_used_bytes": 0, "warn_sw_power_cap": True},
