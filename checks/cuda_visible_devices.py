@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check, Metric
 from envdoctor.errors import Unavailable
-from envdoctor.model import Result, Status, join_fixes, worst
+from envdoctor.model import Finding, Result, Status, verdict
 
 _LOCAL_RANK = re.compile(r"^\s*[0-9]+\s*$")
 
@@ -116,158 +116,227 @@ def _nvd_view(nvd: str | None) -> tuple[int | None, list[str]]:
     return len(items), [t for t in items if t.startswith(("GPU-", "MIG-"))]
 
 
-def judge(facts: VisibleFacts, config) -> Result:
-    findings: list[tuple[Status, str, str]] = []  # (status, message, fix)
-    raw = facts.cuda_visible_devices
-    gpus = facts.gpus
+@dataclass(frozen=True)
+class View:
+    """What CUDA will make of the facts: the parse, its resolution against the GPUs
+    (NVML's, or the container's per NVIDIA_VISIBLE_DEVICES), and what stays visible."""
+
+    parsed: vd.VisibleDevices | None  # None: CUDA_VISIBLE_DEVICES unset
+    res: vd.Resolution | None  # against NVML's GPUs
+    nvd_count: int | None  # GPUs NVIDIA_VISIBLE_DEVICES gave the container, judged without NVML
+    nvd_res: vd.Resolution | None
+    physical: int | None
+    visible_list: list
+    visible_count: int | None
+
+
+def _view(facts: VisibleFacts) -> View:
+    gpus, raw = facts.gpus, facts.cuda_visible_devices
     physical = len(gpus) if gpus is not None else None
-    parsed: vd.VisibleDevices | None = None
-    visible_count: int | None = physical
-    visible_list: list = list(range(physical)) if physical is not None else []
-    ignored: list[str] = []
+    if raw is None:
+        return View(None, None, None, None, physical, list(range(physical or 0)), physical)
+    parsed = vd.parse(raw)
+    visible_list, count = list(parsed.visible), len(parsed.visible)
+    if parsed.duplicate is not None:
+        return View(parsed, None, None, None, physical, visible_list, count)
+    if gpus is not None:
+        uuids, migs = [g.uuid or "" for g in gpus], [m for g in gpus for m in g.mig_devices]
+        res = vd.resolve(parsed, len(gpus), uuids, migs)
+        if not res.unverifiable:
+            count = 0 if res.duplicate is not None else len(res.ordinals)
+            visible_list = (list(res.ordinals) if parsed.mode == vd.INDEX
+                            else [(uuids if parsed.mode == vd.GPU_UUID else migs)[o] for o in res.ordinals])
+        return View(parsed, res, None, None, physical, visible_list, count)
+    nvd_count, nvd_uuids = _nvd_view(facts.nvidia_visible_devices)
+    nvd_res = None
+    if nvd_count is not None and parsed.visible:
+        if parsed.mode == vd.INDEX:
+            nvd_res = vd.resolve(parsed, nvd_count)
+        elif nvd_uuids and parsed.mode == vd.GPU_UUID:
+            nvd_res = vd.resolve(parsed, len(nvd_uuids), nvd_uuids)
+        if nvd_count == 0:
+            count = 0
+        elif nvd_res is not None and nvd_res.missing is not None:
+            count = len(nvd_res.ordinals)
+    return View(parsed, None, nvd_count if parsed.visible else None, nvd_res, physical, visible_list, count)
 
-    if raw is not None:
-        parsed = vd.parse(raw)
-        visible_list = list(parsed.visible)
-        ignored = list(parsed.ignored)
-        visible_count = len(parsed.visible)
-        clean = _clean_entries(parsed)
-        fix_clean = _export(clean) if clean else "unset CUDA_VISIBLE_DEVICES  # or list the GPUs: export CUDA_VISIBLE_DEVICES=0,1"
-        quoted = (" (the value holds quote characters: they are part of the value, kept by an env file, "
-                  "Dockerfile ENV or YAML)" if parsed.quoted else "")
-        if parsed.duplicate is not None:
-            findings.append((Status.FAIL, f"CUDA_VISIBLE_DEVICES={raw!r} lists {parsed.duplicate} twice: "
-                             "CUDA then exposes no GPU at all", fix_clean))
-        elif parsed.stop is not None:
-            bad = parsed.bad_token
-            after = [t for t in parsed.ignored if t.strip(" \t\n\r\f\v")]
-            intentional = bad.strip(" \t\n\r\f\v") in ("", "-1")
-            if not parsed.visible and intentional and not after:
-                findings.append((Status.WARN, f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU: CUDA sees none and "
-                                 "the job runs on the CPU", "unset CUDA_VISIBLE_DEVICES  # all GPUs; or export "
-                                 "CUDA_VISIBLE_DEVICES=0,1"))
-            elif after:
-                findings.append((Status.FAIL, f"CUDA_VISIBLE_DEVICES={raw!r}: entry {bad!r} is invalid "
-                                 f"({parsed.stop_reason}); CUDA stops reading there and ignores {', '.join(after)} "
-                                 f"after it{quoted}", fix_clean))
-            elif not parsed.visible:
-                findings.append((Status.FAIL, f"CUDA_VISIBLE_DEVICES={raw!r}: entry {bad!r} is invalid "
-                                 f"({parsed.stop_reason}), so CUDA sees no GPU{quoted}", fix_clean))
-            elif not intentional:
-                findings.append((Status.WARN, f"CUDA_VISIBLE_DEVICES={raw!r}: entry {bad!r} is invalid "
-                                 f"({parsed.stop_reason}) and ignored{quoted}", fix_clean))
-        for token, number in parsed.lenient:
-            findings.append((Status.WARN, f"CUDA_VISIBLE_DEVICES entry {token!r} is read as {number} (CUDA ignores "
-                             "what follows the number)", fix_clean))
 
-        if gpus is not None and parsed.duplicate is None:
-            uuids = [g.uuid or "" for g in gpus]
-            migs = [m for g in gpus for m in g.mig_devices]
-            res = vd.resolve(parsed, len(gpus), uuids, migs)
-            if res.unverifiable:
-                visible_count = len(parsed.visible)
-            else:
-                visible_count = len(res.ordinals)
-                if parsed.mode == vd.INDEX:
-                    visible_list = list(res.ordinals)
-                else:
-                    visible_list = [(uuids if parsed.mode == vd.GPU_UUID else migs)[o] for o in res.ordinals]
-            lost = f"; CUDA stops there and also ignores {', '.join(map(str, res.hidden))}" if res.hidden else ""
-            if res.missing is not None:
-                if parsed.mode == vd.INDEX:
-                    have = f"this node has {physical} GPU{'s' if physical != 1 else ''}" + (f" (0-{physical - 1})" if physical else "")
-                    what = f"GPU {res.missing} does not exist: {have}"
-                else:
-                    what = f"{res.missing} matches no {'GPU' if parsed.mode == vd.GPU_UUID else 'MIG device'} on this node"
-                fix = _export(list(range(physical))) if parsed.mode == vd.INDEX and physical else (
-                    "list existing GPUs (nvidia-smi -L shows their indices and UUIDs)")
-                findings.append((Status.FAIL, f"CUDA_VISIBLE_DEVICES={raw!r}: {what}{lost}", fix))
-            if res.ambiguous is not None:
-                findings.append((Status.FAIL, f"CUDA_VISIBLE_DEVICES={raw!r}: {res.ambiguous} matches several "
-                                 f"devices, so CUDA treats it as invalid{lost}", "use longer UUID prefixes (nvidia-smi -L)"))
-            if res.duplicate is not None:
-                visible_count = 0
-                findings.append((Status.FAIL, f"CUDA_VISIBLE_DEVICES={raw!r}: two entries name the same GPU "
-                                 f"({uuids[res.duplicate] if parsed.mode == vd.GPU_UUID else res.duplicate}), so CUDA "
-                                 "exposes no GPU at all", "list each GPU once (nvidia-smi -L)"))
-            names = {g.name for g in gpus if g.name}
-            order = (facts.cuda_device_order or "").strip()
-            if parsed.mode == vd.INDEX and len(names) > 1 and order != "PCI_BUS_ID":
-                findings.append((Status.WARN, f"this node has different GPUs ({', '.join(sorted(names))}) and "
-                                 f"CUDA_DEVICE_ORDER is {order or 'unset'}: CUDA numbers the fastest GPU first, "
-                                 "nvidia-smi by PCI bus, so the indices in CUDA_VISIBLE_DEVICES may name other cards",
-                                 "export CUDA_DEVICE_ORDER=PCI_BUS_ID"))
-        elif gpus is None and parsed.duplicate is None and parsed.visible:
-            count, nvd_uuids = _nvd_view(facts.nvidia_visible_devices)
-            nvd = facts.nvidia_visible_devices
-            if count is not None:
-                if parsed.mode == vd.INDEX:
-                    res = vd.resolve(parsed, count)
-                elif nvd_uuids and parsed.mode == vd.GPU_UUID:
-                    res = vd.resolve(parsed, len(nvd_uuids), nvd_uuids)
-                else:
-                    res = None
-                if count == 0:
-                    findings.append((Status.WARN, f"NVIDIA_VISIBLE_DEVICES={nvd!r}: this container was given no GPU, "
-                                     f"so CUDA_VISIBLE_DEVICES={raw!r} selects nothing",
-                                     "docker run --gpus all ...  # or NVIDIA_VISIBLE_DEVICES=all"))
-                    visible_count = 0
-                elif res is not None and res.missing is not None:
-                    visible_count = len(res.ordinals)
-                    what = "hides every GPU" if not res.ordinals else f"hides {res.missing} and what follows"
-                    fix = _export(list(range(count))) if parsed.mode == vd.INDEX else "list the UUIDs the container was given"
-                    findings.append((Status.WARN, f"NVIDIA_VISIBLE_DEVICES={nvd!r} gives this container {count} GPU"
-                                     f"{'s' if count != 1 else ''}, numbered 0-{count - 1} inside it; "
-                                     f"CUDA_VISIBLE_DEVICES={raw!r} {what} (use the container's own numbering)", fix))
+def _clean_fix(p: vd.VisibleDevices, status: Status, message: str) -> Finding:
+    """A finding fixed by writing the readable entries once each, as a command and as env."""
+    clean = _clean_entries(p)
+    if not clean:
+        return Finding(status, message, "unset CUDA_VISIBLE_DEVICES  # or list the GPUs: export CUDA_VISIBLE_DEVICES=0,1")
+    return Finding(status, message, _export(clean), env={"CUDA_VISIBLE_DEVICES": ",".join(clean)})
 
-    local_rank = None
+
+def _rule_listed_twice(facts: VisibleFacts, view: View) -> list[Finding]:
+    """The same entry twice: CUDA exposes no GPU at all."""
+    p = view.parsed
+    if p is None or p.duplicate is None:
+        return []
+    return [_clean_fix(p, Status.FAIL, f"CUDA_VISIBLE_DEVICES={p.raw!r} lists {p.duplicate} twice: "
+                       "CUDA then exposes no GPU at all")]
+
+
+def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
+    """An entry CUDA cannot read ends the list: it hides itself and every entry after it."""
+    p = view.parsed
+    if p is None or p.duplicate is not None or p.stop is None:
+        return []
+    bad, raw = p.bad_token, p.raw
+    after = [t for t in p.ignored if t.strip(" \t\n\r\f\v")]
+    intentional = bad.strip(" \t\n\r\f\v") in ("", "-1")
+    quoted = (" (the value holds quote characters: they are part of the value, kept by an env file, "
+              "Dockerfile ENV or YAML)" if p.quoted else "")
+    invalid = f"CUDA_VISIBLE_DEVICES={raw!r}: entry {bad!r} is invalid ({p.stop_reason})"
+    if not p.visible and intentional and not after:
+        return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU: CUDA sees none and the job "
+                        "runs on the CPU", "unset CUDA_VISIBLE_DEVICES  # all GPUs; or export CUDA_VISIBLE_DEVICES=0,1")]
+    if after:
+        return [_clean_fix(p, Status.FAIL, f"{invalid}; CUDA stops reading there and ignores {', '.join(after)} "
+                           f"after it{quoted}")]
+    if not p.visible:
+        return [_clean_fix(p, Status.FAIL, f"{invalid}, so CUDA sees no GPU{quoted}")]
+    if not intentional:
+        return [_clean_fix(p, Status.WARN, f"{invalid} and ignored{quoted}")]
+    return []
+
+
+def _rule_lenient(facts: VisibleFacts, view: View) -> list[Finding]:
+    """'1gpu2' is read as 1: probably not what was meant."""
+    p = view.parsed
+    if p is None or p.duplicate is not None:
+        return []
+    return [_clean_fix(p, Status.WARN, f"CUDA_VISIBLE_DEVICES entry {token!r} is read as {number} (CUDA ignores "
+                       "what follows the number)") for token, number in p.lenient]
+
+
+def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
+    """An index or UUID NVML does not know ends the list; a UUID prefix matching several too."""
+    p, res, physical = view.parsed, view.res, view.physical
+    if p is None or res is None:
+        return []
+    lost = f"; CUDA stops there and also ignores {', '.join(map(str, res.hidden))}" if res.hidden else ""
+    found = []
+    if res.missing is not None:
+        if p.mode == vd.INDEX:
+            have = f"this node has {physical} GPU{'s' if physical != 1 else ''}" + (f" (0-{physical - 1})" if physical else "")
+            what = f"GPU {res.missing} does not exist: {have}"
+        else:
+            what = f"{res.missing} matches no {'GPU' if p.mode == vd.GPU_UUID else 'MIG device'} on this node"
+        fix = (_export(list(range(physical))) if p.mode == vd.INDEX and physical
+               else "list existing GPUs (nvidia-smi -L shows their indices and UUIDs)")
+        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={p.raw!r}: {what}{lost}", fix))
+    if res.ambiguous is not None:
+        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={p.raw!r}: {res.ambiguous} matches several devices, "
+                             f"so CUDA treats it as invalid{lost}", "use longer UUID prefixes (nvidia-smi -L)"))
+    return found
+
+
+def _rule_same_gpu_twice(facts: VisibleFacts, view: View) -> list[Finding]:
+    """Two different entries (UUID prefixes) naming one GPU: CUDA exposes none."""
+    p, res = view.parsed, view.res
+    if p is None or res is None or res.duplicate is None:
+        return []
+    uuids = [g.uuid or "" for g in facts.gpus or ()]
+    named = uuids[res.duplicate] if p.mode == vd.GPU_UUID else res.duplicate
+    return [Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={p.raw!r}: two entries name the same GPU ({named}), so CUDA "
+                    "exposes no GPU at all", "list each GPU once (nvidia-smi -L)")]
+
+
+def _rule_device_order(facts: VisibleFacts, view: View) -> list[Finding]:
+    """Indices on a node of mixed GPUs: CUDA's fastest-first order is not nvidia-smi's."""
+    p, gpus = view.parsed, facts.gpus
+    order = (facts.cuda_device_order or "").strip()
+    names = {g.name for g in gpus or () if g.name}
+    if p is None or view.res is None or p.mode != vd.INDEX or len(names) <= 1 or order == "PCI_BUS_ID":
+        return []
+    return [Finding(Status.WARN, f"this node has different GPUs ({', '.join(sorted(names))}) and CUDA_DEVICE_ORDER "
+                    f"is {order or 'unset'}: CUDA numbers the fastest GPU first, nvidia-smi by PCI bus, so the indices "
+                    "in CUDA_VISIBLE_DEVICES may name other cards", "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+                    env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})]
+
+
+def _rule_container_gpus(facts: VisibleFacts, view: View) -> list[Finding]:
+    """Without NVML: entries the container was not given (NVIDIA_VISIBLE_DEVICES)."""
+    p, count, res, nvd = view.parsed, view.nvd_count, view.nvd_res, facts.nvidia_visible_devices
+    if p is None or count is None:
+        return []
+    if count == 0:
+        return [Finding(Status.WARN, f"NVIDIA_VISIBLE_DEVICES={nvd!r}: this container was given no GPU, so "
+                        f"CUDA_VISIBLE_DEVICES={p.raw!r} selects nothing",
+                        "docker run --gpus all ...  # or NVIDIA_VISIBLE_DEVICES=all")]
+    if res is None or res.missing is None:
+        return []
+    what = "hides every GPU" if not res.ordinals else f"hides {res.missing} and what follows"
+    fix = _export(list(range(count))) if p.mode == vd.INDEX else "list the UUIDs the container was given"
+    return [Finding(Status.WARN, f"NVIDIA_VISIBLE_DEVICES={nvd!r} gives this container {count} GPU"
+                    f"{'s' if count != 1 else ''}, numbered 0-{count - 1} inside it; CUDA_VISIBLE_DEVICES={p.raw!r} "
+                    f"{what} (use the container's own numbering)", fix)]
+
+
+def _local_rank(facts: VisibleFacts) -> int | None:
     if facts.local_rank is not None and _LOCAL_RANK.match(facts.local_rank):
-        local_rank = int(facts.local_rank)
-        if visible_count is not None and local_rank >= visible_count:
-            seen = "no GPU" if visible_count == 0 else f"only {visible_count} GPU{'s' if visible_count != 1 else ''} ({_span(visible_count)})"
-            findings.append((Status.FAIL, f"LOCAL_RANK={local_rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) "
-                             "fails with 'invalid device ordinal'",
-                             (_export(range(physical)) if physical else "export CUDA_VISIBLE_DEVICES=0,1,2,3")
-                             + "  # every rank on a node sees the node's GPUs; or, when each rank gets one GPU, "
-                             "use cuda:0 instead of cuda:LOCAL_RANK"))
+        return int(facts.local_rank)
+    return None
 
+
+def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
+    """LOCAL_RANK beyond the GPUs CUDA shows: set_device(LOCAL_RANK) fails."""
+    rank, count, physical = _local_rank(facts), view.visible_count, view.physical
+    if rank is None or count is None or rank < count:
+        return []
+    seen = "no GPU" if count == 0 else f"only {count} GPU{'s' if count != 1 else ''} ({_span(count)})"
+    return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) fails "
+                    "with 'invalid device ordinal'",
+                    (_export(range(physical)) if physical else "export CUDA_VISIBLE_DEVICES=0,1,2,3")
+                    + "  # every rank on a node sees the node's GPUs; or, when each rank gets one GPU, "
+                    "use cuda:0 instead of cuda:LOCAL_RANK")]
+
+
+RULES = (_rule_listed_twice, _rule_bad_entry, _rule_lenient, _rule_no_such_device, _rule_same_gpu_twice,
+         _rule_device_order, _rule_container_gpus, _rule_local_rank)
+
+
+def _ok_summary(facts: VisibleFacts, view: View) -> str:
+    raw, physical, count = facts.cuda_visible_devices, view.physical, view.visible_count
+    if raw is None:
+        if physical is None:
+            return "CUDA_VISIBLE_DEVICES is unset: CUDA will use every GPU"
+        return f"CUDA_VISIBLE_DEVICES is unset: CUDA will use all {physical} GPU{'s' if physical != 1 else ''}"
+    shown = ", ".join(str(v) for v in view.visible_list) or "none"
+    of = f" of {physical}" if physical is not None else ""
+    return f"CUDA_VISIBLE_DEVICES={raw!r}: CUDA will use {count}{of} GPU{'s' if count != 1 else ''} ({shown})"
+
+
+def judge(facts: VisibleFacts, settings) -> Result:
+    view = _view(facts)
+    findings = [finding for rule in RULES for finding in rule(facts, view)]
     unverified = None
-    if gpus is None:
-        what = "GPU count unknown" if raw is None else "indices and UUIDs not checked against the GPUs"
+    if facts.gpus is None:
+        what = "GPU count unknown" if facts.cuda_visible_devices is None else "indices and UUIDs not checked against the GPUs"
         unverified = f"{what}: {facts.nvml_reason or 'NVML is not available'}"
-
     facts_out = {
-        "cuda_visible_devices": raw,
-        "visible": visible_list,
-        "ignored": ignored,
-        "physical_count": physical,
-        "visible_count": visible_count,
+        "cuda_visible_devices": facts.cuda_visible_devices,
+        "visible": view.visible_list,
+        "ignored": list(view.parsed.ignored) if view.parsed is not None else [],
+        "physical_count": view.physical,
+        "visible_count": view.visible_count,
         "cuda_device_order": facts.cuda_device_order,
-        "local_rank": local_rank,
-        "findings": [m for _, m, _ in findings],
+        "local_rank": _local_rank(facts),
+        "findings": [f.message for f in findings],
         "unverified": unverified,
     }
-    note = f" ({unverified})" if unverified else ""
-    if not findings:
-        if raw is None:
-            if physical is None:
-                summary = "CUDA_VISIBLE_DEVICES is unset: CUDA will use every GPU"
-            else:
-                summary = f"CUDA_VISIBLE_DEVICES is unset: CUDA will use all {physical} GPU{'s' if physical != 1 else ''}"
-        else:
-            shown = ", ".join(str(v) for v in visible_list) or "none"
-            of = f" of {physical}" if physical is not None else ""
-            summary = f"CUDA_VISIBLE_DEVICES={raw!r}: CUDA will use {visible_count}{of} GPU{'s' if visible_count != 1 else ''} ({shown})"
-        return Result(Status.OK, summary + note, "", facts_out)
-    status = worst([s for s, _, _ in findings])
-    fix = join_fixes(findings)
-    return Result(status, "; ".join(m for _, m, _ in findings) + note, fix, facts_out)
+    return verdict(findings, facts_out, _ok_summary(facts, view), note=unverified or "")
 
 
 CHECK = Check(
     id="cuda.visible_devices",
     title="CUDA_VISIBLE_DEVICES selects the GPUs the job expects",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    modes=("check", "serve", "exec", "inprocess"),  # the environment and NVML: cheap, no CUDA context
+    intrusive=False,
     explain=__doc__,
     metrics=(Metric("cuda_visible_gpus", "visible_count", "Number of GPUs CUDA will expose to the target after CUDA_VISIBLE_DEVICES"),),
 )
