@@ -64,12 +64,12 @@ How to fix
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable
-from envdoctor.model import Result, Status, fail, join_fixes, ok, skip, warn
+from envdoctor.model import Finding, Result, Status, skip, verdict
 
 # CUDA variants of the official torch wheels (download.pytorch.org/whl/cuXYZ), newest last.
 WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
@@ -181,21 +181,6 @@ def gather(ctx) -> RuntimeFacts:
 # -- judging -------------------------------------------------------------------------
 
 
-@dataclass
-class _Findings:
-    items: list[tuple[Status, str, str]] = field(default_factory=list)
-
-    def add(self, status: Status, text: str, fix: str = "") -> None:
-        self.items.append((status, text, fix))
-
-    @property
-    def status(self) -> Status:
-        return max((s for s, _, _ in self.items), key=lambda s: s.severity, default=Status.OK)
-
-    def loudest(self) -> list[tuple[Status, str, str]]:
-        return sorted(self.items, key=lambda item: -item[0].severity)
-
-
 def _wheel_for(driver_cuda: tuple[int, int] | None) -> str:
     """The newest official wheel variant the driver runs with its full feature set;
     failing that, the oldest of the driver's major (minor version compatibility)."""
@@ -217,185 +202,233 @@ def _cap(c: tuple[int, int]) -> str:
     return f"{c[0]}.{c[1]}"
 
 
-def judge(facts: RuntimeFacts, config: Mapping[str, Any]) -> Result:
-    t = dict(facts.torch)
-    found = _Findings()
-    torch_version = t.get("torch_version")
+@dataclass(frozen=True)
+class Build:
+    """What torch was built with, read once from the probe's facts."""
+
+    version: str | None
+    cuda: tuple[int, int] | None  # None: no CUDA (CPU-only or ROCm), or unreadable
+    cuda_text: str | None
+    hip_text: str | None
+    arches: tuple[Arch, ...]
+    unknown_arches: tuple[str, ...]
+    cudnn_text: str | None
+    label: str  # "torch 2.4.0 (CUDA 12.1, cuDNN 9.1.0)"
+
+
+def _build(t: Mapping[str, Any]) -> Build:
     cuda_text, hip_text = t.get("torch_cuda_version"), t.get("torch_hip_version")
-    build: tuple[int, int] | None = None
-    if cuda_text:
-        try:
-            build = parse_cuda_version(cuda_text)
-        except ParseError as exc:
-            found.add(Status.WARN, f"torch reports an unreadable CUDA version: {exc}")
-    arches, unknown_arches = [], []
+    cuda = None
+    try:
+        cuda = parse_cuda_version(cuda_text) if cuda_text else None
+    except ParseError:
+        pass
+    arches, unknown = [], []
     for entry in t.get("arch_list") or []:
         try:
             arches.append(parse_arch(entry))
         except ParseError:
-            unknown_arches.append(str(entry))
+            unknown.append(str(entry))
     cudnn_text = format_cudnn_version(t.get("cudnn_version"))
-    torch_label = f"torch {torch_version}" + (f" (CUDA {cuda_text}" + (f", cuDNN {cudnn_text})" if cudnn_text else ")") if cuda_text else "")
-    gpus = facts.gpus
-    facts_out: dict[str, Any] = {
+    label = f"torch {t.get('torch_version')}" + (
+        f" (CUDA {cuda_text}" + (f", cuDNN {cudnn_text})" if cudnn_text else ")") if cuda_text else "")
+    return Build(t.get("torch_version"), cuda, cuda_text, hip_text, tuple(arches), tuple(unknown), cudnn_text, label)
+
+
+def _node(gpus: tuple[Gpu, ...]) -> str:
+    n = len(gpus)
+    return f"{n} NVIDIA GPU{'s' if n != 1 else ''} ({', '.join(sorted({g.name for g in gpus}))})"
+
+
+def _driver_behind_minor(facts: RuntimeFacts, b: Build) -> bool:
+    """The driver's CUDA is older than the build's, within the major: minor version compatibility."""
+    drv, build = facts.driver_cuda, b.cuda
+    return drv is not None and build is not None and not (drv[0] < build[0] or (drv < build and build[0] < 11)) and drv < build
+
+
+def _rule_build_unreadable(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    if b.cuda_text and b.cuda is None:
+        try:
+            parse_cuda_version(b.cuda_text)
+        except ParseError as exc:
+            return [Finding(Status.WARN, f"torch reports an unreadable CUDA version: {exc}")]
+    return []
+
+
+def _rule_launch_blocking(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """CUDA_LAUNCH_BLOCKING=1, a debugging switch, serialises every kernel launch."""
+    if (facts.launch_blocking or "").strip() != "1":
+        return []
+    return [Finding(Status.WARN, "CUDA_LAUNCH_BLOCKING=1 makes every kernel launch synchronous (a debugging setting); "
+                    "expected unset", "unset CUDA_LAUNCH_BLOCKING", env={"CUDA_LAUNCH_BLOCKING": None})]
+
+
+def _rule_not_a_cuda_build(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """A CPU-only or ROCm torch on a node with NVIDIA GPUs (PITFALLS 9)."""
+    if b.cuda is not None:
+        return []
+    kind = f"a ROCm build (HIP {b.hip_text})" if b.hip_text else "a CPU-only build"
+    return [Finding(Status.FAIL, f"{b.label} is {kind} on a node with {_node(facts.gpus)}: the job cannot use them "
+                    "(\"torch._C has no attribute _cuda_getDevice\" / \"Torch not compiled with CUDA enabled\"); "
+                    "expected a CUDA build", _pip_fix(b.version, facts.driver_cuda))]
+
+
+def _rule_driver_vs_build(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """The driver's CUDA against the build's: too old a major fails, too old a minor warns."""
+    drv, build = facts.driver_cuda, b.cuda
+    assert build is not None
+    if drv is None:
+        return [Finding(Status.OK, "the driver did not report its CUDA version; driver/build match not checked")]
+    fix = _pip_fix(b.version, drv) + "  # or upgrade the NVIDIA driver"
+    if drv[0] < build[0] or (drv < build and build[0] < 11):
+        floor = MIN_DRIVER_FOR_MAJOR.get(build[0])
+        return [Finding(Status.FAIL, f"driver {facts.driver_version} supports CUDA up to {_cap(drv)} but {b.label} was "
+                        f"built for CUDA {_cap(build)}: torch cannot use the GPUs (\"The NVIDIA driver on your system is "
+                        f"too old\"); expected a driver for CUDA >= {_cap(build) if build[0] < 11 else f'{build[0]}.0'}"
+                        + (f" (R{floor.split('.')[0]} or newer)" if floor else ""), fix)]
+    if drv < build:
+        return [Finding(Status.WARN, f"driver {facts.driver_version} supports CUDA {_cap(drv)}, older than {b.label}'s "
+                        f"CUDA {_cap(build)}: it runs through CUDA minor version compatibility, but PTX JIT and features "
+                        f"newer than {_cap(drv)} are unavailable; expected a driver for CUDA >= {_cap(build)}", fix)]
+    return []
+
+
+def _kernels(g: Gpu, facts: RuntimeFacts, b: Build) -> str:
+    """How torch reaches the GPU: 'sass' (compiled), 'ptx' (JIT), 'ptx-unusable', 'none' or 'unknown'."""
+    if g.capability is None or not b.arches:
+        return "unknown"
+    if any(not a.ptx and a.runs_on(g.capability) for a in b.arches):
+        return "sass"
+    if any(a.ptx and a.runs_on(g.capability) for a in b.arches):
+        return "ptx-unusable" if _driver_behind_minor(facts, b) else "ptx"
+    return "none"
+
+
+def _rule_kernels(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """Each GPU's compute capability against the arch list compiled into torch."""
+    drv, found = facts.driver_cuda, []
+    if not b.arches:
+        found.append(Finding(Status.OK, "torch reported no arch list; kernel coverage not checked"))
+    built_for = ", ".join(a.name for a in b.arches)
+    for g in facts.gpus:
+        kernels = _kernels(g, facts, b)
+        if kernels in ("sass", "unknown"):
+            continue
+        assert g.capability is not None
+        sm, head = f"sm_{g.capability[0]}{g.capability[1]}", f"GPU {g.index} ({g.name}, sm_{g.capability[0]}{g.capability[1]})"
+        ptx = [a for a in b.arches if a.ptx and a.runs_on(g.capability)]
+        if kernels == "ptx":
+            found.append(Finding(Status.WARN, f"{head} has no compiled kernels in {b.label} (built for {built_for}); it "
+                                 f"runs only by JIT-compiling {ptx[-1].name} PTX, which makes the first start take "
+                                 f"minutes; expected a build with {sm}",
+                                 _pip_fix(b.version, drv) + f"  # a build whose arch list has {sm}"))
+        elif kernels == "ptx-unusable":
+            found.append(Finding(Status.FAIL, f"{head} is reachable only through {ptx[-1].name} PTX, and driver "
+                                 f"{facts.driver_version} (CUDA {_cap(drv) if drv else '?'}) is older than the toolkit "
+                                 "that made it (minor version compatibility does not JIT newer PTX): \"no kernel image is "
+                                 f"available\"; expected a driver for CUDA >= {_cap(b.cuda or (0, 0))}",
+                                 "upgrade the NVIDIA driver, or " + _pip_fix(b.version, drv)))
+        else:
+            older = all((a.major, a.minor) > g.capability for a in b.arches)
+            found.append(Finding(Status.FAIL, f"{head} is not supported by {b.label}: it carries kernels for {built_for} "
+                                 "only (\"no kernel image is available for execution on the device\"); expected "
+                                 f"{sm} in torch.cuda.get_arch_list()",
+                                 (f"this GPU is older than the build supports: install an older torch release built for {sm}"
+                                  if older else _pip_fix(None, drv) + f"  # a newer torch whose arch list has {sm}")))
+    return found
+
+
+def _rule_torch_sees_no_cuda(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """NVML sees GPUs but torch.cuda.is_available() says no: driver libraries or masking."""
+    t = facts.torch
+    if t.get("cuda_available") is not False:
+        return []
+    said = "; ".join(w for w in (t.get("warnings") or []) if "CUDA" in w or "driver" in w)[:400]
+    return [Finding(Status.WARN, f"torch.cuda.is_available() is False in {t.get('python')} although NVML sees "
+                    f"{_node(facts.gpus)}" + (f": {said}" if said else "") + "; expected True",
+                    "nvidia-smi  # then check CUDA_VISIBLE_DEVICES and that the driver's libcuda is visible to the job")]
+
+
+def _rule_cudnn(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """cuDNN that does not load, or a build without it."""
+    t, drv = facts.torch, facts.driver_cuda
+    errors = t.get("errors") or {}
+    if errors.get("cudnn_version"):
+        return [Finding(Status.FAIL, f"cuDNN does not load for {b.label}: {errors['cudnn_version'][:300]}",
+                        "remove other cuDNN copies from LD_LIBRARY_PATH, or " + _pip_fix(b.version, drv))]
+    if not t.get("cudnn_available"):
+        return [Finding(Status.WARN, f"{b.label} has no cuDNN: convolutions and RNNs fall back to slow native kernels; "
+                        "expected cuDNN", _pip_fix(b.version, drv))]
+    return []
+
+
+# The rules for a CUDA build on a node with GPUs, in the order their messages read best.
+CUDA_RULES = (_rule_driver_vs_build, _rule_kernels, _rule_torch_sees_no_cuda, _rule_cudnn)
+
+
+def _facts_out(facts: RuntimeFacts, b: Build) -> dict[str, Any]:
+    t = facts.torch
+    out: dict[str, Any] = {
         "python": t.get("python"),
-        "torch_version": torch_version,
-        "torch_cuda_version": cuda_text,
-        "torch_hip_version": hip_text,
+        "torch_version": b.version,
+        "torch_cuda_version": b.cuda_text,
+        "torch_hip_version": b.hip_text,
         "cudnn_version": t.get("cudnn_version"),
-        "cudnn_version_text": cudnn_text,
-        "arch_list": [a.name for a in arches] + unknown_arches,
+        "cudnn_version_text": b.cudnn_text,
+        "arch_list": [a.name for a in b.arches] + list(b.unknown_arches),
         "torch_cuda_available": t.get("cuda_available"),
         "driver_version": facts.driver_version,
         "driver_cuda_version": _cap(facts.driver_cuda) if facts.driver_cuda else None,
-        "gpu_count": len(gpus),
+        "gpu_count": len(facts.gpus),
         "probe_cached": t.get("probe_cached"),
     }
     if facts.nvml_reason:
-        facts_out["nvml_unavailable"] = facts.nvml_reason
+        out["nvml_unavailable"] = facts.nvml_reason
     if facts.launch_blocking is not None:
-        facts_out["CUDA_LAUNCH_BLOCKING"] = facts.launch_blocking
+        out["CUDA_LAUNCH_BLOCKING"] = facts.launch_blocking
+    return out
 
-    # CUDA_LAUNCH_BLOCKING: a debugging switch; CUDA reads 1 as on.
-    if (facts.launch_blocking or "").strip() == "1":
-        found.add(Status.WARN, "CUDA_LAUNCH_BLOCKING=1 makes every kernel launch synchronous (a debugging setting); expected unset",
-                  "unset CUDA_LAUNCH_BLOCKING")
 
-    if not gpus:
-        where = f"NVML: {_short(facts.nvml_reason)}" if facts.nvml_reason else "NVML sees 0 GPUs"
-        if build is not None:
-            base = (f"no NVIDIA GPU visible ({where}); {torch_label} is a CUDA build: if this node has GPUs, "
-                    f"the container was started without them (docker run --gpus all)")
-        elif hip_text:
-            base = f"no NVIDIA GPU visible ({where}); {torch_label} is a ROCm build: nothing to match"
-        else:
-            base = f"no NVIDIA GPU visible ({where}); {torch_label} is CPU-only: nothing to match"
-        facts_out["findings"] = [text for _, text, _ in found.items]
-        if not found.items:
-            return skip(base, **facts_out)
-        return _result(found, base, facts_out, context=base)
+def _no_gpu(facts: RuntimeFacts, b: Build) -> str:
+    where = f"NVML: {_short(facts.nvml_reason)}" if facts.nvml_reason else "NVML sees 0 GPUs"
+    if b.cuda is not None:
+        return (f"no NVIDIA GPU visible ({where}); {b.label} is a CUDA build: if this node has GPUs, "
+                f"the container was started without them (docker run --gpus all)")
+    build = "a ROCm build" if b.hip_text else "CPU-only"
+    return f"no NVIDIA GPU visible ({where}); {b.label} is {build}: nothing to match"
 
-    n = len(gpus)
-    names = sorted({g.name for g in gpus})
-    node = f"{n} NVIDIA GPU{'s' if n != 1 else ''} ({', '.join(names)})"
 
-    # A torch with no CUDA at all on a GPU node (PITFALLS 9).
-    if build is None:
-        kind = f"a ROCm build (HIP {hip_text})" if hip_text else "a CPU-only build"
-        found.add(Status.FAIL,
-                  f"{torch_label} is {kind} on a node with {node}: the job cannot use them "
-                  "(\"torch._C has no attribute _cuda_getDevice\" / \"Torch not compiled with CUDA enabled\"); "
-                  "expected a CUDA build", _pip_fix(torch_version, facts.driver_cuda))
-        facts_out["findings"] = [text for _, text, _ in found.items]
-        return _result(found, "", facts_out)
-
-    # Driver vs build.
-    driver_too_old_minor = False
+def judge(facts: RuntimeFacts, settings: Mapping[str, Any]) -> Result:
+    b = _build(facts.torch)
+    out = _facts_out(facts, b)
+    findings = _rule_build_unreadable(facts, b) + _rule_launch_blocking(facts, b)
+    if not facts.gpus:
+        out["findings"] = [f.message for f in findings]
+        base = _no_gpu(facts, b)
+        return verdict(findings, out, "", note=base) if findings else skip(base, **out)
+    findings += _rule_not_a_cuda_build(facts, b)
+    if b.cuda is not None:
+        findings += [finding for rule in CUDA_RULES for finding in rule(facts, b)]
+        rows = [{"index": g.index, "name": g.name, "capability": _cap(g.capability) if g.capability else None,
+                 "kernels": _kernels(g, facts, b)} for g in facts.gpus]
+        out["gpus"] = rows
+        out["arch_supported"] = {str(r["index"]): int(r["kernels"] in ("sass", "ptx"))
+                                 for r in rows if r["kernels"] != "unknown"}
+    out["findings"] = [f.message for f in findings]
+    caps = sorted({r["capability"] for r in out.get("gpus", []) if r["capability"]})
     drv = facts.driver_cuda
-    if drv is None:
-        found.add(Status.OK, "the driver did not report its CUDA version; driver/build match not checked")
-    elif drv[0] < build[0] or (drv < build and build[0] < 11):
-        floor = MIN_DRIVER_FOR_MAJOR.get(build[0])
-        found.add(Status.FAIL,
-                  f"driver {facts.driver_version} supports CUDA up to {_cap(drv)} but {torch_label} was built for "
-                  f"CUDA {_cap(build)}: torch cannot use the GPUs (\"The NVIDIA driver on your system is too old\"); "
-                  f"expected a driver for CUDA >= {_cap(build) if build[0] < 11 else f'{build[0]}.0'}"
-                  + (f" (R{floor.split('.')[0]} or newer)" if floor else ""),
-                  _pip_fix(torch_version, drv) + "  # or upgrade the NVIDIA driver")
-    elif drv < build:
-        driver_too_old_minor = True
-        found.add(Status.WARN,
-                  f"driver {facts.driver_version} supports CUDA {_cap(drv)}, older than {torch_label}'s CUDA "
-                  f"{_cap(build)}: it runs through CUDA minor version compatibility, but PTX JIT and features newer "
-                  f"than {_cap(drv)} are unavailable; expected a driver for CUDA >= {_cap(build)}",
-                  _pip_fix(torch_version, drv) + "  # or upgrade the NVIDIA driver")
-
-    # Kernels vs each GPU.
-    supported: dict[str, int] = {}
-    per_gpu: list[dict[str, Any]] = []
-    if not arches:
-        found.add(Status.OK, "torch reported no arch list; kernel coverage not checked")
-    for g in gpus:
-        row: dict[str, Any] = {"index": g.index, "name": g.name, "capability": _cap(g.capability) if g.capability else None}
-        per_gpu.append(row)
-        if g.capability is None or not arches:
-            row["kernels"] = "unknown"
-            continue
-        sass = [a for a in arches if not a.ptx and a.runs_on(g.capability)]
-        ptx = [a for a in arches if a.ptx and a.runs_on(g.capability)]
-        sm = f"sm_{g.capability[0]}{g.capability[1]}"
-        if sass:
-            row["kernels"] = "sass"
-            supported[str(g.index)] = 1
-        elif ptx and not driver_too_old_minor:
-            row["kernels"] = "ptx"
-            supported[str(g.index)] = 1
-            found.add(Status.WARN,
-                      f"GPU {g.index} ({g.name}, {sm}) has no compiled kernels in {torch_label} (built for "
-                      f"{', '.join(a.name for a in arches)}); it runs only by JIT-compiling {ptx[-1].name} PTX, "
-                      "which makes the first start take minutes; expected a build with " + sm,
-                      _pip_fix(torch_version, drv) + f"  # a build whose arch list has {sm}")
-        elif ptx:
-            row["kernels"] = "ptx-unusable"
-            supported[str(g.index)] = 0
-            found.add(Status.FAIL,
-                      f"GPU {g.index} ({g.name}, {sm}) is reachable only through {ptx[-1].name} PTX, and driver "
-                      f"{facts.driver_version} (CUDA {_cap(drv) if drv else '?'}) is older than the toolkit that made it "
-                      "(minor version compatibility does not JIT newer PTX): \"no kernel image is available\"; "
-                      "expected a driver for CUDA >= " + _cap(build),
-                      "upgrade the NVIDIA driver, or " + _pip_fix(torch_version, drv))
-        else:
-            row["kernels"] = "none"
-            supported[str(g.index)] = 0
-            older = all((a.major, a.minor) > g.capability for a in arches)
-            found.add(Status.FAIL,
-                      f"GPU {g.index} ({g.name}, {sm}) is not supported by {torch_label}: it carries kernels for "
-                      f"{', '.join(a.name for a in arches)} only (\"no kernel image is available for execution on the device\"); "
-                      f"expected {sm} in torch.cuda.get_arch_list()",
-                      (f"this GPU is older than the build supports: install an older torch release built for {sm}"
-                       if older else _pip_fix(None, drv) + f"  # a newer torch whose arch list has {sm}"))
-    facts_out["gpus"] = per_gpu
-    facts_out["arch_supported"] = supported
-
-    # torch's own view of the driver.
-    if t.get("cuda_available") is False:
-        said = "; ".join(w for w in (t.get("warnings") or []) if "CUDA" in w or "driver" in w)[:400]
-        found.add(Status.WARN,
-                  f"torch.cuda.is_available() is False in {t.get('python')} although NVML sees {node}"
-                  + (f": {said}" if said else "") + "; expected True",
-                  "nvidia-smi  # then check CUDA_VISIBLE_DEVICES and that the driver's libcuda is visible to the job")
-
-    # cuDNN.
-    errors = t.get("errors") or {}
-    if errors.get("cudnn_version"):
-        found.add(Status.FAIL, f"cuDNN does not load for {torch_label}: {errors['cudnn_version'][:300]}",
-                  "remove other cuDNN copies from LD_LIBRARY_PATH, or " + _pip_fix(torch_version, drv))
-    elif not t.get("cudnn_available"):
-        found.add(Status.WARN, f"{torch_label} has no cuDNN: convolutions and RNNs fall back to slow native kernels; expected cuDNN",
-                  _pip_fix(torch_version, drv))
-
-    facts_out["findings"] = [text for _, text, _ in found.items]
-    base = (f"{torch_label} matches driver {facts.driver_version}"
-            + (f" (CUDA {_cap(drv)})" if drv else "")
-            + f" and {node}"
-            + (f" [{', '.join(sorted({row['capability'] for row in per_gpu if row['capability']}))}]" if per_gpu else ""))
-    return _result(found, base, facts_out)
-
-
-def _result(found: _Findings, ok_summary: str, facts: dict[str, Any], context: str = "") -> Result:
-    status = found.status
-    if status is Status.OK:
-        return ok(ok_summary, **facts)
-    loud = [item for item in found.loudest() if item[0].severity > 0]
-    summary = "; ".join([text for _, text, _ in loud] + ([context] if context else []))
-    fix = join_fixes(loud)
-    return (fail if status is Status.FAIL else warn)(summary, fix, **facts)
+    ok_summary = (f"{b.label} matches driver {facts.driver_version}" + (f" (CUDA {_cap(drv)})" if drv else "")
+                  + f" and {_node(facts.gpus)}" + (f" [{', '.join(caps)}]" if out.get("gpus") else ""))
+    return verdict(findings, out, ok_summary)
 
 
 CHECK = Check(
     id="cuda.runtime",
     title="torch's CUDA build matches the driver, the GPUs' architectures and cuDNN",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    modes=("check", "serve", "exec", "inprocess"),  # torch facts and NVML: no CUDA context
+    intrusive=False,
     explain=__doc__ or "",
     needs=("torch",),
     timeout=90.0,

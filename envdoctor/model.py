@@ -51,7 +51,7 @@ class Result:
     check: str = ""
     target: str = ""
     duration_seconds: float = 0.0
-    fix_env: dict[str, str] = field(default_factory=dict)  # environment changes that would fix it
+    fix_env: dict[str, str | None] = field(default_factory=dict)  # environment changes that would fix it (None: unset)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -92,12 +92,16 @@ def error(summary: str, **facts: Any) -> Result:
 class Finding:
     """One thing a check noticed: how loud, what (subject, observed, expected), the
     fix a person can paste, and the environment changes that would fix it as data
-    (`{"OMP_NUM_THREADS": "2"}`), so `envdoctor exec --fix` can apply them."""
+    (`{"OMP_NUM_THREADS": "2"}`), so `envdoctor exec --fix` can apply them.
+
+    In `env` a string sets the variable, the empty string included (an empty
+    CUDA_VISIBLE_DEVICES means "no GPU", not "unset"), and None unsets it
+    (`{"CUDA_LAUNCH_BLOCKING": None}`): the one convention whoever applies them follows."""
 
     status: Status
     message: str
     fix: str = ""
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str | None] = field(default_factory=dict)
 
 
 def as_finding(item: "Finding | tuple") -> Finding:
@@ -138,7 +142,7 @@ def verdict(findings: Iterable[Finding], facts: Mapping[str, Any], ok_summary: s
     suffix = f" ({note})" if note else ""
     if not loud:
         return Result(Status.OK, ok_summary + suffix, "", dict(facts))
-    env: dict[str, str] = {}
+    env: dict[str, str | None] = {}
     for finding in loud:
         for name, value in finding.env.items():
             env.setdefault(name, value)
