@@ -65,7 +65,7 @@ from typing import Any, BinaryIO, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable
-from envdoctor.model import Result, Status, error, fail, ok, warn
+from envdoctor.model import Finding, Result, Status, verdict
 
 DEFAULT_DOMAINS = ("", "ai.onnx")  # both spell the default operator set
 INTERPOLATION_OPS = ("Resize", "Upsample")
@@ -421,7 +421,7 @@ def runtime_facts() -> RuntimeFacts:
 def _model_paths(ctx: Any) -> list[Path]:
     """--onnx files and the `files` config key, each once, in the order given."""
     seen: dict[str, Path] = {}
-    configured = ctx.config.get("files") or []
+    configured = ctx.settings["files"] or []
     if isinstance(configured, (str, Path)):
         configured = [configured]
     for path in [*ctx.onnx_files, *configured]:
@@ -512,13 +512,6 @@ def gather(ctx: Any) -> OnnxFacts:
 # -- judging ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Finding:
-    status: Status
-    message: str
-    fix: str = ""
-
-
 def _suggested_opset(min_opset: int, runtime_max: int | None) -> int:
     target = max(PREFERRED_OPSET, min_opset)
     if runtime_max is not None:
@@ -526,61 +519,72 @@ def _suggested_opset(min_opset: int, runtime_max: int | None) -> int:
     return max(target, min_opset)
 
 
-def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> tuple[list[Finding], list[str]]:
-    """Findings (with a status) and notes (facts only) for one model file."""
-    rt = facts.runtime
+def _rule_model_unusable(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """A file that is not a model, or a model that imports no ai.onnx opset: nothing else can be judged."""
     if model.info is None:
         fix = ("check the path given to --onnx (or the files config key)" if model.unreadable
                else "re-export the model, or pass the .onnx file itself")
-        return [Finding(Status.ERROR, f"{model.path}: {model.problem}", fix)], []
-    info = model.info
-    findings: list[Finding] = []
-    notes: list[str] = []
-    opset = info.opset
-    if opset is None and info.uses_default_domain:
-        return [Finding(Status.ERROR, f"{model.path}: uses ai.onnx operators but imports no ai.onnx opset (not a valid model)",
-                        "re-export the model with torch.onnx.export(..., opset_version=17)")], []
-    suggest = _suggested_opset(min_opset, rt.max_opset)
-    early = [n for n in info.interpolation if n.opset is not None and n.opset < min_opset]
-    if early:
-        kinds = "/".join(sorted({n.op for n in early}))
-        names = ", ".join(repr(n.where) for n in early[:EXAMPLES]) + (", ..." if len(early) > EXAMPLES else "")
-        opsets = "/".join(str(o) for o in sorted({n.opset for n in early if n.opset is not None}))
-        findings.append(Finding(
-            Status.FAIL,
-            f"{model.path}: {len(early)} {kinds} node(s) at opset {opsets} ({names}); expected opset >= {min_opset}: "
-            f"before opset 11 ONNX's Resize/Upsample does not match PyTorch's interpolate",
-            f"torch.onnx.export(model, args, 'model.onnx', opset_version={suggest})",
-        ))
+        return [Finding(Status.ERROR, f"{model.path}: {model.problem}", fix)]
+    if model.info.opset is None and model.info.uses_default_domain:
+        return [Finding(Status.ERROR, f"{model.path}: uses ai.onnx operators but imports no ai.onnx opset (not a valid "
+                        "model)", "re-export the model with torch.onnx.export(..., opset_version=17)")]
+    return []
+
+
+def _rule_model_interpolation(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """Resize/Upsample below opset 11 does not match PyTorch's interpolate (PITFALLS 7)."""
+    assert model.info is not None
+    early = [n for n in model.info.interpolation if n.opset is not None and n.opset < min_opset]
+    if not early:
+        return []
+    kinds = "/".join(sorted({n.op for n in early}))
+    names = ", ".join(repr(n.where) for n in early[:EXAMPLES]) + (", ..." if len(early) > EXAMPLES else "")
+    opsets = "/".join(str(o) for o in sorted({n.opset for n in early if n.opset is not None}))
+    return [Finding(Status.FAIL, f"{model.path}: {len(early)} {kinds} node(s) at opset {opsets} ({names}); expected "
+                    f"opset >= {min_opset}: before opset 11 ONNX's Resize/Upsample does not match PyTorch's interpolate",
+                    f"torch.onnx.export(model, args, 'model.onnx', opset_version="
+                    f"{_suggested_opset(min_opset, facts.runtime.max_opset)})")]
+
+
+def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """An opset or IR version newer than the installed onnxruntime loads."""
+    assert model.info is not None
+    rt, opset, found = facts.runtime, model.info.opset, []
     if opset is not None and rt.max_opset is not None and opset > rt.max_opset:
-        runs_dev = facts.released_only == "0" and rt.dev_opset is not None and opset <= rt.dev_opset
-        if runs_dev:
-            findings.append(Finding(
-                Status.WARN,
-                f"{model.path}: opset {opset} is beyond onnxruntime {rt.version}'s released opset {rt.max_opset}; "
-                f"it loads only because {RELEASED_ONLY_VAR}=0 (an opset under development)",
-                f"torch.onnx.export(..., opset_version={rt.max_opset})",
-            ))
+        if facts.released_only == "0" and rt.dev_opset is not None and opset <= rt.dev_opset:
+            found.append(Finding(Status.WARN, f"{model.path}: opset {opset} is beyond onnxruntime {rt.version}'s released "
+                                 f"opset {rt.max_opset}; it loads only because {RELEASED_ONLY_VAR}=0 (an opset under "
+                                 "development)", f"torch.onnx.export(..., opset_version={rt.max_opset})"))
         else:
-            findings.append(Finding(
-                Status.FAIL,
-                f"{model.path}: opset {opset}; onnxruntime {rt.version} runs up to opset {rt.max_opset} and will refuse it",
-                f"pip install -U onnxruntime, or torch.onnx.export(..., opset_version={rt.max_opset})",
-            ))
-    if rt.max_ir_version is not None and info.ir_version > rt.max_ir_version:
-        findings.append(Finding(
-            Status.FAIL,
-            f"{model.path}: IR version {info.ir_version}; onnxruntime {rt.version} loads up to IR version {rt.max_ir_version}",
-            "pip install -U onnxruntime",
-        ))
-    if rt.version is None:
+            found.append(Finding(Status.FAIL, f"{model.path}: opset {opset}; onnxruntime {rt.version} runs up to opset "
+                                 f"{rt.max_opset} and will refuse it",
+                                 f"pip install -U onnxruntime, or torch.onnx.export(..., opset_version={rt.max_opset})"))
+    if rt.max_ir_version is not None and model.info.ir_version > rt.max_ir_version:
+        found.append(Finding(Status.FAIL, f"{model.path}: IR version {model.info.ir_version}; onnxruntime {rt.version} "
+                             f"loads up to IR version {rt.max_ir_version}", "pip install -U onnxruntime"))
+    return found
+
+
+def _model_notes(model: ModelFile, facts: OnnxFacts) -> list[str]:
+    """What is worth saying about a model that is no finding."""
+    opset, notes = model.info.opset if model.info else None, []
+    if model.info is not None and facts.runtime.version is None:
         notes.append("onnxruntime is not installed: not checked whether it runs this model")
     if opset is not None and opset > facts.onnx_max_opset:
         notes.append(f"opset {opset} is newer than the installed onnx {facts.onnx_version} knows ({facts.onnx_max_opset})")
-    if len(facts.models) > 1:  # several models: say which one each fix is for
+    return notes
+
+
+def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """The findings for one model file; with several models each fix says which one it is for."""
+    findings = _rule_model_unusable(model, facts, min_opset)
+    if not findings:
+        findings = (_rule_model_interpolation(model, facts, min_opset)
+                    + _rule_model_beyond_runtime(model, facts, min_opset))
+    if len(facts.models) > 1:
         name = Path(model.path).name
         findings = [dataclasses.replace(f, fix=f"{name}: {f.fix}") if f.fix else f for f in findings]
-    return findings, notes
+    return findings
 
 
 def _model_fact(model: ModelFile, findings: list[Finding], notes: list[str]) -> dict[str, Any]:
@@ -606,39 +610,29 @@ def _rank(status: Status) -> tuple[int, int]:
     return (status.severity, 1 if status is Status.FAIL else 0)
 
 
-def judge(facts: OnnxFacts, config: Mapping[str, Any]) -> Result:
-    min_opset = int(config.get("min_opset", 11))
-    rt = facts.runtime
-    findings: list[Finding] = []
+def _rule_released_only_var(facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """ALLOW_RELEASED_ONNX_OPSET_ONLY other than 0/1 makes onnxruntime refuse every model."""
+    if facts.runtime.version is None or facts.released_only in (None, "", "0", "1"):
+        return []
+    return [Finding(Status.FAIL, f"{RELEASED_ONLY_VAR}={facts.released_only!r}; onnxruntime accepts only 0 or 1 and "
+                    "refuses every model otherwise", f"unset {RELEASED_ONLY_VAR}", env={RELEASED_ONLY_VAR: None})]
 
-    if rt.version is not None and facts.released_only not in (None, "", "0", "1"):
-        findings.append(Finding(
-            Status.FAIL,
-            f"{RELEASED_ONLY_VAR}={facts.released_only!r}; onnxruntime accepts only 0 or 1 and refuses every model otherwise",
-            f"unset {RELEASED_ONLY_VAR}",
-        ))
-    t = facts.torch_default_opset
+
+def _rule_torch_default_opset(facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """torch.onnx.export's default opset: below the Resize fix, or beyond what onnxruntime runs."""
+    t, rt, found = facts.torch_default_opset, facts.runtime, []
     if t is not None and t < min_opset:
-        findings.append(Finding(
-            Status.WARN,
-            f"torch.onnx.export uses opset {t} by default; expected >= {min_opset}: "
-            f"Resize/Upsample below opset 11 does not match PyTorch's interpolate",
-            f"torch.onnx.export(..., opset_version={_suggested_opset(min_opset, rt.max_opset)})",
-        ))
+        found.append(Finding(Status.WARN, f"torch.onnx.export uses opset {t} by default; expected >= {min_opset}: "
+                             "Resize/Upsample below opset 11 does not match PyTorch's interpolate",
+                             f"torch.onnx.export(..., opset_version={_suggested_opset(min_opset, rt.max_opset)})"))
     if t is not None and rt.max_opset is not None and t > rt.max_opset:
-        findings.append(Finding(
-            Status.WARN,
-            f"torch.onnx.export uses opset {t} by default; onnxruntime {rt.version} runs up to opset {rt.max_opset}",
-            f"torch.onnx.export(..., opset_version={rt.max_opset})",
-        ))
+        found.append(Finding(Status.WARN, f"torch.onnx.export uses opset {t} by default; onnxruntime {rt.version} runs "
+                             f"up to opset {rt.max_opset}", f"torch.onnx.export(..., opset_version={rt.max_opset})"))
+    return found
 
-    model_facts = []
-    for model in facts.models:
-        model_findings, notes = _judge_model(model, facts, min_opset)
-        findings.extend(model_findings)
-        model_facts.append(_model_fact(model, model_findings, notes))
 
-    status = max((f.status for f in findings), key=_rank, default=Status.OK)
+def _facts_out(facts: OnnxFacts, min_opset: int, model_facts: list[dict[str, Any]]) -> dict[str, Any]:
+    rt = facts.runtime
     out: dict[str, Any] = {
         "onnx_version": facts.onnx_version,
         "onnx_max_opset": facts.onnx_max_opset,
@@ -648,7 +642,7 @@ def judge(facts: OnnxFacts, config: Mapping[str, Any]) -> Result:
         "onnxruntime_max_opset_source": rt.max_opset_source,
         "onnxruntime_dev_opset": rt.dev_opset,
         "onnxruntime_max_ir_version": rt.max_ir_version,
-        "torch_default_export_opset": t,
+        "torch_default_export_opset": facts.torch_default_opset,
         "min_opset": min_opset,
         "models": model_facts,
         "models_failing": sum(1 for m in model_facts if m["status"] in ("fail", "error")),
@@ -659,21 +653,23 @@ def judge(facts: OnnxFacts, config: Mapping[str, Any]) -> Result:
         out["torch_default_export_opset_reason"] = facts.torch_reason
     if facts.released_only is not None:
         out[RELEASED_ONLY_VAR] = facts.released_only
+    return out
 
-    if status is Status.OK:
-        return ok(_ok_summary(facts), **out)
-    ordered = sorted(findings, key=lambda f: _rank(f.status), reverse=True)
-    out["findings"] = [f.message for f in ordered]
-    summary = "; ".join(f.message for f in ordered)
-    fixes = list(dict.fromkeys(f.fix for f in ordered if f.status is status and f.fix))
-    remediation = "; ".join(fixes)
-    if status is Status.FAIL:
-        return fail(summary, remediation, **out)
-    if status is Status.WARN:
-        return warn(summary, remediation, **out)
-    result = error(summary, **out)
-    result.remediation = remediation
-    return result
+
+def judge(facts: OnnxFacts, settings: Mapping[str, Any]) -> Result:
+    min_opset = int(settings["min_opset"])
+    findings = _rule_released_only_var(facts, min_opset) + _rule_torch_default_opset(facts, min_opset)
+    model_facts = []
+    for model in facts.models:
+        model_findings = _judge_model(model, facts, min_opset)
+        findings.extend(model_findings)
+        model_facts.append(_model_fact(model, model_findings, _model_notes(model, facts)))
+    out = _facts_out(facts, min_opset, model_facts)
+    # fail before error at the same severity: verdict keeps this order and names the first loudest status
+    findings.sort(key=lambda f: _rank(f.status), reverse=True)
+    if findings:
+        out["findings"] = [f.message for f in findings]
+    return verdict(findings, out, _ok_summary(facts))
 
 
 def _ok_summary(facts: OnnxFacts) -> str:
@@ -695,7 +691,13 @@ def _ok_summary(facts: OnnxFacts) -> str:
 CHECK = Check(
     id="onnx.opset",
     title="ONNX exports at an opset that matches PyTorch (Resize >= 11) and that the installed onnxruntime runs",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    gather=gather,
+    judge=judge,
+    # Loading onnxruntime (and building sessions to find its limits) happens in
+    # envdoctor's own process, and under preflight() that is the training script:
+    # intrusive, so `envdoctor check` only.
+    modes=("check",),
+    intrusive=True,
     explain=__doc__ or "",
     needs=("onnx",),
     config={"files": [], "min_opset": 11},

@@ -365,28 +365,28 @@ def _model(opset: int, *interp: tuple[str, int]) -> ModelFile:
 
 def test_judge_dev_opset_loads_only_with_the_switch():
     model = _model(27)
-    assert judge(_facts(model), {}).status is Status.FAIL
-    result = judge(_facts(model, released_only="0"), {})
+    assert judge(_facts(model), CHECK.defaults).status is Status.FAIL
+    result = judge(_facts(model, released_only="0"), CHECK.defaults)
     assert result.status is Status.WARN and "ALLOW_RELEASED_ONNX_OPSET_ONLY=0" in result.summary
-    assert judge(_facts(_model(28), released_only="0"), {}).status is Status.FAIL
+    assert judge(_facts(_model(28), released_only="0"), CHECK.defaults).status is Status.FAIL
 
 
 def test_judge_suggests_an_opset_the_runtime_runs():
     old_runtime = RuntimeFacts("1.8.0", 14, "load_refusal", 14, 7)
-    result = judge(_facts(_model(10, ("Resize", 10)), rt=old_runtime), {"min_opset": 11})
+    result = judge(_facts(_model(10, ("Resize", 10)), rt=old_runtime), {**CHECK.defaults, "min_opset": 11})
     assert result.status is Status.FAIL and "opset_version=14" in result.remediation
 
 
 def test_judge_model_without_default_opset_but_default_ops_is_error():
     model = ModelFile("ml.onnx", ModelInfo(8, {"ai.onnx.ml": 3}, 2, (), True))
-    assert judge(_facts(model), {}).status is Status.ERROR
+    assert judge(_facts(model), CHECK.defaults).status is Status.ERROR
     only_ml = ModelFile("ml.onnx", ModelInfo(8, {"ai.onnx.ml": 3}, 2, (), False))
-    assert judge(_facts(only_ml), {}).status is Status.OK
+    assert judge(_facts(only_ml), CHECK.defaults).status is Status.OK
 
 
 def test_judge_notes_opsets_newer_than_installed_onnx_without_failing():
     rt = RuntimeFacts("9.0.0", 40, "load_refusal", 40, 20)
-    result = judge(_facts(_model(30), rt=rt), {})
+    result = judge(_facts(_model(30), rt=rt), CHECK.defaults)
     assert result.status is Status.OK
     assert any("newer than the installed onnx" in f for f in result.facts["models"][0]["findings"])
 
