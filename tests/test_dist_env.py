@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envdoctor.checks import dist_master_port
 from envdoctor.checks.dist_env import CHECK, DistFacts, judge, parse_ifname_spec, parse_net_dev
 from envdoctor.context import Roots, Session, Target
 from envdoctor.errors import ParseError
@@ -124,28 +125,43 @@ def test_a_resolver_that_hangs_is_bounded(monkeypatch):
     assert r.status is Status.WARN and "did not resolve within 0.2 s" in r.summary
 
 
+def check_port(env, target=None):
+    session = Session(env_override=env, roots=NETNS, target=target or Target())
+    return run_one(Plan(dist_master_port.CHECK, dict(dist_master_port.CHECK.config), 10), session)
+
+
 @pytest.mark.real
 def test_port_taken_on_rank_0_warns_and_suggests_a_free_one():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        r = check(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)))
+        r = check_port(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)))
         assert r.status is Status.WARN, r.summary
         assert f"MASTER_PORT={port} on 127.0.0.1 cannot be bound (address already in use)" in r.summary
         assert r.remediation.startswith("export MASTER_PORT=") and str(port) not in r.remediation.split("#")[0]
-        # other ranks do not bind the port: no warning for them
-        assert check(torchrun_env(RANK="1", LOCAL_RANK="1", MASTER_PORT=str(port))).status is Status.OK
-        # nor for another process's environment (the running job itself holds it)
-        r = check(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)), target=Target(pid=1))
-        assert r.status is Status.OK and "not tried for --pid" in r.summary
-    free = check(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)))
-    assert free.status is Status.OK and "port free" in free.summary
+        # dist.env itself never binds: it stays ok with the port taken
+        assert check(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port))).status is Status.OK
+        # other ranks do not bind the port: the test does not apply to them
+        r = check_port(torchrun_env(RANK="1", LOCAL_RANK="1", MASTER_PORT=str(port)))
+        assert r.status is Status.SKIP and "only rank 0" in r.summary
+        # nor to another process's environment (the running job itself holds it)
+        r = check_port(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)), target=Target(pid=1))
+        assert r.status is Status.SKIP and "not tried for --pid" in r.summary
+    free = check_port(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)))
+    assert free.status is Status.OK and "is free" in free.summary
 
 
-def test_port_test_can_be_turned_off():
-    r = check(torchrun_env(RANK="0", LOCAL_RANK="0"), config={"check_port": False})
-    assert r.facts["port_checked"] is False and "turned off" in r.summary
+def test_port_test_is_declared_intrusive_and_runs_only_in_check():
+    """Binding MASTER_PORT is intrusive: serve and exec never run it; dist.env runs everywhere."""
+    assert dist_master_port.CHECK.intrusive and dist_master_port.CHECK.modes == ("check",)
+    assert not dist_master_port.CHECK.runs_in("serve") and not dist_master_port.CHECK.runs_in("exec")
+    assert not CHECK.intrusive and all(CHECK.runs_in(m) for m in ("check", "serve", "exec"))
+
+
+def test_port_test_skips_another_host():
+    r = check_port(torchrun_env(RANK="0", MASTER_ADDR="192.0.2.1"))  # TEST-NET-1: never this host
+    assert r.status is Status.SKIP and "another host" in r.summary
 
 
 def test_loopback_master_on_a_multi_node_job_warns():
@@ -275,7 +291,7 @@ def test_parsers_reject_non_text(value):
 def test_every_finding_brings_its_own_fix():
     """Two problems, two fixes: a user who fixed only the first would meet the second next run."""
     r = check(torchrun_env(MASTER_ADDR="no-such-host.invalid", NCCL_SOCKET_IFNAME="ib9"),
-              config={"resolve_timeout_seconds": 5.0, "check_port": False})
+              config={"resolve_timeout_seconds": 5.0})
     assert r.status is Status.FAIL
     assert "does not resolve" in r.summary and "NCCL_SOCKET_IFNAME" in r.summary
     assert "MASTER_ADDR" in r.remediation and "NCCL_SOCKET_IFNAME" in r.remediation

@@ -1,0 +1,127 @@
+"""dist.master_port: on rank 0, is MASTER_PORT free on the master (this host)?
+
+What it reads: the target's RANK, MASTER_ADDR and MASTER_PORT; resolves
+MASTER_ADDR (bounded, as dist.env does); when this is rank 0, the master address
+is this host and the target is envdoctor's own environment, it binds MASTER_PORT
+on that address for an instant and lets it go.
+
+Why it matters: rank 0 starts the rendezvous store on MASTER_PORT; a port already
+taken (a previous job's leftover process, another service) makes it die with
+"address already in use" while every other rank waits at the rendezvous until it
+times out (30 minutes by default).
+
+Why it is a check of its own: binding a port is intrusive (DESIGN: creates a
+CUDA context, loads onnxruntime, binds a port), so it runs in `envdoctor check`
+only, never in serve (which must not touch a running job's port) or exec (which
+runs right before the launcher binds it). dist.env judges everything else about
+the launch variables, everywhere.
+
+Statuses: `warn` when the port cannot be bound on rank 0 (the reason named, a
+free port suggested); `ok` when it could; `skip`, with the reason, when the test
+does not apply: no MASTER_PORT or not a port number, not rank 0, the master is
+another host or does not resolve, or the target is another process (`--pid`:
+the running job itself holds the port).
+
+How to fix: pick a free port (`export MASTER_PORT=29501`, the check names one
+that is free now), or end the process that holds it (`ss -ltnp 'sport = :29500'`).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from envdoctor.check import Check
+from envdoctor.errors import Unavailable
+from envdoctor.model import Finding, Result, Status, verdict
+
+from envdoctor.checks.dist_env import is_local, master_port, resolve
+
+
+@dataclass(frozen=True)
+class PortFacts:
+    address: str  # the local address the port was bound on
+    port: int
+    error: str | None  # why binding failed; None: it is free
+    free_port: int | None = None  # a port that was free, to suggest
+
+
+def _try_bind(address: str, port: int) -> str | None:
+    """None when `port` could be bound on `address`; otherwise why not."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "in use"
+        sock.bind((address, port))
+        return None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "address already in use"
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return "permission denied (ports below 1024 need root)"
+        return exc.strerror or str(exc)
+    finally:
+        sock.close()
+
+
+def _free_port(address: str) -> int | None:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((address, 0))
+            return sock.getsockname()[1]
+    except OSError:
+        return None
+
+
+def _local_master(env: Mapping[str, str], timeout: float) -> tuple[str, int]:
+    """(local address, port) to test, or Unavailable saying why the test does not apply."""
+    port, addr = master_port(env), (env.get("MASTER_ADDR") or "").strip()
+    if port is None or not addr:
+        raise Unavailable("no usable MASTER_ADDR and MASTER_PORT: no rendezvous port to test")
+    if (env.get("RANK") or "").strip() != "0":
+        raise Unavailable(f"RANK={env.get('RANK')!r}: only rank 0 binds MASTER_PORT")
+    addrs, err, timed_out = resolve(addr, port, timeout)
+    if not addrs:
+        why = f"did not resolve within {timeout:g} s" if timed_out else f"does not resolve ({err})"
+        raise Unavailable(f"MASTER_ADDR={addr!r} {why} (see dist.env): port not tested")
+    if not is_local(addrs):
+        raise Unavailable(f"MASTER_ADDR={addr!r} is another host: its port can only be tested there")
+    return next((a for a in addrs if is_local((a,))), addrs[0]).split("%", 1)[0], port
+
+
+def gather(ctx) -> PortFacts:
+    if ctx.target.pid is not None:
+        raise Unavailable("not tried for --pid: the running job itself holds the port")
+    address, port = _local_master(ctx.env, float(ctx.settings["resolve_timeout_seconds"]))
+    error = _try_bind(address, port)
+    return PortFacts(address, port, error, _free_port(address) if error else None)
+
+
+def _rule_port_taken(facts: PortFacts) -> list[Finding]:
+    """Rank 0 cannot bind MASTER_PORT: the rendezvous store will not start."""
+    if facts.error is None:
+        return []
+    other = facts.free_port or (facts.port + 1 if facts.port < 65535 else 29500)
+    return [Finding(Status.WARN, f"MASTER_PORT={facts.port} on {facts.address} cannot be bound ({facts.error}) and "
+                    "this is rank 0: the rendezvous store will fail to start",
+                    f"export MASTER_PORT={other}  # a port that is free now")]
+
+
+def judge(facts: PortFacts, settings: Mapping[str, Any]) -> Result:
+    out = {"master_port": facts.port, "address": facts.address, "port_error": facts.error, "free_port": facts.free_port}
+    return verdict(_rule_port_taken(facts), out, f"MASTER_PORT={facts.port} on {facts.address} is free (rank 0)")
+
+
+CHECK = Check(
+    id="dist.master_port",
+    title="On rank 0, MASTER_PORT is free on the master, so the rendezvous store can start",
+    gather=gather,
+    judge=judge,
+    explain=__doc__ or "",
+    modes=("check",),
+    intrusive=True,  # binds a port
+    config={"resolve_timeout_seconds": 2.0},
+)
