@@ -28,6 +28,8 @@ class ExportOptions:
     fail_on: str = "fail"
     color: bool = False  # text only: ANSI colour (the CLI decides: a terminal and no NO_COLOR)
     width: int = 120  # text only
+    title: str = "envdoctor"  # compact only: who speaks ("envdoctor preflight", "envdoctor exec")
+    notes: tuple[str, ...] = ()  # compact only: lines under the summary (a config that was ignored)
 
 
 @dataclass(frozen=True)

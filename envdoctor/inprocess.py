@@ -8,8 +8,9 @@ CUDA_VISIBLE_DEVICES. Called near the top of a training script,
     envdoctor.preflight()                 # prints a compact report to stderr
     envdoctor.preflight(strict=True)      # ... and raises PreflightError on a `fail`
 
-runs the registered checks in this process with torch facts read from the torch
-this script already imported (imported here if it was not: the script asked),
+runs the registered checks that declare the `inprocess` mode in this process
+(the intrusive ones, torch.pin_memory's measurement and onnx.opset's onnxruntime,
+stay out of the script) with torch facts read from the torch this script already imported (imported here if it was not: the script asked),
 instead of from a probe subprocess.
 
 It never initialises CUDA itself: creating a context costs GPU memory, and
@@ -19,10 +20,10 @@ safe before initialisation: torch.version.cuda, the compiled arch list,
 torch.cuda.is_initialized(), and the GPU count from NVML (not
 torch.cuda.is_available(), which runs cuInit). When the script has already
 initialised CUDA, device counts and memory_reserved / memory_allocated come from
-torch (they create nothing then). That state is reported in its own row,
-`preflight.live`: CUDA already initialised means CUDA_VISIBLE_DEVICES changes
-from here on are ignored, and reserved memory far above allocated memory is
-allocator fragmentation.
+torch (they create nothing then). That state is judged by an ordinary check,
+`preflight.live` (checks/preflight_live.py, mode `inprocess` only), and printed
+by the `compact` exporter: the runner, redaction and printing are the same as
+everywhere else.
 """
 
 from __future__ import annotations
@@ -70,12 +71,6 @@ def _get(errors: dict[str, str], name: str, fn, default=None):
     except Exception as exc:  # one unreadable setting must not hide the others
         errors[name] = f"{type(exc).__name__}: {exc}"
         return default
-
-
-def _effective_cpus(session) -> float | None:
-    from envdoctor.cgroup import effective_cpus
-
-    return effective_cpus(session.roots, None).cpus
 
 
 def _nvml_count(session) -> int | None:
@@ -153,83 +148,15 @@ def live_torch_facts(session, torch: Any = None) -> dict[str, Any]:
     return facts
 
 
-# -- the preflight-only row -----------------------------------------------------------
-
-
-def _visible_count(value: str) -> int | None:
-    """How many devices CUDA_VISIBLE_DEVICES names, when that is plain to see; None otherwise."""
-    tokens = [t.strip() for t in value.split(",")]
-    if tokens == [""]:
-        return 0
-    if all(t.isdigit() or t.startswith(("GPU-", "MIG-")) for t in tokens) and len(set(tokens)) == len(tokens):
-        return len(tokens)
-    return None
-
-
-def _thread_share(effective_cpus: float | None, env: Mapping[str, str]) -> int | None:
-    """Threads one process may run: its effective CPUs split among the ranks on this node."""
-    if not effective_cpus:
-        return None
-    try:
-        ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    return max(1, int(effective_cpus // ranks))
+# -- running --------------------------------------------------------------------------
 
 
 def judge_live(facts: Mapping[str, Any], env: Mapping[str, str], *, fragmentation_bytes: int = GIB,
                effective_cpus: float | None = None) -> Result:
-    """What only an in-process look can tell: CUDA already initialised, allocator state,
-    and the thread count the script actually set (torch.set_num_threads), which no
-    environment variable shows."""
-    from envdoctor.model import ok, warn
-    from envdoctor.units import format_bytes
+    """The preflight.live check's judge on plain values (its rules live in checks/preflight_live.py)."""
+    from envdoctor.checks.preflight_live import LiveFacts, judge
 
-    out: dict[str, Any] = {"cuda_initialized": facts.get("cuda_initialized"), "num_threads": facts.get("num_threads"),
-                           "device_count": facts.get("device_count"), "cuda_memory": facts.get("cuda_memory", {})}
-    notes: list[str] = []
-    findings: list[tuple[str, str]] = []
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        out["CUDA_VISIBLE_DEVICES"] = cvd
-    if facts.get("cuda_initialized"):
-        notes.append("CUDA is already initialised: changes to CUDA_VISIBLE_DEVICES from here on are ignored")
-        listed = _visible_count(cvd) if cvd is not None else None
-        count = facts.get("device_count")
-        physical = facts.get("nvml_device_count")
-        if listed is not None and isinstance(count, int) and listed != count and (physical is None or listed <= physical):
-            findings.append((f"CUDA_VISIBLE_DEVICES={cvd!r} names {listed} device(s) but CUDA was initialised with "
-                             f"{count}: it was set after CUDA started, so it has no effect; expected it set before "
-                             "anything touches CUDA",
-                             "set CUDA_VISIBLE_DEVICES in the shell or the launcher, before python starts"))
-        for index, mem in sorted((facts.get("cuda_memory") or {}).items()):
-            reserved, allocated = mem.get("reserved_bytes"), mem.get("allocated_bytes")
-            if not isinstance(reserved, int) or not isinstance(allocated, int):
-                continue
-            notes.append(f"GPU {index}: {format_bytes(reserved)} reserved, {format_bytes(allocated)} allocated")
-            if reserved - allocated >= fragmentation_bytes and allocated < reserved / 2:
-                findings.append((f"GPU {index}: the caching allocator holds {format_bytes(reserved)} but tensors use only "
-                                 f"{format_bytes(allocated)}: fragmentation or a cache growing between phases; expected "
-                                 "reserved close to allocated",
-                                 "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # or torch.cuda.empty_cache() between phases"))
-    else:
-        notes.append("CUDA not initialised yet: CUDA_VISIBLE_DEVICES may still be changed")
-    threads = facts.get("num_threads")
-    share = _thread_share(effective_cpus, env)
-    out["effective_cpus"], out["thread_share"] = effective_cpus, share
-    if isinstance(threads, int) and share is not None and threads > share:
-        findings.append((f"torch runs {threads} intra-op threads but this process has {effective_cpus:g} effective CPUs"
-                         + (f" shared by LOCAL_WORLD_SIZE={env['LOCAL_WORLD_SIZE']} ranks" if env.get("LOCAL_WORLD_SIZE") else "")
-                         + f": oversubscribed, expected <= {share}",
-                         f"torch.set_num_threads({share})  # and export OMP_NUM_THREADS={share} before launch"))
-    else:
-        notes.append(f"torch uses {threads} intra-op threads")
-    if findings:
-        return warn("; ".join(text for text, _ in findings), "; ".join(dict.fromkeys(fix for _, fix in findings)), **out)
-    return ok("; ".join(notes), **out)
-
-
-# -- running --------------------------------------------------------------------------
+    return judge(LiveFacts(facts, env, effective_cpus), {"fragmentation_bytes": fragmentation_bytes})
 
 
 def _config(registry):
@@ -242,24 +169,12 @@ def _config(registry):
         return config_module.Config(), f"config ignored: {exc}"
 
 
-def _print(results: list[Result], file: IO[str] | None, note: str | None) -> None:
-    if file is None:
-        return
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.status.value] = counts.get(r.status.value, 0) + 1
-    order = ("fail", "error", "warn", "ok", "skip")
-    tally = ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
-    lines = [f"envdoctor preflight: {len(results)} checks: {tally}"]
-    if note:
-        lines.append(f"  note: {note}")
-    rank = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
-    for r in sorted((r for r in results if r.status in rank), key=lambda r: (rank[r.status], r.check)):
-        lines.append(f"  {r.status.value.upper():5} {r.check}: {r.summary}")
-        if r.remediation:
-            lines.append(f"        fix: {r.remediation}")
+def _print(report, file: IO[str], note: str | None) -> None:
+    from envdoctor.export import ExportOptions, render
+
+    text = render("compact", report, ExportOptions(title="envdoctor preflight", notes=(note,) if note else ()))
     try:
-        file.write("\n".join(lines) + "\n")
+        file.write(text)
         file.flush()
     except (OSError, ValueError):  # a closed stderr must not take the training script down
         pass
@@ -267,49 +182,26 @@ def _print(results: list[Result], file: IO[str] | None, note: str | None) -> Non
 
 def preflight(*, only: Iterable[str] | None = None, skip: Iterable[str] | None = None, strict: bool = False,
               file: IO[str] | None = sys.stderr) -> list[Result]:
-    """Run the checks against this process's live state; print a compact report to
-    `file` (None: print nothing); return the results (redacted, as every output is).
-    With strict=True raise PreflightError when any result is `fail` (an `error`,
-    envdoctor itself breaking, never stops the script).
+    """Run the checks that may run in-process against this process's live state; print
+    a compact report to `file` (None: print nothing); return the results (redacted, as
+    every output is). With strict=True raise PreflightError when any result is `fail`
+    (an `error`, envdoctor itself breaking, never stops the script).
 
-    `only`/`skip` take check ids, as `envdoctor check --only/--skip` do, plus
-    "preflight.live" for the in-process row. An unknown id raises UsageError.
+    `only`/`skip` take check ids, as `envdoctor check --only/--skip` do; the in-process
+    row is the ordinary check "preflight.live". An unknown id raises UsageError.
     """
     from envdoctor import pipeline
     from envdoctor.context import Session, Target
     from envdoctor.registry import load
 
-    only_ids = list(only or ())
-    skip_ids = list(skip or ())
-    want_live = (not only_ids or LIVE_CHECK_ID in only_ids) and LIVE_CHECK_ID not in skip_ids
-    only_checks = [i for i in only_ids if i != LIVE_CHECK_ID]
     registry = load()
     config, note = _config(registry)
     session = Session(target=Target(), python=sys.executable, torch_factory=live_torch_facts)
-    results: list[Result] = []
-    if only_checks or not only_ids:
-        selection = pipeline.Selection(only=only_checks, skip=[i for i in skip_ids if i != LIVE_CHECK_ID])
-        results = list(pipeline.execute(registry, config, session, selection, with_sysfacts=False).results)
-    if want_live:
-        results.append(_live_row(session))
+    selection = pipeline.Selection(only=list(only or ()), skip=list(skip or ()))
+    report = pipeline.execute(registry, config, session, selection, with_sysfacts=False, mode="inprocess")
     if file is not None:
-        _print(results, file, note)
+        _print(report, file, note)
+    results = list(report.results)
     if strict and any(r.status is Status.FAIL for r in results):
         raise PreflightError(results)
     return results
-
-
-def _live_row(session) -> Result:
-    from envdoctor import redact
-    from envdoctor.model import error, skip
-
-    try:
-        facts = session.need("torch")
-        result = judge_live(facts, session.env, effective_cpus=_effective_cpus(session))
-    except Unavailable as exc:
-        result = skip(str(exc))
-    except Exception as exc:  # never a traceback into the training script
-        result = error(f"the live torch look broke: {type(exc).__name__}: {exc}")
-    result.check = LIVE_CHECK_ID
-    result.target = session.target.label
-    return redact.Scrubber(redact.secret_values([os.environ])).result(result)

@@ -18,7 +18,8 @@ from envdoctor import __version__, redact, registry as registry_module, runner, 
 from envdoctor.config import Config
 from envdoctor.context import Roots, Session, Target
 from envdoctor.errors import UsageError
-from envdoctor.model import Report, Result
+from envdoctor.check import Check
+from envdoctor.model import Report, Result, skip
 from envdoctor.registry import Registry
 from envdoctor.watchdog import DONE
 
@@ -72,12 +73,27 @@ def run_checks(registry: Registry, config: Config, session: Session, selection: 
                mode: str = "check") -> list[Result]:
     """The selected checks that may run in `mode`, on one target; rows sorted by check id.
     Not yet redacted: redact before anything leaves (execute() does)."""
-    plans = [p for p in plan(registry, config, selection) if p.check.runs_in(mode)]
+    planned = plan(registry, config, selection)
+    plans = [p for p in planned if p.check.runs_in(mode)]
     only = set(selection.only) | set(config.only)
     failures = [f for f in registry.failures if not only or f.name in only]
-    results = runner.load_failure_results(failures, session) + runner.run(plans, session)
+    results = (runner.load_failure_results(failures, session) + runner.run(plans, session)
+               + _elsewhere([p.check for p in planned if p.check.id in only and not p.check.runs_in(mode)], mode, session))
     results.sort(key=lambda r: r.check)
     return results
+
+
+def _elsewhere(checks: Sequence[Check], mode: str, session: Session) -> list[Result]:
+    """A skip row for each check asked for by name that does not run in this mode, so
+    `--only preflight.live` says why nothing ran instead of printing nothing."""
+    rows = []
+    for check in checks:
+        where = ", ".join(m for m in check.modes if check.runs_in(m)) or "no mode"
+        row = skip(f"{check.id} does not run in {mode} mode (it runs in: {where})"
+                   + ("; it is intrusive, so serve and exec never run it" if check.intrusive and mode in ("serve", "exec") else ""))
+        row.check, row.target = check.id, session.target.label
+        rows.append(row)
+    return rows
 
 
 def execute(

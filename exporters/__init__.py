@@ -13,4 +13,4 @@ from envdoctor.export import ExportOptions, Exporter, get, names, render
 
 __all__ = ["ExportOptions", "Exporter", "get", "names", "render", "FORMATS"]
 
-FORMATS = ("text", "json", "markdown", "junit", "prometheus")  # the built-ins, for tests and docs
+FORMATS = ("text", "json", "markdown", "junit", "prometheus", "compact")  # the built-ins, for tests and docs

@@ -19,7 +19,7 @@ from envdoctor.exporters import FORMATS, ExportOptions, render
 from envdoctor.model import Report, Result, Status, ok
 
 GOLDEN = Path(__file__).parent / "golden"
-EXTENSIONS = {"text": "txt", "json": "json", "markdown": "md", "junit": "xml", "prometheus": "prom"}
+EXTENSIONS = {"text": "txt", "json": "json", "markdown": "md", "junit": "xml", "prometheus": "prom", "compact": "log"}
 
 
 def _result(check, status, summary, fix="", facts=None, target="self", duration=0.25):

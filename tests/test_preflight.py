@@ -205,12 +205,13 @@ def _fixed(status):
 
 @pytest.fixture
 def fake_world(monkeypatch):
-    """A registry of torch.cudnn plus two fixed checks, and a fake torch in sys.modules."""
+    """A registry of torch.cudnn and preflight.live plus two fixed checks, and a fake torch in sys.modules."""
+    from envdoctor.checks.preflight_live import CHECK as LIVE
     from envdoctor.checks.torch_cudnn import CHECK as CUDNN
 
     calls: list = []
     monkeypatch.setitem(sys.modules, "torch", fake_torch(calls))
-    checks = {c.id: c for c in (CUDNN, _fixed("fail"), _fixed("ok"))}
+    checks = {c.id: c for c in (CUDNN, LIVE, _fixed("fail"), _fixed("ok"))}
     monkeypatch.setattr(envdoctor.registry, "load", lambda autoload_plugins=None: Registry(checks, [], {}))
     monkeypatch.delenv("ENVDOCTOR_CONFIG", raising=False)
     return calls
