@@ -153,7 +153,7 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
 
 
 def gather(ctx) -> PinFacts:
-    cfg = ctx.config
+    cfg = ctx.settings
     cpu = _sample_cpu(ctx, float(cfg["window_seconds"])) if ctx.target.pid is not None else None
     try:
         gpus = [g for g in ctx.nvml.devices()]
