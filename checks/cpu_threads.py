@@ -113,16 +113,31 @@ def _fmt_cpus(cpus: float) -> str:
     return f"{cpus:g}" if cpus == int(cpus) else f"{cpus:.2f}".rstrip("0")
 
 
+def local_world_size(value: str | None) -> int | None:
+    """LOCAL_WORLD_SIZE (ranks on this node) when it is a positive integer, else None."""
+    if value is None:
+        return None
+    try:
+        return parse_thread_count("LOCAL_WORLD_SIZE", value)[0]
+    except ParseError:
+        return None
+
+
+def per_process_share(cpus: float, processes: int, workers: int = 0) -> int:
+    """Threads one process may run: its share of `cpus` among `processes`, less one CPU
+    per DataLoader worker (torch runs one thread in each), never below 1."""
+    return max(1, math.floor(cpus / processes + 1e-9) - workers)
+
+
 def _processes(facts: ThreadFacts, settings: Mapping[str, Any]) -> tuple[int, str, str | None]:
     """(processes per node, where that number came from, a note when LOCAL_WORLD_SIZE is unusable)."""
     configured = int(settings["processes_per_node"] or 0)
     if facts.local_world_size is not None:
-        try:
-            (count,) = parse_thread_count("LOCAL_WORLD_SIZE", facts.local_world_size)
+        count = local_world_size(facts.local_world_size)
+        if count is not None:
             return count, "LOCAL_WORLD_SIZE", None
-        except (ParseError, ValueError):
-            note = f"LOCAL_WORLD_SIZE={facts.local_world_size!r} is not a positive integer (see dist.env); ignored"
-            return max(1, configured), "config" if configured > 0 else "default", note
+        note = f"LOCAL_WORLD_SIZE={facts.local_world_size!r} is not a positive integer (see dist.env); ignored"
+        return max(1, configured), "config" if configured > 0 else "default", note
     if configured > 0:
         return configured, "config processes_per_node", None
     return 1, "default", None
@@ -150,9 +165,9 @@ def _budget(facts: ThreadFacts, settings: Mapping[str, Any]) -> Budget:
     workers = max(0, int(settings["num_workers"] or 0))
     where = f"{cpus.limited_by}" + (f" {cpus.quota.path}" if cpus.limited_by == "cgroup quota" and cpus.quota.path else "")
     if effective is None:
-        recommended = max(1, visible // processes - workers) if visible is not None else None
+        recommended = per_process_share(visible, processes, workers) if visible is not None else None
         return Budget(None, visible, processes, processes_from, workers, where, recommended, "", note)
-    recommended = max(1, math.floor(effective / processes + 1e-9) - workers)
+    recommended = per_process_share(effective, processes, workers)
     per = f" / {processes} processes per node ({processes_from})" if processes > 1 else ""
     per += f" less {workers} DataLoader workers each" if workers else ""
     text = f"{_fmt_cpus(effective)} effective CPUs ({where}){per} leaves {_count(recommended, 'thread')} per process"

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
-from envdoctor.errors import ParseError, Unavailable
+from envdoctor.errors import ParseError, Unavailable, short_reason
 from envdoctor.model import Finding, Result, Status, skip, verdict
 
 # CUDA variants of the official torch wheels (download.pytorch.org/whl/cuXYZ), newest last.
@@ -76,12 +76,6 @@ WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
 # The oldest driver branch of each CUDA major (minor version compatibility's floor).
 MIN_DRIVER_FOR_MAJOR = {11: "450.80.02", 12: "525.60.13", 13: "580"}
 _ARCH = re.compile(r"^(sm|compute)_(\d{2,4})([af]?)$")
-
-
-def _short(reason: str | None) -> str:
-    """The first clause of NVML's reason, for a one-line summary (the facts keep it whole)."""
-    text = reason or ""
-    return text.split(": ", 1)[0] if len(text) > 80 else text
 
 
 # -- parsers -------------------------------------------------------------------------
@@ -162,11 +156,7 @@ class RuntimeFacts:
 
 def gather(ctx) -> RuntimeFacts:
     torch = ctx.torch
-    launch_blocking, env_error = None, None
-    try:
-        launch_blocking = ctx.env.get("CUDA_LAUNCH_BLOCKING")
-    except Unavailable as exc:
-        env_error = str(exc)
+    launch_blocking, env_error = ctx.env_var("CUDA_LAUNCH_BLOCKING")
     try:
         nvml = ctx.nvml
         driver = nvml.driver_version()
@@ -390,7 +380,7 @@ def _facts_out(facts: RuntimeFacts, b: Build) -> dict[str, Any]:
 
 
 def _no_gpu(facts: RuntimeFacts, b: Build) -> str:
-    where = f"NVML: {_short(facts.nvml_reason)}" if facts.nvml_reason else "NVML sees 0 GPUs"
+    where = f"NVML: {short_reason(facts.nvml_reason)}" if facts.nvml_reason else "NVML sees 0 GPUs"
     if b.cuda is not None:
         return (f"no NVIDIA GPU visible ({where}); {b.label} is a CUDA build: if this node has GPUs, "
                 f"the container was started without them (docker run --gpus all)")

@@ -490,10 +490,7 @@ def stack_facts() -> dict[str, Any]:
 
 
 def gather(ctx: Any) -> OnnxFacts:
-    try:
-        released_only = ctx.env.get(RELEASED_ONLY_VAR)
-    except Unavailable:
-        released_only = None
+    released_only, _ = ctx.env_var(RELEASED_ONLY_VAR)
     torch_opset, torch_reason = _torch_default_opset(ctx)
     paths = _model_paths(ctx)
     stack = _stack_from_imports() if paths else stack_facts()  # reading models imports onnx anyway

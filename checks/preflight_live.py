@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check
+from envdoctor.checks.cpu_threads import local_world_size, per_process_share
 from envdoctor.errors import ParseError
 from envdoctor.model import Finding, Result, Status, verdict
 from envdoctor.units import format_bytes
@@ -72,14 +73,11 @@ def listed_count(value: str) -> int | None:
 
 
 def thread_share(effective_cpus: float | None, env: Mapping[str, str]) -> int | None:
-    """Threads one process may run: its effective CPUs split among the ranks on this node."""
+    """Threads one process may run: its effective CPUs split among the ranks on this
+    node (cpu.threads' rule, without DataLoader workers: the script's own threads)."""
     if not effective_cpus:
         return None
-    try:
-        ranks = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    return max(1, int(effective_cpus // ranks))
+    return per_process_share(effective_cpus, local_world_size(env.get("LOCAL_WORLD_SIZE")) or 1)
 
 
 def _rule_visible_devices_too_late(facts: LiveFacts, settings: Mapping[str, Any]) -> list[Finding]:

@@ -91,11 +91,7 @@ class CudnnFacts:
 
 def gather(ctx) -> CudnnFacts:
     t = ctx.torch
-    value, env_error = None, None
-    try:
-        value = ctx.env.get(VAR)
-    except Unavailable as exc:
-        env_error = str(exc)
+    value, env_error = ctx.env_var(VAR)
     gpus = None
     if t.get("torch_cuda_version") and not t.get("cuda_available"):
         # torch says no CUDA; NVML tells "no GPU here" apart from "GPU here, torch can't see it".

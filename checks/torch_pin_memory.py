@@ -44,18 +44,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
-from envdoctor.errors import ParseError, Unavailable
+from envdoctor.errors import ParseError, Unavailable, short_reason
 from envdoctor.model import Finding, Result, Status, skip, verdict
 from envdoctor.units import format_bytes
 
 GB = 1e9
 _MAX_DIGITS = 20
-
-
-def _short(reason: str | None) -> str:
-    """The first clause of NVML's reason, for a one-line summary (the facts keep it whole)."""
-    text = reason or ""
-    return text.split(": ", 1)[0] if len(text) > 80 else text
 
 
 def parse_proc_stat_cpu_ticks(text: Any) -> int:
@@ -247,7 +241,7 @@ def _judge_unmeasured(facts: PinFacts, cpu_findings: list[Finding], out: dict[st
     notes = [n for n in [_cpu_note(facts.cpu)] if n and not cpu_findings]
     if facts.gpu_count == 0:
         out["nvml_unavailable"] = facts.nvml_reason
-        no_gpu = (f"pinning has no effect without a GPU ({_short(facts.nvml_reason)}): pin_memory=True only costs "
+        no_gpu = (f"pinning has no effect without a GPU ({short_reason(facts.nvml_reason)}): pin_memory=True only costs "
                   "CPU and locked RAM here")
         return verdict(cpu_findings, out, "", note=no_gpu) if cpu_findings else skip("; ".join([no_gpu] + notes), **out)
     reason = facts.not_measured or "not measured"

@@ -265,6 +265,14 @@ class Context:
         """Torch facts (a dict); raises Unavailable without torch."""
         return self.session.need("torch")
 
+    def env_var(self, name: str) -> tuple[str | None, str | None]:
+        """(value or None when unset, why the environment could not be read or None):
+        for a check that reads one variable beside its real subject and goes on without it."""
+        try:
+            return self.env.get(name), None
+        except Unavailable as exc:
+            return None, str(exc)
+
     def nvml_or_none(self) -> Any:
         """NVML when it is here, None when it is not: for checks that only use it to go further."""
         try:

@@ -30,6 +30,13 @@ class Unavailable(EnvdoctorError):
         self.hint = hint
 
 
+def short_reason(reason: str | None, limit: int = 80) -> str:
+    """The first clause of a long Unavailable reason (NVML's are paragraphs), for a
+    one-line summary; the facts keep it whole."""
+    text = reason or ""
+    return text.split(": ", 1)[0] if len(text) > limit else text
+
+
 class ConfigError(EnvdoctorError):
     """A bad config file, key or value: the message names file, line and key."""
 
