@@ -16,6 +16,7 @@ written against the older single `run(ctx)` keeps working unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -94,8 +95,12 @@ class Check:
         return not (self.intrusive and mode in ("serve", "exec"))
 
     def execute(self, ctx: "Context") -> "Result":
-        """Gather then judge (or the older run)."""
+        """Gather then judge (or the older run). Both see every declared setting: the
+        pipeline's plans already hold them (Config.settings_for), and a hand-made plan
+        with fewer gets the declared defaults for the rest, so no check restates them."""
         if self.run is not None:
             return self.run(ctx)
         assert self.gather is not None and self.judge is not None
+        if any(key not in ctx.config for key in self.defaults):
+            ctx = dataclasses.replace(ctx, config={**self.defaults, **ctx.config})
         return self.judge(self.gather(ctx), ctx.config)

@@ -103,3 +103,14 @@ def test_serve_and_exec_select_no_intrusive_check():
         assert "preflight.live" not in chosen
     rows = pipeline.run_checks(registry, Config(), session, pipeline.Selection(only=["dist.master_port"]), mode="serve")
     assert [r.status for r in rows] == [Status.SKIP] and "intrusive" in rows[0].summary
+
+
+def test_a_hand_made_plan_gets_the_declared_defaults():
+    """Checks read settings["key"] without restating defaults: the engine supplies every declared key."""
+    from envdoctor.checks import shm_size
+
+    base = FIXTURES / "shm_docker_64m"
+    session = Session(roots=Roots(procfs=base / "procfs", sysfs=base / "sys", rootfs=base), env_override={})
+    r = run_one(Plan(shm_size.CHECK, {"recommended_bytes": 32 * 1024**2}, 10), session)
+    assert r.status is not Status.ERROR, r.summary  # no KeyError for the keys the plan left out
+    assert r.facts["min_bytes"] == 256 * 1024**2 and r.facts["recommended_bytes"] == 32 * 1024**2
