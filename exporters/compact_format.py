@@ -22,7 +22,8 @@ def render(report: Report, options) -> str:
     counts = report.counts()
     tally = ", ".join(f"{counts[s.value]} {s.value}" for s in TALLY if counts[s.value])
     title = getattr(options, "title", "") or "envdoctor"
-    lines = [f"{title}: {len(report.results)} checks: {tally or 'none run'}"]
+    target = f" {report.target}" if report.target not in ("", "self") else ""  # --pid N, node: say whose
+    lines = [f"{title}{target}: {len(report.results)} checks: {tally or 'none run'}"]
     lines += [f"  note: {note}" for note in getattr(options, "notes", ())]
     for r in sorted((r for r in report.results if r.status in RANK), key=lambda r: (RANK[r.status], r.check)):
         lines.append(f"  {r.status.value.upper():5} {r.check}: {r.summary}" + (f" | fix: {r.remediation}" if r.remediation else ""))
