@@ -370,7 +370,7 @@ def judge(facts: RuntimeFacts, config: Mapping[str, Any]) -> Result:
     if errors.get("cudnn_version"):
         found.add(Status.FAIL, f"cuDNN does not load for {torch_label}: {errors['cudnn_version'][:300]}",
                   "remove other cuDNN copies from LD_LIBRARY_PATH, or " + _pip_fix(torch_version, drv))
-    elif not t.get("cudnn_available"):
+    elif t.get("cudnn_available") is False:  # None: read from files and no cuDNN file found, not known absent
         found.add(Status.WARN, f"{torch_label} has no cuDNN: convolutions and RNNs fall back to slow native kernels; expected cuDNN",
                   _pip_fix(torch_version, drv))
 
