@@ -21,6 +21,8 @@ def describe(key: str, value: Any, system: dict[str, Any] | None = None) -> str:
     if value is None:
         if key == "cpu_quota":
             return "none"
+        if key == "cudnn_version" and (system or {}).get("torch_cuda_version"):
+            return "unknown (no cuDNN package or header next to torch)"  # a CUDA build: not "none"
         if key in ("torch_cuda_version", "cudnn_version") and (system or {}).get("torch_version"):
             return "none (CPU-only build)"  # the probe ran: None means torch was built without it
         return "unknown"
