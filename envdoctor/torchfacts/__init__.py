@@ -140,9 +140,7 @@ def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dic
     else:
         # a CPU-only (or ROCm) build has no cuDNN: torch.backends.cudnn.is_available() is False
         out.update(cudnn_version=None, cudnn_source=None, cudnn_required=None, cudnn_available=False)
-    from envdoctor.probe.torch_probe import _onnx_default_opset  # the same reader the probe runs
-
-    out["onnx_default_opset"] = _onnx_default_opset(str(td))
+    out["onnx_default_opset"] = metadata.onnx_default_opset(td)
     unknown = {}
     for key, why in RUNTIME_ONLY.items():
         out[key] = None
@@ -221,9 +219,10 @@ def _process_site_dirs(roots: Any, pid: int, files: list[str], exe: str | None, 
 
 def for_interpreter(python: str, env: dict[str, str], rootfs: Path = Path("/")) -> dict[str, Any] | None:
     """Facts of the torch `python` would import, or None when no file says where it is."""
-    from envdoctor.probe import resolve_python
+    if python != sys.executable:
+        from envdoctor.probe import resolve_python  # says why an interpreter cannot be used
 
-    python = resolve_python(python)
+        python = resolve_python(python)
 
     def host(path: str) -> Path:
         return rootfs / path.lstrip("/")

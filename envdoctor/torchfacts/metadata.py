@@ -8,7 +8,7 @@
   the header block is read (the description after it can be 40 KB).
 - cudnn_version.h (shipped by nvidia-cudnn-cu* and by distro packages):
   CUDNN_MAJOR / CUDNN_MINOR / CUDNN_PATCHLEVEL, the version torch reports.
-- torch/onnx/_constants.py: the default export opset (the probe's own reader).
+- torch/onnx/_constants.py: the default export opset (the constant the probe reads).
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ def _read_text(path: Path, limit: int = MAX_TEXT) -> str | None:
         return None
 
 
-def version_py(torch_dir: Path) -> dict[str, Any] | None:
-    """The constants torch/version.py assigns, or None when it cannot be read."""
-    text = _read_text(torch_dir / "version.py")
+def assigned_constants(path: Path) -> dict[str, Any] | None:
+    """The module-level `NAME = constant` (and `NAME: T = constant`) assignments of a
+    Python file, found by parsing it: nothing in it runs. None when unreadable."""
+    text = _read_text(path)
     if text is None:
         return None
     try:
-        tree = ast.parse(text, str(torch_dir / "version.py"))
+        tree = ast.parse(text, str(path))
     except (SyntaxError, ValueError):
         return None
     found: dict[str, Any] = {}
@@ -47,9 +48,26 @@ def version_py(torch_dir: Path) -> dict[str, Any] | None:
             target, value = node.target, node.value
         else:
             continue
-        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, (str, bool, type(None))):
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, (str, int, bool, type(None))):
             found[target.id] = value.value
-    return found if "__version__" in found else None
+    return found
+
+
+def version_py(torch_dir: Path) -> dict[str, Any] | None:
+    """The constants torch/version.py assigns, or None when it cannot be read."""
+    found = assigned_constants(torch_dir / "version.py")
+    return found if found is not None and isinstance(found.get("__version__"), str) else None
+
+
+def onnx_default_opset(torch_dir: Path) -> int | None:
+    """torch.onnx.export's default opset: ONNX_DEFAULT_OPSET in torch/onnx/_constants.py
+    (torch 1.x .. 2.13 keep it there), read as the probe reads it."""
+    found = assigned_constants(torch_dir / "onnx" / "_constants.py") or {}
+    for name in ("ONNX_DEFAULT_OPSET", "onnx_default_opset"):
+        value = found.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def read_metadata(dist_info: Path) -> dict[str, Any] | None:
