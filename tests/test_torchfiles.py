@@ -130,6 +130,23 @@ def test_broken_version_py_is_an_error_row_with_a_reason(tmp_path, text):
     assert r.status is Status.ERROR and "no readable version.py" in r.summary
 
 
+def test_a_fifo_planted_in_torchs_place_answers_at_once(tmp_path):
+    """A hostile container can put a FIFO where version.py or libtorch_python.so
+    should be: reading it must fail at once, not hang the run."""
+    site = copy_fixture(tmp_path)
+    lib = site / "torch" / "lib" / "libtorch_python.so"
+    lib.unlink()
+    os.mkfifo(lib)
+    started = time.monotonic()
+    facts = torchfacts.read_installation(str(site / "torch"))
+    assert facts["arch_list"] == ARCHES_2_13_CU130 and facts["arch_source"].endswith("libtorch_cuda.so")
+    (site / "torch" / "version.py").unlink()
+    os.mkfifo(site / "torch" / "version.py")
+    with pytest.raises(torchfacts.TorchFilesError):
+        torchfacts.read_installation(str(site / "torch"))
+    assert time.monotonic() - started < 5
+
+
 def test_metadata_reader_stops_at_the_header_and_survives_junk(tmp_path):
     dist = tmp_path / "x-1.dist-info"
     dist.mkdir()

@@ -155,8 +155,10 @@ def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dic
 
 
 def _read_bounded(path: Path, limit: int) -> str:
-    with open(path, "rb") as fh:
-        return fh.read(limit).decode("utf-8", "surrogateescape")
+    """A /proc file's text; non-blocking, regular files only (envdoctor.paths.read_bytes)."""
+    from envdoctor.paths import read_bytes
+
+    return read_bytes(path, limit).decode("utf-8", "surrogateescape")
 
 
 def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -173,7 +175,7 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict
         return roots.seen_by(pid, path)
 
     try:
-        exe: str | None = os.readlink(roots.proc(pid, "exe"))
+        exe: str | None = os.readlink(roots.proc(pid, "exe")).removesuffix(" (deleted)")
     except OSError:
         exe = None
     dirs = locate.torch_dirs_from_maps(files)
@@ -200,7 +202,8 @@ def _process_site_dirs(roots: Any, pid: int, files: list[str], exe: str | None, 
     if env.get("VIRTUAL_ENV", "").startswith("/"):
         pythons.append(env["VIRTUAL_ENV"].rstrip("/") + "/bin/python")
     try:
-        argv0 = _read_bounded(roots.proc(pid, "cmdline"), 4096).split("\0", 1)[0]
+        head = metadata.read_head(roots.proc(pid, "cmdline"), 4096) or b""  # argv[0] is at the start
+        argv0 = head.decode("utf-8", "surrogateescape").split("\0", 1)[0]
         if "/" in argv0:
             cwd = os.readlink(roots.proc(pid, "cwd")) if not argv0.startswith("/") else "/"
             pythons.append(os.path.normpath(os.path.join(cwd, argv0)))

@@ -18,7 +18,9 @@ answers None.
 from __future__ import annotations
 
 import mmap
+import os
 import re
+import stat
 import struct
 from pathlib import Path
 
@@ -68,18 +70,24 @@ def _section(mm: mmap.mmap, name: bytes) -> tuple[int, int] | None:
 def _scan(path: Path, pattern: re.Pattern, section: bytes = b".rodata") -> list[bytes]:
     """Every match of `pattern` in the file's `section` (or its start, if not ELF)."""
     try:
-        with open(path, "rb") as fh:
-            if not fh.seek(0, 2):
-                return []
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                where = _section(mm, section) or (0, mm.size())
-                start, size = where[0], min(where[1], MAX_SCAN)
-                # step back one byte so a string at the very start of the section
-                # still has its leading NUL
-                start = max(0, start - 1)
-                return [m.group(0) for m in pattern.finditer(mm, start, start + size + 1)]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)  # a FIFO must not block us
     except (OSError, ValueError):
         return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return []
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            where = _section(mm, section) or (0, mm.size())
+            start, size = where[0], min(where[1], MAX_SCAN)
+            # step back one byte so a string at the very start of the section
+            # still has its leading NUL
+            start = max(0, start - 1)
+            return [m.group(0) for m in pattern.finditer(mm, start, start + size + 1)]
+    except (OSError, ValueError):
+        return []
+    finally:
+        os.close(fd)
 
 
 def arch_string(path: Path) -> list[str] | None:

@@ -77,10 +77,12 @@ def _lib_python_dirs(prefix: str, host: Callable[[str], Path]) -> list[str]:
 
 
 def _pyvenv(prefix: str, host: Callable[[str], Path]) -> dict[str, str] | None:
-    try:
-        text = host(f"{prefix}/pyvenv.cfg").read_text("utf-8", "replace")
-    except (OSError, ValueError):
+    from envdoctor.torchfacts.metadata import read_head
+
+    data = read_head(host(f"{prefix}/pyvenv.cfg"), 64 * 1024)
+    if data is None:
         return None
+    text = data.decode("utf-8", "replace")
     cfg = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
