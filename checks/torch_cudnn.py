@@ -176,10 +176,14 @@ def judge(facts: CudnnFacts, config: Mapping[str, Any]) -> Result:
 
     trade_off = ("benchmark=True (autotunes per input shape: fastest when shapes are fixed, slow and memory-hungry "
                  "when they vary)" if benchmark else
+                 "benchmark=?" if benchmark is None else  # read from files: only the running job knows
                  "benchmark=False (default algorithms: steady when shapes vary; set True for fixed shapes to gain speed)")
     settings = (f"cudnn enabled={_flag(enabled)}, {trade_off}, deterministic={_flag(deterministic)}, "
                 f"deterministic algorithms={_flag(det_algos)}, {VAR}={cfg if cfg is not None else 'unset'}")
-    source = "live settings" if live else "interpreter defaults; envdoctor.preflight() in the script checks its live settings"
+    source = ("live settings" if live else
+              "flags unknown from torch's files; envdoctor.preflight() in the script checks its live settings"
+              if t.get("source") == "files" else
+              "interpreter defaults; envdoctor.preflight() in the script checks its live settings")
     out["findings"] = [text for _, text, _ in findings]
     if not findings:
         return ok(f"{settings} ({source})", **out)

@@ -466,3 +466,17 @@ def test_real_cuda_wheel(tmp_path):
     assert facts["cudnn_required"] == "9.20.0.48"
     # the fixture pieces are what the wheel holds
     assert (tmp_path / "torch" / "version.py").read_bytes() == (FIXTURE / "torch" / "version.py").read_bytes()
+
+
+def test_torch_cudnn_on_a_gpu_node_from_files_says_the_flags_are_unknown(tmp_path):
+    """Files cannot know the live cuDNN flags: the row says so instead of claiming defaults."""
+    from envdoctor.checks.torch_cudnn import CHECK as TORCH_CUDNN
+
+    fake = FakeNvml(devices=[FakeDevice(compute_capability=(9, 0), name="NVIDIA H100")], driver="580.65", cuda=13000)
+    s = Session(env_override={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+                nvml_factory=lambda: envdoctor.nvml.connect(lib=fake, timeout=2.0),
+                torch_factory=lambda _s: torchfacts.read_installation(str(FIXTURE / "torch")))
+    r = run_one(Plan(TORCH_CUDNN, {}, 30), s)
+    assert r.status is Status.OK, r.summary
+    assert "benchmark=?" in r.summary and "unknown from torch's files" in r.summary
+    assert r.facts["cudnn_benchmark"] is None
