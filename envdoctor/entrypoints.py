@@ -94,7 +94,10 @@ def _live() -> dict[str, list[list[str | None]]]:
 
 
 def _cache_file() -> Any:
-    digest = hashlib.sha256(sys.executable.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    # one file per interpreter and search path: `python -c` ('' first) and the
+    # `envdoctor` script (its bin/ first) do not evict each other's entry
+    key = "\0".join([sys.executable, *sys.path])
+    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
     return diskcache.cache_dir() / f"entry-points-{digest}.json"
 
 
