@@ -56,12 +56,18 @@ class EntryPoint:
         return obj
 
 
+def _search_path() -> list[str]:
+    """sys.path with '' spelled as the working directory it means (python -c)."""
+    cwd = os.getcwd()
+    return [os.path.abspath(p) if p else cwd for p in sys.path]
+
+
 def _fingerprint() -> list[Any]:
     key: list[Any] = [sys.executable, sys.version]
-    for entry in sys.path:
+    for entry in _search_path():
         try:
-            st = os.stat(entry or ".")
-            listing = os.scandir(entry or ".") if os.path.isdir(entry or ".") else None
+            st = os.stat(entry)
+            listing = os.scandir(entry) if os.path.isdir(entry) else None
         except OSError:
             key.append([entry, None])
             continue
@@ -96,7 +102,10 @@ def _live() -> dict[str, list[list[str | None]]]:
 def _cache_file() -> Any:
     # one file per interpreter and search path: `python -c` ('' first) and the
     # `envdoctor` script (its bin/ first) do not evict each other's entry
-    key = "\0".join([sys.executable, *sys.path])
+    # (the working directory is left out of the name, or every directory the
+    # command is run from would leave a file behind; it stays in the fingerprint)
+    cwd = os.getcwd()
+    key = "\0".join([sys.executable, *(p for p in _search_path() if p != cwd)])
     digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
     return diskcache.cache_dir() / f"entry-points-{digest}.json"
 
