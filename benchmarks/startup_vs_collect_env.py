@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-bytecode-env", action="store_true",
                         help="keep PYTHONDONTWRITEBYTECODE as set (modules recompiled on every start)")
     parser.add_argument("--importtime", action="store_true", help="also show the slowest imports of one warm start")
+    parser.add_argument("--import-torch", action="store_true",
+                        help="also time `python -c 'import torch'` (for scale; not part of the ratios)")
     parser.add_argument("extra", nargs="*", help="extra arguments for `envdoctor check` (after --)")
     args = parser.parse_args(argv)
 
@@ -99,11 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         timed(check, warm_env, ok_check)  # prime the warm cache (and the OS page cache for everyone)
         timed(collect, base_env, (0,))
         times: dict[str, list[float]] = {"collect_env": [], "cold": [], "warm": []}
+        if args.import_torch:
+            times["import_torch"] = []
         for i in range(args.rounds):
             cold_dir = work / f"cold-{i}"
             times["collect_env"].append(timed(collect, base_env, (0,)))
             times["cold"].append(timed(check, dict(base_env, XDG_CACHE_HOME=str(cold_dir), ENVDOCTOR_NO_CACHE="1"), ok_check))
             times["warm"].append(timed(check, warm_env, ok_check))
+            if args.import_torch:
+                times["import_torch"].append(timed([args.python, "-c", "import torch"], base_env, (0,)))
             shutil.rmtree(cold_dir, ignore_errors=True)
         slowest = importtime(args.python, ["check", "--format", "json", *args.extra], warm_env) if args.importtime else []
     finally:
@@ -119,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
           + ("met" if cold_ok else "MISSED"))
     print(f"  envdoctor check, warm cache           {med['warm']:7.3f}   {warm_ratio:5.2f}x   target <= {WARM_TARGET}x  "
           + ("met" if warm_ok else "MISSED"))
+    if "import_torch" in med:
+        print(f"  python -c 'import torch' (for scale) {med['import_torch']:7.3f}")
     if slowest:
         print("slowest imports of one warm start (cumulative ms, python -X importtime):")
         for ms, name in slowest:

@@ -404,6 +404,7 @@ def test_a_process_that_has_not_imported_torch_yet_is_read_from_its_venv(tmp_pat
         holder.kill()
         holder.wait()
     assert facts["torch_version"] == "2.98.0+cpu" and facts["torch_imported"] is False
+    assert facts["venv"] == str(tmp_path / "venv")
     assert facts["cudnn_available"] is False and facts["arch_list"] == []
 
 

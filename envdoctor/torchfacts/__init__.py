@@ -189,6 +189,9 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict
     facts = read_installation(torch_dir, host)
     facts["python"] = exe
     facts["torch_imported"] = imported
+    # /proc/N/exe is the base interpreter even in a venv; name the venv torch came from
+    m = re.match(r"^(.*)/lib/python[^/]+/site-packages/torch$", torch_dir)
+    facts["venv"] = m.group(1) if m and host(f"{m.group(1)}/pyvenv.cfg").is_file() else None
     return facts
 
 
