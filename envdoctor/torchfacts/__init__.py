@@ -120,38 +120,42 @@ def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dic
     }
     py = re.search(r"/python(\d+\.\d+)/", torch_dir)
     out["python_version"] = py.group(1) if py else None
-    arch, arch_source = None, None
+    unknown = {key: why for key, why in RUNTIME_ONLY.items()}
+    out.update({key: None for key in RUNTIME_ONLY})
     if cuda is not None:
-        for name, reader in (("libtorch_python.so", elf.arch_string), ("libtorch_cuda.so", elf.gencode_arches)):
-            arch = reader(td / "lib" / name)
-            if arch:
-                arch_source = f"{torch_dir}/lib/{name}"
-                break
-    out["arch_list"] = arch or []
-    out["arch_source"] = arch_source
-    if cuda is not None:
-        version, version_source, present = _cudnn(site, td, packages)
-        required = metadata.pinned(torch_meta["requires"], "nvidia-cudnn") if torch_meta else None
-        out.update(cudnn_version=version, cudnn_source=version_source, cudnn_required=required,
-                   cudnn_available=present if present else (True if version is not None else None))
-        mismatch = _cudnn_mismatch(version, required)
-        if mismatch:
-            out["errors"]["cudnn_version"] = mismatch
+        out.update(_arch_facts(td, torch_dir, unknown))
+        out.update(_cudnn_facts(site, td, packages, torch_meta, out["errors"], unknown))
     else:
-        # a CPU-only (or ROCm) build has no cuDNN: torch.backends.cudnn.is_available() is False
-        out.update(cudnn_version=None, cudnn_source=None, cudnn_required=None, cudnn_available=False)
+        # a CPU-only (or ROCm) build: no CUDA kernels, no cuDNN (torch.backends.cudnn.is_available() is False)
+        out.update(arch_list=[], arch_source=None, cudnn_version=None, cudnn_source=None, cudnn_required=None,
+                   cudnn_available=False)
     out["onnx_default_opset"] = metadata.onnx_default_opset(td)
-    unknown = {}
-    for key, why in RUNTIME_ONLY.items():
-        out[key] = None
-        unknown[key] = why
-    if arch is None and cuda is not None:
-        unknown["arch_list"] = f"no arch string found in {torch_dir}/lib/libtorch_python.so or libtorch_cuda.so"
-    if out["cudnn_version"] is None and cuda is not None:
-        unknown["cudnn_version"] = "no nvidia-cudnn package or cudnn_version.h next to torch"
     out["unknown"] = unknown
     out["read_seconds"] = round(time.perf_counter() - started, 4)
     return out
+
+
+def _arch_facts(td: Path, torch_dir: str, unknown: dict[str, str]) -> dict[str, Any]:
+    """torch.cuda.get_arch_list() as compiled in: libtorch_python.so's string, else the -gencode flags."""
+    for name, reader in (("libtorch_python.so", elf.arch_string), ("libtorch_cuda.so", elf.gencode_arches)):
+        arch = reader(td / "lib" / name)
+        if arch:
+            return {"arch_list": arch, "arch_source": f"{torch_dir}/lib/{name}"}
+    unknown["arch_list"] = f"no arch string found in {torch_dir}/lib/libtorch_python.so or libtorch_cuda.so"
+    return {"arch_list": [], "arch_source": None}
+
+
+def _cudnn_facts(site: Path, td: Path, packages: dict[str, str], torch_meta: dict[str, Any] | None,
+                 errors: dict[str, str], unknown: dict[str, str]) -> dict[str, Any]:
+    version, source, present = _cudnn(site, td, packages)
+    required = metadata.pinned(torch_meta["requires"], "nvidia-cudnn") if torch_meta else None
+    mismatch = _cudnn_mismatch(version, required)
+    if mismatch:
+        errors["cudnn_version"] = mismatch
+    if version is None:
+        unknown["cudnn_version"] = "no nvidia-cudnn package or cudnn_version.h next to torch"
+    return {"cudnn_version": version, "cudnn_source": source, "cudnn_required": required,
+            "cudnn_available": True if present or version is not None else None}
 
 
 def _read_bounded(path: Path, limit: int) -> str:
