@@ -13,7 +13,8 @@ SYSTEM_ROWS = (
     ("cpu_quota", "CPU quota (cgroup)"), ("memory_total_bytes", "Memory"), ("memory_available_bytes", "Memory available"),
     ("shm_size_bytes", "/dev/shm size"), ("shm_free_bytes", "/dev/shm free"),
     ("driver_version", "NVIDIA driver"), ("driver_cuda_version", "Driver CUDA version"),
-    ("torch_version", "torch"), ("torch_cuda_version", "torch CUDA build"), ("cudnn_version", "cuDNN"),
+    ("torch_version", "torch"), ("torch_dir", "torch read from"), ("torch_cuda_version", "torch CUDA build"),
+    ("cudnn_version", "cuDNN"),
 )
 
 
