@@ -481,3 +481,16 @@ def test_torch_cudnn_on_a_gpu_node_from_files_says_the_flags_are_unknown(tmp_pat
     assert r.status is Status.OK, r.summary
     assert "benchmark=?" in r.summary and "unknown from torch's files" in r.summary
     assert r.facts["cudnn_benchmark"] is None
+
+
+def test_a_reinstalled_torch_is_read_afresh_and_an_unchanged_one_is_remembered(tmp_path):
+    site = copy_fixture(tmp_path)
+    torch_dir = str(site / "torch")
+    first = torchfacts.read_installation_cached(torch_dir)
+    first["arch_list"].append("mutated by a caller")
+    again = torchfacts.read_installation_cached(torch_dir)
+    assert again["arch_list"] == ARCHES_2_13_CU130  # a copy each time: callers cannot spoil it
+    version = site / "torch" / "version.py"
+    version.write_text(version.read_text().replace("2.13.0+cu130", "2.13.1+cu130"))
+    os.utime(version, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert torchfacts.read_installation_cached(torch_dir)["torch_version"] == "2.13.1+cu130"

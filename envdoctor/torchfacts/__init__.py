@@ -21,10 +21,13 @@ says where an interpreter's torch is (an unusual layout, a .pth-only install),
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -158,6 +161,44 @@ def _cudnn_facts(site: Path, td: Path, packages: dict[str, str], torch_meta: dic
             "cudnn_available": True if present or version is not None else None}
 
 
+_MEMO: "OrderedDict[tuple[Any, ...], dict[str, Any]]" = OrderedDict()
+_MEMO_LOCK = threading.Lock()
+_MEMO_SIZE = 64
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def read_installation_cached(torch_dir: str, host: Callable[[str], Path] = Path) -> dict[str, Any]:
+    """read_installation(), remembered in this process while torch's files are unchanged.
+
+    `serve` reads every training process's torch at every interval; most share one
+    installation (or one image layer). The key is the path as the target sees it
+    (the facts name it) and the identity and mtime of version.py, the two
+    libraries the arch list comes from and the site directory (a pip install or
+    uninstall next to torch changes it), so a reinstall is read afresh.
+    """
+    td, site = host(torch_dir), host(os.path.dirname(torch_dir))
+    key = (torch_dir, _stamp(td / "version.py"), _stamp(td / "lib" / "libtorch_python.so"),
+           _stamp(td / "lib" / "libtorch_cuda.so"), _stamp(site))
+    with _MEMO_LOCK:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            _MEMO.move_to_end(key)
+    if hit is None:
+        hit = read_installation(torch_dir, host)
+        with _MEMO_LOCK:
+            _MEMO[key] = hit
+            while len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
+    return copy.deepcopy(hit)
+
+
 def _read_bounded(path: Path, limit: int) -> str:
     """A /proc file's text; non-blocking, regular files only (envdoctor.paths.read_bytes)."""
     from envdoctor.paths import read_bytes
@@ -190,7 +231,7 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict
     if torch_dir is None:
         raise Unavailable(f"no torch in pid:{pid}: no libtorch is mapped in {maps} and none is in its "
                           f"interpreter's site directories" + (f" ({exe})" if exe else ""))
-    facts = read_installation(torch_dir, host)
+    facts = read_installation_cached(torch_dir, host)
     facts["python"] = exe
     facts["torch_imported"] = imported
     # /proc/N/exe is the base interpreter even in a venv; name the venv torch came from
@@ -252,7 +293,7 @@ def for_interpreter(python: str, env: dict[str, str], rootfs: Path = Path("/")) 
     torch_dir = locate.find_torch(dirs, host)
     if torch_dir is None:
         return None
-    facts = read_installation(torch_dir, host)
+    facts = read_installation_cached(torch_dir, host)
     facts["python"] = python
     return facts
 
