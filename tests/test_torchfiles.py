@@ -439,22 +439,41 @@ def test_procfs_root_is_honoured(tmp_path):
 # -- the real CUDA wheel ------------------------------------------------------------------------
 
 
-def cuda_wheel() -> Path | None:
-    """torch 2.13.0's CUDA wheel if it is on disk: $ENVDOCTOR_TORCH_CUDA_WHEEL, or where
-    `pip download --no-deps torch==2.13.0 --platform manylinux_2_28_x86_64
-    --only-binary=:all: -d /tmp/torchcuda` puts it."""
+WHEEL_DIR = Path("/tmp/torchcuda")
+FETCH_VAR = "ENVDOCTOR_FETCH_CUDA_WHEEL"
+
+
+def cuda_wheel() -> tuple[Path | None, str]:
+    """torch 2.13.0's CUDA wheel and, when there is none, why: $ENVDOCTOR_TORCH_CUDA_WHEEL,
+    else /tmp/torchcuda (where `pip download --no-deps torch==2.13.0 --platform
+    manylinux_2_28_x86_64 --only-binary=:all: -d /tmp/torchcuda` puts it), else fetched
+    from PyPI into /tmp/torchcuda when ENVDOCTOR_FETCH_CUDA_WHEEL=1 (530 MB)."""
     named = os.environ.get("ENVDOCTOR_TORCH_CUDA_WHEEL")
-    candidates = [Path(named)] if named else sorted(Path("/tmp/torchcuda").glob("torch-2.13.0-cp*-manylinux*.whl"))
-    return next((p for p in candidates if p.is_file()), None)
+    if named:
+        return (Path(named), "") if Path(named).is_file() else (None, f"ENVDOCTOR_TORCH_CUDA_WHEEL={named} is not a file")
+    found = sorted(WHEEL_DIR.glob("torch-2.13.0-cp*-manylinux*.whl"))
+    if found:
+        return found[0], ""
+    if os.environ.get(FETCH_VAR) != "1":
+        return None, (f"torch 2.13.0's CUDA wheel (530 MB) is not in {WHEEL_DIR}; set {FETCH_VAR}=1 to fetch it "
+                      "from PyPI, or ENVDOCTOR_TORCH_CUDA_WHEEL=PATH")
+    # --isolated and an explicit index: a local find-links or constraints file must not
+    # substitute the CPU build for the CUDA one
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-cache-dir",
+                           "--index-url", "https://pypi.org/simple", "torch==2.13.0", "--platform",
+                           "manylinux_2_28_x86_64", "--only-binary=:all:", "-d", str(WHEEL_DIR)],
+                          capture_output=True, text=True, timeout=1800, env=dict(os.environ, PIP_CONFIG_FILE=os.devnull))
+    found = sorted(WHEEL_DIR.glob("torch-2.13.0-cp*-manylinux*.whl"))
+    if not found:
+        return None, f"could not fetch torch 2.13.0's CUDA wheel (offline?): {(proc.stderr or proc.stdout)[-300:]}"
+    return found[0], ""
 
 
 @pytest.mark.real
 def test_real_cuda_wheel(tmp_path):
-    wheel = cuda_wheel()
+    wheel, why = cuda_wheel()
     if wheel is None:
-        pytest.skip("torch 2.13.0's CUDA wheel is not on disk (530 MB): pip download --no-deps torch==2.13.0 "
-                    "--platform manylinux_2_28_x86_64 --only-binary=:all: -d /tmp/torchcuda, "
-                    "or set ENVDOCTOR_TORCH_CUDA_WHEEL")
+        pytest.skip(why)
     wanted = ("torch/version.py", "torch/lib/libtorch_python.so", "torch/onnx/_constants.py")
     with zipfile.ZipFile(wheel) as z:
         for name in wanted:
