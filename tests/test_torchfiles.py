@@ -300,9 +300,13 @@ def start_holder(python: str, lib: Path, site: Path, prefix: list[str] | None = 
     """A process that has 'imported torch' as far as /proc can tell: its libtorch_python.so is
     loaded (ctypes dlopen) and the stub's folder is on its path; then it waits."""
     code = textwrap.dedent(f"""
-        import ctypes, sys, time
+        import ctypes, mmap, sys, time
         sys.path.insert(0, {str(site)!r})
-        ctypes.CDLL({str(lib)!r})
+        try:
+            keep = ctypes.CDLL({str(lib)!r})
+        except OSError:  # not a real shared library (no C compiler here): map it as a file instead
+            f = open({str(lib)!r}, "rb")
+            keep = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         print("ready", flush=True)
         time.sleep(120)
     """)
@@ -316,7 +320,13 @@ def start_holder(python: str, lib: Path, site: Path, prefix: list[str] | None = 
 
 
 def arch_lib(tmp_path: Path) -> Path:
-    return build_so(tmp_path, 'const char flags[] = "sm_80 sm_90 sm_120";\nconst char *f(void) { return flags; }\n')
+    """A libtorch_python.so holding the arch string: built by gcc when there is one,
+    else a plain file with the string (read whole, as a non-ELF file is)."""
+    if shutil.which("gcc") or shutil.which("cc"):
+        return build_so(tmp_path, 'const char flags[] = "sm_80 sm_90 sm_120";\nconst char *f(void) { return flags; }\n')
+    raw = tmp_path / "libtorch_python.so"
+    raw.write_bytes(b"\x7fnot-elf\x00sm_80 sm_90 sm_120\x00tail")
+    return raw
 
 
 def run_check_without_torch(*args: str, tmp_path: Path) -> tuple[dict, dict]:
