@@ -219,6 +219,7 @@ def test_maps_give_the_torch_folder():
     files = locate.mapped_files(maps)
     assert locate.torch_dirs_from_maps(files) == ["/opt/env/lib/python3.11/site-packages/torch"]
     assert locate.site_dirs_from_maps(files) == ["/opt/env/lib/python3.11/site-packages"]
+    assert locate.deleted_files(maps) == ["/opt/env/lib/python3.11/site-packages/torch/lib/libtorch_python.so"]
     assert locate.mapped_files("garbage\n\x00\n1 2 3\n") == []
 
 
@@ -523,3 +524,26 @@ def test_a_reinstalled_torch_is_read_afresh_and_an_unchanged_one_is_remembered(t
     version.write_text(version.read_text().replace("2.13.0+cu130", "2.13.1+cu130"))
     os.utime(version, ns=(time.time_ns(), time.time_ns() + 10**9))
     assert torchfacts.read_installation_cached(torch_dir)["torch_version"] == "2.13.1+cu130"
+
+
+@pytest.mark.real
+def test_a_torch_replaced_under_a_running_process_is_said(tmp_path):
+    """pip install over a running job: the process keeps the old library (maps says
+    "(deleted)"); the facts are the new files', and the warning says so."""
+    site = tmp_path / "site"
+    pkg = stub_torch(site)
+    lib = Path(shutil.copy(arch_lib(tmp_path), pkg / "lib" / "libtorch_python.so"))
+    holder = start_holder(sys.executable, lib, site)
+    try:
+        assert torchfacts.for_process(Roots(), holder.pid)["torch_files_replaced"] == []
+        replacement = tmp_path / "new.so"
+        replacement.write_bytes(lib.read_bytes())
+        os.replace(replacement, lib)  # what pip does: a new file at the same path
+        (pkg / "version.py").write_text("__version__ = '2.99.1+cu128'\ncuda = '12.8'\n")
+        facts = torchfacts.for_process(Roots(), holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert facts["torch_version"] == "2.99.1+cu128"
+    assert facts["torch_files_replaced"] == [str(lib)]
+    assert any("replaced on disk" in w for w in facts["warnings"])

@@ -212,9 +212,10 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict
 
     maps = roots.proc(pid, "maps")
     try:
-        files = locate.mapped_files(_read_bounded(maps, locate.MAX_MAPS))
+        maps_text = _read_bounded(maps, locate.MAX_MAPS)
     except OSError as exc:
         raise unavailable_from_oserror(exc, Target(pid), maps) from None
+    files = locate.mapped_files(maps_text)
 
     def host(path: str) -> Path:
         return roots.seen_by(pid, path)
@@ -234,6 +235,12 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict
     facts = read_installation_cached(torch_dir, host)
     facts["python"] = exe
     facts["torch_imported"] = imported
+    replaced = [f for f in locate.deleted_files(maps_text) if f.startswith(torch_dir + "/")]
+    facts["torch_files_replaced"] = replaced
+    if replaced:
+        facts["warnings"].append(f"pid:{pid} runs a torch whose files were replaced on disk since it loaded them "
+                                 f"({os.path.basename(replaced[0])}): these facts describe the files there now, "
+                                 "not the torch the process runs; restart the job to run what is installed")
     # /proc/N/exe is the base interpreter even in a venv; name the venv torch came from
     m = re.match(r"^(.*)/lib/python[^/]+/site-packages/torch$", torch_dir)
     facts["venv"] = m.group(1) if m and host(f"{m.group(1)}/pyvenv.cfg").is_file() else None

@@ -30,15 +30,25 @@ _SITE = re.compile(r"^(?P<site>/.*/(?:site|dist)-packages)/")
 
 def mapped_files(maps_text: str) -> list[str]:
     """The file paths in /proc/N/maps text (the sixth column), in order, each once."""
-    seen: dict[str, None] = {}
+    return list(_mapped(maps_text))
+
+
+def deleted_files(maps_text: str) -> list[str]:
+    """Mapped files that were deleted or replaced on disk since they were mapped
+    (a `pip install` over a running job): what the process runs is no longer there."""
+    return [path for path, deleted in _mapped(maps_text).items() if deleted]
+
+
+def _mapped(maps_text: str) -> dict[str, bool]:
+    seen: dict[str, bool] = {}
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith("/"):
-            path = parts[5]
-            if path.endswith(" (deleted)"):
+            path, deleted = parts[5], parts[5].endswith(" (deleted)")
+            if deleted:
                 path = path[: -len(" (deleted)")]
-            seen.setdefault(path, None)
-    return list(seen)
+            seen[path] = seen.get(path, False) or deleted
+    return seen
 
 
 def torch_dirs_from_maps(files: Iterable[str]) -> list[str]:
