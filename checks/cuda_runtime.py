@@ -346,7 +346,7 @@ def _rule_cudnn(facts: RuntimeFacts, b: Build) -> list[Finding]:
     if errors.get("cudnn_version"):
         return [Finding(Status.FAIL, f"cuDNN does not load for {b.label}: {errors['cudnn_version'][:300]}",
                         "remove other cuDNN copies from LD_LIBRARY_PATH, or " + _pip_fix(b.version, drv))]
-    if not t.get("cudnn_available"):
+    if t.get("cudnn_available") is False:  # None: read from files and no cuDNN file found, not known absent
         return [Finding(Status.WARN, f"{b.label} has no cuDNN: convolutions and RNNs fall back to slow native kernels; "
                         "expected cuDNN", _pip_fix(b.version, drv))]
     return []

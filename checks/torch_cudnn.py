@@ -180,6 +180,7 @@ def _settings_line(t: Mapping[str, Any], cfg: str | None) -> str:
     benchmark = t.get("cudnn_benchmark")
     trade_off = ("benchmark=True (autotunes per input shape: fastest when shapes are fixed, slow and memory-hungry "
                  "when they vary)" if benchmark else
+                 "benchmark=?" if benchmark is None else  # read from files: only the running job knows
                  "benchmark=False (default algorithms: steady when shapes vary; set True for fixed shapes to gain speed)")
     return (f"cudnn enabled={_flag(t.get('cudnn_enabled'))}, {trade_off}, deterministic={_flag(t.get('cudnn_deterministic'))}, "
             f"deterministic algorithms={_flag(t.get('deterministic_algorithms'))}, {VAR}={cfg if cfg is not None else 'unset'}")
@@ -196,7 +197,10 @@ def judge(facts: CudnnFacts, settings: Mapping[str, Any]) -> Result:
     findings += (_rule_cudnn_disabled(t) + _rule_benchmark_and_deterministic(t)
                  + _rule_deterministic_without_workspace(t, cfg))
     out["findings"] = [f.message for f in findings]
-    source = "live settings" if t.get("live") else "interpreter defaults; envdoctor.preflight() in the script checks its live settings"
+    source = ("live settings" if t.get("live") else
+              "flags unknown from torch's files; envdoctor.preflight() in the script checks its live settings"
+              if t.get("source") == "files" else
+              "interpreter defaults; envdoctor.preflight() in the script checks its live settings")
     return verdict(findings, out, _settings_line(t, cfg), note=source)
 
 

@@ -132,7 +132,7 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
         t = ctx.torch
     except Unavailable as exc:
         return None, f"cannot measure: {exc}"
-    if not t.get("torch_cuda_version") or not t.get("cuda_available"):
+    if not t.get("torch_cuda_version") or t.get("cuda_available") is False:  # None (from files): the measurement finds out
         return None, f"cannot measure: torch {t.get('torch_version')} in {t.get('python')} cannot use CUDA here"
     # Pin the probe to the idle GPU by UUID: NVML's index and CUDA's can differ.
     env = {"CUDA_VISIBLE_DEVICES": gpu.uuid} if gpu.uuid else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu.index)}

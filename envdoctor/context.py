@@ -92,9 +92,10 @@ def _default_nvml() -> Any:
 
 
 def _default_torch(session: "Session") -> Any:
-    from envdoctor.probe import run_probe
+    # files first (the target's own torch, never imported); the probe only when no file says
+    from envdoctor.torchfacts import gather
 
-    return run_probe(session.python)
+    return gather(session)
 
 
 def _onnx_available() -> bool:

@@ -155,6 +155,7 @@ def build_session(
     chosen_python = python or config.python
     if chosen_python:
         kwargs["python"] = chosen_python
+        kwargs["python_explicit"] = True  # --pid N --python PATH: that interpreter's torch, not the process's
     kwargs.update(overrides)
     return Session(**kwargs)
 

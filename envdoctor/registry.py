@@ -14,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+# importlib.metadata only on a cache miss: importing it is a seventh of a warm start
+from envdoctor.entrypoints import EntryPoint, entry_points
 
 from envdoctor.check import Check
 

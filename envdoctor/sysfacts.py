@@ -92,7 +92,12 @@ def _torch(session: Session) -> dict[str, Any]:
     facts = session.computed("torch")
     if not facts:
         return {}
-    return {key: facts.get(key) for key in ("torch_version", "torch_cuda_version", "cudnn_version") if key in facts}
+    out = {key: facts.get(key) for key in ("torch_version", "torch_cuda_version", "cudnn_version") if key in facts}
+    if facts.get("source") == "files":  # read from the target's own torch: say which, and whose interpreter
+        out["torch_dir"] = facts.get("torch_dir")
+        if facts.get("python"):
+            out["python_executable"] = facts["python"]
+    return out
 
 
 _ITEMS: tuple[tuple[str, Callable[[Session], Any]], ...] = (

@@ -13,7 +13,8 @@ SYSTEM_ROWS = (
     ("cpu_quota", "CPU quota (cgroup)"), ("memory_total_bytes", "Memory"), ("memory_available_bytes", "Memory available"),
     ("shm_size_bytes", "/dev/shm size"), ("shm_free_bytes", "/dev/shm free"),
     ("driver_version", "NVIDIA driver"), ("driver_cuda_version", "Driver CUDA version"),
-    ("torch_version", "torch"), ("torch_cuda_version", "torch CUDA build"), ("cudnn_version", "cuDNN"),
+    ("torch_version", "torch"), ("torch_dir", "torch read from"), ("torch_cuda_version", "torch CUDA build"),
+    ("cudnn_version", "cuDNN"),
 )
 
 
@@ -21,6 +22,8 @@ def describe(key: str, value: Any, system: dict[str, Any] | None = None) -> str:
     if value is None:
         if key == "cpu_quota":
             return "none"
+        if key == "cudnn_version" and (system or {}).get("torch_cuda_version"):
+            return "unknown (no cuDNN package or header next to torch)"  # a CUDA build: not "none"
         if key in ("torch_cuda_version", "cudnn_version") and (system or {}).get("torch_version"):
             return "none (CPU-only build)"  # the probe ran: None means torch was built without it
         return "unknown"

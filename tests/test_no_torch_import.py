@@ -1,8 +1,8 @@
 """envdoctor's own process never imports torch (DESIGN principles 1 and 5).
 
-Torch facts come from the probe subprocess. These tests run every registered check,
-and then the CLI, in a fresh interpreter that records (and refuses) any attempt to
-import torch, with a cold probe cache (the probe runs) and a warm one.
+Torch facts come from torch's files (envdoctor.torchfacts), the probe subprocess
+only when no file says. These tests run every registered check, and then the CLI,
+in a fresh interpreter that records (and refuses) any attempt to import torch.
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ from envdoctor import registry, runner
 from envdoctor.context import Session
 reg = registry.load()
 plans = [runner.Plan(c, dict(c.config), max(c.timeout or 0, runner.DEFAULT_TIMEOUT)) for c in reg.checks.values()]
-results = runner.run(plans, Session())
+session = Session()
+results = runner.run(plans, session)
 by_id = {r.check: r.status.value for r in results}
+torch_facts = session.computed("torch") or {}
 print(json.dumps({"attempts": ATTEMPTS, "torch_loaded": "torch" in sys.modules, "results": by_id,
-                  "cached": [r.facts.get("probe_cached") for r in results if r.check == "torch.cudnn"]}))
+                  "source": torch_facts.get("source"), "torch_version": torch_facts.get("torch_version")}))
 """
 
 
@@ -61,10 +63,12 @@ def test_running_every_registered_check_never_imports_torch(tmp_path):
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert out["attempts"] == [] and out["torch_loaded"] is False, (round_, out)
-        # the torch checks did run (from the probe), not skip for want of torch
+        # the torch checks did run (from torch's files), not skip for want of torch
         assert {"cuda.runtime", "torch.cudnn", "torch.pin_memory"} <= set(out["results"])
         assert out["results"]["cuda.runtime"] != "error", out
-        assert out["cached"] == [round_ == "warm"], (round_, out)
+        assert out["source"] == "files" and out["torch_version"], (round_, out)
+        # no probe ran, so none left a cache entry
+        assert not list((tmp_path / "cache").glob("envdoctor/torch-probe-*")), round_
 
 
 CLI = """

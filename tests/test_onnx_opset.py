@@ -535,12 +535,14 @@ def test_stack_facts_are_cached_so_a_warm_run_imports_neither_onnx_nor_onnxrunti
 
     code = ("import json, sys\nfrom envdoctor.checks import onnx_opset\n"
             "facts = onnx_opset.stack_facts()\n"
-            "print(json.dumps([facts['onnx_max_opset'], facts['runtime']['max_opset'], 'onnx' in sys.modules]))")
+            "print(json.dumps([facts['onnx_max_opset'], facts['runtime']['max_opset'], 'onnxruntime' in sys.modules,"
+            " 'onnx' in sys.modules]))")
     env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}
     env.pop("ENVDOCTOR_NO_CACHE", None)
     first = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
     second = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
     assert first[2] is True and second[2] is False  # imported once, then served from the cache
+    assert first[3] is False and second[3] is False  # onnx itself: read from its files, never imported
     assert first[:2] == second[:2] and isinstance(first[0], int)
     assert list((tmp_path / "envdoctor").glob("onnx-stack-*.json"))
 
@@ -555,3 +557,33 @@ def test_a_fifo_is_an_error_at_once_not_a_hang(tmp_path):
     model = read_model(fifo)
     assert _time.monotonic() - started < 1
     assert model.unreadable and "not a regular file" in model.problem
+
+
+def test_onnx_limits_from_files_equal_what_onnx_says_and_the_probe_model_is_onnx_helpers():
+    """envdoctor.onnxfacts reads onnx's release table instead of importing onnx, and writes
+    the probe model by hand: both must equal what onnx itself gives."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from envdoctor.onnxfacts import onnx_limits, tiny_model
+
+    assert onnx_limits() == {"onnx_version": onnx.__version__, "onnx_max_opset": onnx.defs.onnx_opset_version(),
+                             "onnx_max_ir_version": onnx.IR_VERSION}
+    for opset, ir in ((7, 1_000_000), (1_000_000, 7), (28, 14), (5, 3)):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "envdoctor_probe", [x], [y])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = ir
+        assert tiny_model(opset, ir) == model.SerializeToString()
+
+
+def test_onnx_release_table_reader_survives_bad_files(tmp_path):
+    from envdoctor.onnxfacts import version_table
+
+    for text in ("VERSION_TABLE = [", "VERSION_TABLE = f()", "", "\xff"):
+        (tmp_path / "helper.py").write_text(text, errors="surrogateescape")
+        assert version_table(tmp_path / "helper.py") is None
+    (tmp_path / "helper.py").write_text("VERSION_TABLE: list = [('1.0', 3, 1, 1), ('1.23.0', 14, 28, 5, 1)]\n")
+    assert version_table(tmp_path / "helper.py")[-1] == ("1.23.0", 14, 28, 5, 1)
+    assert version_table(tmp_path / "missing.py") is None

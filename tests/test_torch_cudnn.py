@@ -150,7 +150,17 @@ def test_no_torch_skips():
 @pytest.mark.real
 def test_real_run_on_this_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    r = run_one(Plan(CHECK, {}, 90), Session(python=sys.executable, env_override={}))
+    from envdoctor.probe import run_probe
+
+    # the probe (a fresh interpreter) reports torch's defaults
+    probed = Session(python=sys.executable, env_override={}, torch_factory=lambda s: run_probe(s.python))
+    r = run_one(Plan(CHECK, {}, 90), probed)
     assert r.facts["cudnn_enabled"] is True and r.facts["cudnn_benchmark"] is False
+    if r.facts["torch_cuda_version"] is None:
+        assert r.status is Status.SKIP
+    # the default, files only: the same torch, the live flags unknown (None), never guessed
+    r = run_one(Plan(CHECK, {}, 90), Session(python=sys.executable, env_override={}))
+    assert r.facts["torch_version"] == probed.need("torch")["torch_version"]
+    assert r.facts["cudnn_enabled"] is None and r.facts["cudnn_benchmark"] is None
     if r.facts["torch_cuda_version"] is None:
         assert r.status is Status.SKIP

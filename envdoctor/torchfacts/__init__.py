@@ -1,0 +1,324 @@
+"""Torch facts of a target, read from its files: torch is never imported, nothing is run.
+
+Why: `import torch` costs seconds (3 s cold here), and a monitor must neither
+load CUDA libraries nor touch the job it watches. What checks need is mostly
+written down in files: torch/version.py (version, CUDA, HIP, git commit), the
+dist-info METADATA of torch and of the nvidia-* wheels (cuDNN, NCCL, cuBLAS...),
+cudnn_version.h, the arch string compiled into libtorch_python.so, the ONNX
+default opset in torch/onnx/_constants.py. For `pid:N` these are the files the
+process actually mapped (/proc/N/maps), read through /proc/N/root, so a process
+in a container is seen as it sees itself.
+
+What only a running torch knows (torch.cuda.is_available(), the cuDNN flags'
+values, thread counts) is None here, with the reason under "unknown"; the
+in-process view (`envdoctor.preflight()`) has the live values. When no file
+says where an interpreter's torch is (an unusual layout, a .pth-only install),
+`gather` falls back to the probe subprocess, which answers for that interpreter.
+
+    gather(session)                      -> facts for the session's target
+    read_installation(torch_dir, host)   -> facts of one torch folder
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import sys
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable
+
+from envdoctor.errors import EnvdoctorError, Unavailable
+from envdoctor.torchfacts import elf, locate, metadata
+
+__all__ = ["gather", "read_installation", "TorchFilesError", "RUNTIME_ONLY"]
+
+# Facts the probe reports that no file holds: only a running torch knows them.
+RUNTIME_ONLY = {
+    "cuda_available": "torch.cuda.is_available() asks the driver at run time",
+    "device_count": "asks the driver at run time",
+    "cuda_initialized": "a property of a running process",
+    "cudnn_enabled": "a live setting of the process (envdoctor.preflight() reads it in the job)",
+    "cudnn_benchmark": "a live setting of the process (envdoctor.preflight() reads it in the job)",
+    "cudnn_deterministic": "a live setting of the process (envdoctor.preflight() reads it in the job)",
+    "deterministic_algorithms": "a live setting of the process (envdoctor.preflight() reads it in the job)",
+    "deterministic_warn_only": "a live setting of the process (envdoctor.preflight() reads it in the job)",
+    "num_threads": "decided by torch at import from the environment and the CPUs",
+    "num_interop_threads": "decided by torch at import from the environment and the CPUs",
+}
+
+
+class TorchFilesError(EnvdoctorError):
+    """A torch folder is there but its files do not say what torch it is (broken install)."""
+
+
+def _cudnn(site: Path, torch_dir: Path, packages: dict[str, str]) -> tuple[int | None, str | None, bool | None]:
+    """cuDNN version (torch's integer form), where it was read, and whether a library is there."""
+    libs = [site / "nvidia" / "cudnn" / "lib", torch_dir / "lib"]
+    present = None
+    for folder in libs:
+        try:
+            if any(p.name.startswith("libcudnn.so") for p in folder.iterdir()):
+                present = True
+                break
+        except OSError:
+            continue
+    header = site / "nvidia" / "cudnn" / "include" / "cudnn_version.h"
+    number = metadata.cudnn_from_header(header)
+    if number is not None:
+        return number, str(header), present
+    for name, version in packages.items():
+        if name.startswith("nvidia-cudnn"):
+            return metadata.cudnn_from_version(version), f"{name} {version}", present
+    return None, None, present
+
+
+def _cudnn_mismatch(installed: int | None, required: str | None) -> str | None:
+    """torch's own rule (torch/backends/cudnn/__init__.py): the same major, and for
+    cuDNN >= 7 a runtime minor at least the compiled one; else it raises on first use.
+    The version torch's wheel pins is the one it was built with."""
+    m = re.match(r"(\d+)\.(\d+)", required or "")
+    if installed is None or m is None:
+        return None
+    have = (installed // 10000, installed // 100 % 100) if installed >= 10000 else (installed // 1000, installed // 100 % 10)
+    want = (int(m.group(1)), int(m.group(2)))
+    if have[0] != want[0] or have[1] < want[1]:
+        return (f"RuntimeError: cuDNN version incompatibility: torch was built for cuDNN {required} "
+                f"but the installed cuDNN is {have[0]}.{have[1]}")
+    return None
+
+
+def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dict[str, Any]:
+    """Facts of the torch folder `torch_dir` (a path as the target sees it; `host`
+    turns such a path into one this process can open)."""
+    started = time.perf_counter()
+    td = host(torch_dir)
+    v = metadata.version_py(td)
+    if v is None:
+        raise TorchFilesError(f"torch at {torch_dir} has no readable version.py: a broken or partial install "
+                              "(pip install --force-reinstall torch)")
+    site_path = os.path.dirname(torch_dir)
+    site = host(site_path)
+    dists = metadata.dist_infos(site)
+    torch_meta = metadata.read_metadata(dists["torch"]) if "torch" in dists else None
+    packages = metadata.cuda_packages(site)
+    cuda, hip = v.get("cuda"), v.get("hip")
+    out: dict[str, Any] = {
+        "source": "files",
+        "torch": True,
+        "torch_version": str(v["__version__"]),
+        "torch_dir": torch_dir,
+        "torch_cuda_version": cuda,
+        "torch_hip_version": hip,
+        "git_version": v.get("git_version"),
+        "torch_dist_version": torch_meta["version"] if torch_meta else None,
+        "cuda_packages": packages,
+        "cuda_compiled": cuda is not None,
+        "errors": {},
+        "warnings": [],
+        "probe_cached": None,
+    }
+    py = re.search(r"/python(\d+\.\d+)/", torch_dir)
+    out["python_version"] = py.group(1) if py else None
+    unknown = {key: why for key, why in RUNTIME_ONLY.items()}
+    out.update({key: None for key in RUNTIME_ONLY})
+    if cuda is not None:
+        out.update(_arch_facts(td, torch_dir, unknown))
+        out.update(_cudnn_facts(site, td, packages, torch_meta, out["errors"], unknown))
+    else:
+        # a CPU-only (or ROCm) build: no CUDA kernels, no cuDNN (torch.backends.cudnn.is_available() is False)
+        out.update(arch_list=[], arch_source=None, cudnn_version=None, cudnn_source=None, cudnn_required=None,
+                   cudnn_available=False)
+    out["onnx_default_opset"] = metadata.onnx_default_opset(td)
+    out["unknown"] = unknown
+    out["read_seconds"] = round(time.perf_counter() - started, 4)
+    return out
+
+
+def _arch_facts(td: Path, torch_dir: str, unknown: dict[str, str]) -> dict[str, Any]:
+    """torch.cuda.get_arch_list() as compiled in: libtorch_python.so's string, else the -gencode flags."""
+    for name, reader in (("libtorch_python.so", elf.arch_string), ("libtorch_cuda.so", elf.gencode_arches)):
+        arch = reader(td / "lib" / name)
+        if arch:
+            return {"arch_list": arch, "arch_source": f"{torch_dir}/lib/{name}"}
+    unknown["arch_list"] = f"no arch string found in {torch_dir}/lib/libtorch_python.so or libtorch_cuda.so"
+    return {"arch_list": [], "arch_source": None}
+
+
+def _cudnn_facts(site: Path, td: Path, packages: dict[str, str], torch_meta: dict[str, Any] | None,
+                 errors: dict[str, str], unknown: dict[str, str]) -> dict[str, Any]:
+    version, source, present = _cudnn(site, td, packages)
+    required = metadata.pinned(torch_meta["requires"], "nvidia-cudnn") if torch_meta else None
+    mismatch = _cudnn_mismatch(version, required)
+    if mismatch:
+        errors["cudnn_version"] = mismatch
+    if version is None:
+        unknown["cudnn_version"] = "no nvidia-cudnn package or cudnn_version.h next to torch"
+    return {"cudnn_version": version, "cudnn_source": source, "cudnn_required": required,
+            "cudnn_available": True if present or version is not None else None}
+
+
+_MEMO: "OrderedDict[tuple[Any, ...], dict[str, Any]]" = OrderedDict()
+_MEMO_LOCK = threading.Lock()
+_MEMO_SIZE = 64
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def read_installation_cached(torch_dir: str, host: Callable[[str], Path] = Path) -> dict[str, Any]:
+    """read_installation(), remembered in this process while torch's files are unchanged.
+
+    `serve` reads every training process's torch at every interval; most share one
+    installation (or one image layer). The key is the path as the target sees it
+    (the facts name it) and the identity and mtime of version.py, the two
+    libraries the arch list comes from and the site directory (a pip install or
+    uninstall next to torch changes it), so a reinstall is read afresh.
+    """
+    td, site = host(torch_dir), host(os.path.dirname(torch_dir))
+    key = (torch_dir, _stamp(td / "version.py"), _stamp(td / "lib" / "libtorch_python.so"),
+           _stamp(td / "lib" / "libtorch_cuda.so"), _stamp(site))
+    with _MEMO_LOCK:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            _MEMO.move_to_end(key)
+    if hit is None:
+        hit = read_installation(torch_dir, host)
+        with _MEMO_LOCK:
+            _MEMO[key] = hit
+            while len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
+    return copy.deepcopy(hit)
+
+
+def _read_bounded(path: Path, limit: int) -> str:
+    """A /proc file's text; non-blocking, regular files only (envdoctor.paths.read_bytes)."""
+    from envdoctor.paths import read_bytes
+
+    return read_bytes(path, limit).decode("utf-8", "surrogateescape")
+
+
+def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Facts of the torch process `pid` has loaded, or would load, read through /proc/N/root."""
+    from envdoctor.context import Target, unavailable_from_oserror
+
+    maps = roots.proc(pid, "maps")
+    try:
+        maps_text = _read_bounded(maps, locate.MAX_MAPS)
+    except OSError as exc:
+        raise unavailable_from_oserror(exc, Target(pid), maps) from None
+    files = locate.mapped_files(maps_text)
+
+    def host(path: str) -> Path:
+        return roots.seen_by(pid, path)
+
+    try:
+        exe: str | None = os.readlink(roots.proc(pid, "exe")).removesuffix(" (deleted)")
+    except OSError:
+        exe = None
+    dirs = locate.torch_dirs_from_maps(files)
+    imported = bool(dirs)
+    torch_dir = dirs[0] if dirs else None
+    if torch_dir is None:
+        torch_dir = locate.find_torch(_process_site_dirs(roots, pid, files, exe, env or {}, host), host)
+    if torch_dir is None:
+        raise Unavailable(f"no torch in pid:{pid}: no libtorch is mapped in {maps} and none is in its "
+                          f"interpreter's site directories" + (f" ({exe})" if exe else ""))
+    facts = read_installation_cached(torch_dir, host)
+    facts["python"] = exe
+    facts["torch_imported"] = imported
+    replaced = [f for f in locate.deleted_files(maps_text) if f.startswith(torch_dir + "/")]
+    facts["torch_files_replaced"] = replaced
+    if replaced:
+        facts["warnings"].append(f"pid:{pid} runs a torch whose files were replaced on disk since it loaded them "
+                                 f"({os.path.basename(replaced[0])}): these facts describe the files there now, "
+                                 "not the torch the process runs; restart the job to run what is installed")
+    # /proc/N/exe is the base interpreter even in a venv; name the venv torch came from
+    m = re.match(r"^(.*)/lib/python[^/]+/site-packages/torch$", torch_dir)
+    facts["venv"] = m.group(1) if m and host(f"{m.group(1)}/pyvenv.cfg").is_file() else None
+    return facts
+
+
+def _process_site_dirs(roots: Any, pid: int, files: list[str], exe: str | None, env: dict[str, str],
+                       host: Callable[[str], Path]) -> list[str]:
+    """Where `import torch` in process `pid` would look: PYTHONPATH, the site directories
+    of what it has mapped, its venv (VIRTUAL_ENV, argv[0]) and its interpreter's prefix."""
+    dirs = [p for p in env.get("PYTHONPATH", "").split(":") if p.startswith("/")]
+    dirs += locate.site_dirs_from_maps(files)
+    pythons = []
+    if env.get("VIRTUAL_ENV", "").startswith("/"):
+        pythons.append(env["VIRTUAL_ENV"].rstrip("/") + "/bin/python")
+    try:
+        head = metadata.read_head(roots.proc(pid, "cmdline"), 4096) or b""  # argv[0] is at the start
+        argv0 = head.decode("utf-8", "surrogateescape").split("\0", 1)[0]
+        if "/" in argv0:
+            cwd = os.readlink(roots.proc(pid, "cwd")) if not argv0.startswith("/") else "/"
+            pythons.append(os.path.normpath(os.path.join(cwd, argv0)))
+    except OSError:
+        pass
+    if exe:
+        pythons.append(exe)
+
+    def resolve(path: str) -> str:
+        return path  # links inside another mount namespace are not followed; exe is already resolved
+
+    for python in dict.fromkeys(pythons):
+        dirs += locate.interpreter_site_dirs(python, host, resolve)
+    return list(dict.fromkeys(dirs))
+
+
+def for_interpreter(python: str, env: dict[str, str], rootfs: Path = Path("/")) -> dict[str, Any] | None:
+    """Facts of the torch `python` would import, or None when no file says where it is."""
+    if python != sys.executable:
+        from envdoctor.probe import resolve_python  # says why an interpreter cannot be used
+
+        python = resolve_python(python)
+
+    def host(path: str) -> Path:
+        return rootfs / path.lstrip("/")
+
+    if python == sys.executable and str(rootfs) == "/":
+        # our own interpreter: its search path is known exactly, minus the working
+        # directory (the probe, too, runs from / so a ./torch folder is not taken)
+        cwd = os.getcwd()
+        dirs = [p for p in sys.path if p and p != cwd]
+    else:
+        dirs = [p for p in env.get("PYTHONPATH", "").split(":") if p.startswith("/")]
+        home = env.get("HOME")
+        user = [f"{home}/.local"] if home and not host(os.path.dirname(os.path.dirname(python)) + "/pyvenv.cfg").exists() else []
+        for base in user:
+            dirs += [d for d in locate._lib_python_dirs(base, host) if d.endswith("site-packages")]
+        dirs += locate.interpreter_site_dirs(python, host, os.path.realpath)
+    torch_dir = locate.find_torch(dirs, host)
+    if torch_dir is None:
+        return None
+    facts = read_installation_cached(torch_dir, host)
+    facts["python"] = python
+    return facts
+
+
+def gather(session: Any) -> dict[str, Any]:
+    """The session target's torch facts: files first; the probe only when files are silent."""
+    pid = session.target.pid
+    if pid is not None and not session.python_explicit:
+        try:
+            env = dict(session.env)
+        except Unavailable:
+            env = {}
+        return for_process(session.roots, pid, env)
+    facts = for_interpreter(session.python, dict(session.env), session.roots.rootfs)
+    if facts is not None:
+        return facts
+    from envdoctor.probe import run_probe
+
+    facts = run_probe(session.python)
+    facts.setdefault("source", "probe")
+    return facts

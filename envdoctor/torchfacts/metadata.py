@@ -1,0 +1,176 @@
+"""What torch's and its companions' files say, read as text: never imported.
+
+- torch/version.py: `__version__`, `cuda`, `hip`, `git_version`... written by
+  torch's build as plain assignments; parsed with `ast` (no code runs, so a
+  target's torch, even a broken or foreign one, can be read safely).
+- *.dist-info/METADATA: name, version and Requires-Dist of torch and of the
+  `nvidia-*` wheels that carry CUDA's libraries (cudnn, nccl, cublas...). Only
+  the header block is read (the description after it can be 40 KB).
+- cudnn_version.h (shipped by nvidia-cudnn-cu* and by distro packages):
+  CUDNN_MAJOR / CUDNN_MINOR / CUDNN_PATCHLEVEL, the version torch reports.
+- torch/onnx/_constants.py: the default export opset (the constant the probe reads).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+MAX_TEXT = 256 * 1024  # a version.py or METADATA header is a few KB; a larger file is not one
+_NVIDIA = re.compile(r"^(nvidia[-_].+|cuda[-_]toolkit|cuda[-_]bindings|triton|pytorch[-_]triton.*)$", re.I)
+
+
+def read_head(path: Path | str, limit: int) -> bytes | None:
+    """The first `limit` bytes of a regular file, or None. Opened non-blocking and
+    checked with fstat first: a FIFO planted where a target's version.py should be
+    answers None at once instead of hanging the run."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, total = [], 0
+        while total < limit:
+            chunk = os.read(fd, min(1 << 20, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_text(path: Path, limit: int = MAX_TEXT) -> str | None:
+    data = read_head(path, limit)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def assigned_constants(path: Path) -> dict[str, Any] | None:
+    """The module-level `NAME = constant` (and `NAME: T = constant`) assignments of a
+    Python file, found by parsing it: nothing in it runs. None when unreadable."""
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        tree = ast.parse(text, str(path))
+    except (SyntaxError, ValueError):
+        return None
+    found: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, (str, int, bool, type(None))):
+            found[target.id] = value.value
+    return found
+
+
+def version_py(torch_dir: Path) -> dict[str, Any] | None:
+    """The constants torch/version.py assigns, or None when it cannot be read."""
+    found = assigned_constants(torch_dir / "version.py")
+    return found if found is not None and isinstance(found.get("__version__"), str) else None
+
+
+def onnx_default_opset(torch_dir: Path) -> int | None:
+    """torch.onnx.export's default opset: ONNX_DEFAULT_OPSET in torch/onnx/_constants.py
+    (torch 1.x .. 2.13 keep it there), read as the probe reads it."""
+    found = assigned_constants(torch_dir / "onnx" / "_constants.py") or {}
+    for name in ("ONNX_DEFAULT_OPSET", "onnx_default_opset"):
+        value = found.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def read_metadata(dist_info: Path) -> dict[str, Any] | None:
+    """Name, Version and Requires-Dist from a dist-info's METADATA header."""
+    text = _read_text(dist_info / "METADATA", 64 * 1024)
+    if text is None:
+        return None
+    out: dict[str, Any] = {"requires": []}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # end of the header block; the long description follows
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip().lower(), value.strip()
+        if key in ("name", "version") and key not in out:
+            out[key] = value
+        elif key == "requires-dist":
+            out["requires"].append(value)
+    return out if "name" in out and "version" in out else None
+
+
+def dist_infos(site_dir: Path) -> dict[str, Path]:
+    """Every *.dist-info folder in a site directory, by normalised distribution name."""
+    found: dict[str, Path] = {}
+    try:
+        names = sorted(p.name for p in site_dir.iterdir())
+    except OSError:
+        return found
+    for name in names:
+        if name.endswith(".dist-info"):
+            dist = name[: -len(".dist-info")].rsplit("-", 1)[0]
+            found.setdefault(_normalise(dist), site_dir / name)
+    return found
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def cuda_packages(site_dir: Path) -> dict[str, str]:
+    """Versions of the CUDA library wheels next to torch: nvidia-cudnn-cu12 -> 9.1.0.70 ..."""
+    out: dict[str, str] = {}
+    for name, path in dist_infos(site_dir).items():
+        if _NVIDIA.match(name):
+            meta = read_metadata(path)
+            if meta is not None:
+                out[_normalise(meta["name"])] = meta["version"]
+    return out
+
+
+def pinned(requires: list[str], prefix: str) -> str | None:
+    """The version torch's wheel pins a dependency to: 'nvidia-cudnn-cu13==9.20.0.48; ...' -> '9.20.0.48'."""
+    for req in requires:
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*==\s*([^;,\s]+)", req)
+        if m and _normalise(m.group(1)).startswith(prefix):
+            return m.group(2)
+    return None
+
+
+def cudnn_number(major: int, minor: int, patch: int) -> int:
+    """The integer torch.backends.cudnn.version() returns (CUDNN_VERSION)."""
+    return major * 10000 + minor * 100 + patch if major >= 9 else major * 1000 + minor * 100 + patch
+
+
+def cudnn_from_header(path: Path) -> int | None:
+    text = _read_text(path, 64 * 1024)
+    if text is None:
+        return None
+    parts = {}
+    for key in ("MAJOR", "MINOR", "PATCHLEVEL"):
+        m = re.search(rf"#define\s+CUDNN_{key}\s+(\d+)", text)
+        if m is None:
+            return None
+        parts[key] = int(m.group(1))
+    return cudnn_number(parts["MAJOR"], parts["MINOR"], parts["PATCHLEVEL"])
+
+
+def cudnn_from_version(version: str) -> int | None:
+    """'9.1.0.70' (the nvidia-cudnn-cu12 wheel's version) -> 90100."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    return cudnn_number(int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None

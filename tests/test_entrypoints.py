@@ -1,0 +1,98 @@
+"""The entry-point table cache (envdoctor.entrypoints): the same answer as
+importlib.metadata, without importing it on a warm start, and never stale after
+an install, an uninstall or a rewritten entry_points.txt."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points as live_entry_points
+
+import pytest
+
+from envdoctor import entrypoints
+
+GROUPS = ("envdoctor.checks", "envdoctor.exporters")
+
+
+def names(eps):
+    return [(e.name, e.value) for e in eps]
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ENVDOCTOR_NO_CACHE", raising=False)
+    return tmp_path / "cache" / "envdoctor"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_cold_warm_and_uncached_agree_with_importlib_metadata(group, cache_home, monkeypatch):
+    truth = sorted((e.name, e.value) for e in live_entry_points(group=group))
+    assert truth  # envdoctor is installed here: its built-ins are registered
+    cold = entrypoints.entry_points(group)
+    assert list(cache_home.glob("entry-points-*.json"))
+    warm = entrypoints.entry_points(group)
+    monkeypatch.setenv("ENVDOCTOR_NO_CACHE", "1")
+    uncached = entrypoints.entry_points(group)
+    assert sorted(names(cold)) == sorted(names(warm)) == sorted(names(uncached)) == truth
+    assert all(e.dist is not None and e.dist.name for e in warm)
+
+
+def plugin(site, version="1.0", entries=("acme.one = acme_plugin:ONE",)):
+    dist = site / f"acme_plugin-{version}.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: acme-plugin\nVersion: {version}\n")
+    (dist / "entry_points.txt").write_text("[envdoctor.checks]\n" + "\n".join(entries) + "\n")
+    (site / "acme_plugin.py").write_text("ONE = 'one'\nTWO = 'two'\n")
+    return dist
+
+
+def test_install_rewrite_and_uninstall_are_seen_at_once(tmp_path, cache_home, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    before = names(entrypoints.entry_points("envdoctor.checks"))
+    assert ("acme.one", "acme_plugin:ONE") not in before
+    dist = plugin(site)
+    eps = {e.name: e for e in entrypoints.entry_points("envdoctor.checks")}
+    assert eps["acme.one"].load() == "one" and eps["acme.one"].dist.name == "acme-plugin"
+    # rewritten in place (same folder, same directory mtime possible): entry_points.txt's stat differs
+    (dist / "entry_points.txt").write_text("[envdoctor.checks]\nacme.one = acme_plugin:ONE\nacme.two = acme_plugin:TWO\n")
+    assert {"acme.one", "acme.two"} <= {e.name for e in entrypoints.entry_points("envdoctor.checks")}
+    for f in dist.iterdir():
+        f.unlink()
+    dist.rmdir()
+    assert names(entrypoints.entry_points("envdoctor.checks")) == before
+
+
+def test_a_corrupt_cache_file_is_a_miss(cache_home):
+    first = names(entrypoints.entry_points("envdoctor.checks"))
+    for f in cache_home.glob("entry-points-*.json"):
+        f.write_text("{not json")
+    assert names(entrypoints.entry_points("envdoctor.checks")) == first
+    for f in cache_home.glob("entry-points-*.json"):
+        json.loads(f.read_text())  # rewritten whole
+
+
+def test_only_envdoctor_groups():
+    with pytest.raises(ValueError):
+        entrypoints.entry_points("console_scripts")
+
+
+def test_a_warm_start_does_not_import_importlib_metadata(tmp_path):
+    code = textwrap.dedent("""
+        import json, sys
+        from envdoctor import registry
+        reg = registry.load()
+        print(json.dumps({"checks": sorted(reg.checks), "metadata": "importlib.metadata" in sys.modules}))
+    """)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("ENVDOCTOR_NO_CACHE", None)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                      cwd=tmp_path, timeout=120, check=True).stdout) for _ in range(2)]
+    assert runs[0]["checks"] == runs[1]["checks"] and "shm.size" in runs[1]["checks"]
+    assert runs[0]["metadata"] is True and runs[1]["metadata"] is False
