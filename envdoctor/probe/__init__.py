@@ -85,8 +85,12 @@ def resolve_python(python: str) -> str:
     return path
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
+def _tail(text: str, env: dict[str, str] | None = None) -> str:
+    """The end of what the probe printed, redacted first (a cut must not leave a
+    secret's last characters) and redacted as free text (short secrets too)."""
+    from envdoctor import redact
+
+    text = redact.scrub_free_text(text, [os.environ, env or {}]).strip()
     if len(text) > _STDERR_TAIL:
         text = "..." + text[-_STDERR_TAIL:]
     return text
@@ -132,7 +136,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
             out, err = proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # a grandchild escaped the group and holds the pipes
             out, err = b"", b""
-        said = _tail(err.decode("utf-8", "replace"))
+        said = _tail(err.decode("utf-8", "replace"), env)
         raise ProbeError(
             f"the torch probe in {python} did not finish within {timeout:g} s (killed)"
             + (f"; it printed: {said}" if said else "; it printed nothing")
@@ -151,7 +155,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
                 result = None
             break
     if not isinstance(result, dict):
-        said = _tail(err.decode("utf-8", "replace") or text)
+        said = _tail(err.decode("utf-8", "replace") or text, env)
         if proc.returncode is not None and proc.returncode < 0:
             try:
                 how = f"was killed by {signal.Signals(-proc.returncode).name}"
@@ -160,7 +164,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         else:
             how = f"exited with status {proc.returncode}"
         raise ProbeError(f"the torch probe in {python} {how} without a result" + (f"; it printed: {said}" if said else ""))
-    result["_stderr_tail"] = _tail(err.decode("utf-8", "replace"))
+    result["_stderr_tail"] = _tail(err.decode("utf-8", "replace"), env)
     return result
 
 
