@@ -44,6 +44,8 @@ def parse_size(text: str | int) -> int:
 def format_bytes(n: int | float) -> str:
     """Human form in binary units, exact where it can be: 67108864 -> '64 MiB'."""
     n = float(n)
+    if n != n or n in (float("inf"), float("-inf")):
+        return f"{n} B"  # a broken reading shows as such, not as a crash
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             text = f"{n:.0f}" if n == int(n) else f"{n:.1f}"
