@@ -40,7 +40,7 @@ from envdoctor.check import Check, Metric
 from envdoctor.errors import Unavailable
 from envdoctor.model import Result, Status, join_fixes, worst
 
-_LOCAL_RANK = re.compile(r"^\s*[0-9]+\s*$")
+_LOCAL_RANK = re.compile(r"^\s*[0-9]{1,30}\s*$")  # longer is no rank (and int() refuses > 4300 digits)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _export(entries) -> str:
 
 def _clean_entries(p: vd.VisibleDevices) -> list[str]:
     """What the user most likely meant: every readable entry, once, without quotes or blanks."""
-    out: list[str] = []
+    out: dict[str, None] = {}  # ordered and O(1) to test: linear however many entries
     for token in p.tokens:
         text = token.strip(" \t\n\r\f\v\"'")
         if p.mode == vd.INDEX:
@@ -94,9 +94,9 @@ def _clean_entries(p: vd.VisibleDevices) -> list[str]:
             text = match.group(0) if match else ""
         elif not text.startswith(("GPU-", "MIG-")):
             text = ""
-        if text and text not in out:
-            out.append(text)
-    return out
+        if text:
+            out.setdefault(text)
+    return list(out)
 
 
 def _span(n: int) -> str:

@@ -66,7 +66,7 @@ LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_A
 REQUIRED = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
 NCCL_VARS = ("NCCL_SOCKET_IFNAME", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_DEBUG", "GLOO_SOCKET_IFNAME")
 _NCCL_MAX_IFS = 16
-_INTEGER = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+_INTEGER = re.compile(r"^\s*[+-]?[0-9]{1,30}\s*$")  # longer is no rank or port (and int() refuses > 4300 digits)
 
 
 # -- parsers (untrusted text in, a value or ParseError out) -------------------------------------

@@ -84,8 +84,14 @@ def check(
         _die(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     if fail_on is not None and fail_on not in FAIL_ON:
         _die(f"--fail-on must be warn or fail, not {fail_on!r}")
-    if timeout is not None and timeout <= 0:
-        _die("--timeout must be a positive number of seconds")
+    if timeout is not None:
+        from envdoctor.config import check_timeout
+        from envdoctor.errors import ParseError
+
+        try:
+            check_timeout(timeout)
+        except ParseError as exc:
+            _die(f"--timeout: {exc}")
     if python is not None:
         import shutil
 

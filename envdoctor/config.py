@@ -19,6 +19,7 @@ CLI exits 2. Nothing here exits: errors are ConfigError, the CLI decides.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -37,6 +38,7 @@ from envdoctor.units import parse_size
 
 FAIL_ON = ("warn", "fail")
 DEFAULT_TIMEOUT = 15.0
+MAX_TIMEOUT = 86400.0  # one day: beyond it a deadline is a mistake (and overflows the clock)
 RUN_KEYS = {
     "fail_on": str,
     "timeout": float,
@@ -111,7 +113,8 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
             return None  # someone else's broken pyproject is not our config error
-        if "envdoctor" in data.get("tool", {}):
+        tool = data.get("tool")
+        if isinstance(tool, dict) and "envdoctor" in tool:  # a `tool` that is not a table is not ours to judge
             return pyproject, "tool.envdoctor"
     return None
 
@@ -137,14 +140,22 @@ def coerce(value: Any, default: Any, key: str, *, from_text: bool = False) -> An
             return value
         raise ParseError(f"expected an integer, got {value!r}")
     if isinstance(default, float):
+        number = None
         if from_text and isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise ParseError(f"expected a number, got {value!r}") from None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ParseError(f"expected a number, got {value!r}")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:  # an integer too large for a float
+                raise ParseError(f"expected a finite number, got {value!r}") from None
+        if number is None:
+            raise ParseError(f"expected a number, got {value!r}")
+        if not math.isfinite(number):
+            raise ParseError(f"expected a finite number, got {value!r}")
+        return number
     if isinstance(default, str):
         if isinstance(value, str):
             return value
@@ -164,8 +175,8 @@ def _coerce_run_key(key: str, value: Any, *, from_text: bool) -> Any:
     value = coerce(value, default, key, from_text=from_text)
     if key == "fail_on" and value not in FAIL_ON:
         raise ParseError(f"expected one of {', '.join(FAIL_ON)}, got {value!r}")
-    if key == "timeout" and value <= 0:
-        raise ParseError(f"expected a positive number of seconds, got {value!r}")
+    if key == "timeout":
+        check_timeout(value)
     if key in ("only", "skip", "onnx") and not all(isinstance(v, str) for v in value):
         raise ParseError(f"expected a list of strings, got {value!r}")
     return value
@@ -236,8 +247,13 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
         match = re.search(r"line (\d+)", str(exc))
         raise ConfigError(f"not valid TOML: {exc}", file=name, line=int(match.group(1)) if match else None) from None
     if prefix:
-        for part in prefix.split("."):
+        for depth, part in enumerate(prefix.split(".")):
             data = data.get(part, {})
+            if not isinstance(data, dict):
+                table = ".".join(prefix.split(".")[:depth + 1])
+                raise ConfigError(f"[{table}] must be a table, not {type(data).__name__}", file=name,
+                                  line=line_of(text, "", part) if depth == 0 else line_of(text, prefix.rsplit(".", 1)[0], part),
+                                  key=table)
     config.source = name
 
     def where(table: str, key: str | None) -> int | None:
@@ -300,8 +316,19 @@ def _relative_to(config_file: Path, value: Any) -> Any:
 
 def _coerce_check_key(key: str, value: Any, default: Any, *, from_text: bool) -> Any:
     value = coerce(value, default, key, from_text=from_text)
-    if key == "timeout" and value <= 0:
+    if key == "timeout":
+        check_timeout(value)
+    return value
+
+
+def check_timeout(value: float) -> float:
+    """A timeout must be a finite number of seconds in (0, MAX_TIMEOUT]; ParseError says which rule broke."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ParseError(f"expected a finite number of seconds, got {value!r}")
+    if value <= 0:
         raise ParseError(f"expected a positive number of seconds, got {value!r}")
+    if value > MAX_TIMEOUT:
+        raise ParseError(f"expected at most {MAX_TIMEOUT:g} seconds (one day), got {value!r}")
     return value
 
 

@@ -275,6 +275,28 @@ def preflight(*, only: Iterable[str] | None = None, skip: Iterable[str] | None =
     `only`/`skip` take check ids, as `envdoctor check --only/--skip` do, plus
     "preflight.live" for the in-process row. An unknown id raises UsageError.
     """
+    from envdoctor.errors import UsageError
+
+    try:
+        results, note = _run(only, skip)
+    except UsageError:
+        raise  # the script named a check that does not exist: its bug, said at once
+    except Exception as exc:  # envdoctor breaking must never take the training script down
+        from envdoctor.model import error
+
+        row = error(f"preflight itself broke: {type(exc).__name__}: {exc}")
+        row.check, row.target = "preflight", "self"
+        from envdoctor import redact
+
+        results, note = [redact.Scrubber(redact.secret_values([os.environ])).result(row)], None
+    if file is not None:
+        _print(results, file, note)
+    if strict and any(r.status is Status.FAIL for r in results):
+        raise PreflightError(results)
+    return results
+
+
+def _run(only: Iterable[str] | None, skip: Iterable[str] | None) -> tuple[list[Result], str | None]:
     from envdoctor import pipeline
     from envdoctor.context import Session, Target
     from envdoctor.registry import load
@@ -292,11 +314,7 @@ def preflight(*, only: Iterable[str] | None = None, skip: Iterable[str] | None =
         results = list(pipeline.execute(registry, config, session, selection, with_sysfacts=False).results)
     if want_live:
         results.append(_live_row(session))
-    if file is not None:
-        _print(results, file, note)
-    if strict and any(r.status is Status.FAIL for r in results):
-        raise PreflightError(results)
-    return results
+    return results, note
 
 
 def _live_row(session) -> Result:
