@@ -182,12 +182,17 @@ def _resolve(host: str, port: int | None, timeout: float) -> tuple[tuple[str, ..
             box["addrs"] = tuple(dict.fromkeys(info[4][0] for info in infos))
         except (OSError, UnicodeError) as exc:
             box["error"] = getattr(exc, "strerror", None) or str(exc)
+            # EAI_AGAIN ("temporary failure in name resolution") says nothing about the name, only
+            # that no server answered: the same news as a timeout, so the same status.
+            box["temporary"] = isinstance(exc, socket.gaierror) and exc.errno == socket.EAI_AGAIN
 
     thread = threading.Thread(target=work, name="envdoctor-resolve", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
         return None, None, True
+    if box.get("temporary"):
+        return None, box.get("error"), True
     return box.get("addrs"), box.get("error"), False
 
 
@@ -333,8 +338,9 @@ def judge(facts: DistFacts, config) -> Result:
         addr = env.get("MASTER_ADDR", "").strip()
         if addr:
             if facts.resolve_timed_out:
-                findings.append((Status.WARN, f"MASTER_ADDR={addr!r} did not resolve within {facts.resolve_timeout:g} s "
-                                 "(slow or unreachable DNS): ranks may time out at the rendezvous",
+                why = (f"could not be resolved now ({facts.resolve_error}: the DNS server did not answer)" if facts.resolve_error
+                       else f"did not resolve within {facts.resolve_timeout:g} s (slow or unreachable DNS)")
+                findings.append((Status.WARN, f"MASTER_ADDR={addr!r} {why}: ranks may time out at the rendezvous",
                                  f"getent hosts {addr}  # or export MASTER_ADDR=<rank 0's IP address>"))
             elif facts.master_addresses is None and facts.resolve_error is not None:
                 findings.append((Status.FAIL, f"MASTER_ADDR={addr!r} does not resolve ({facts.resolve_error}): every "

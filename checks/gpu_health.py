@@ -79,6 +79,17 @@ def _by_gpu(gpus, attr: str) -> dict[str, float]:
     return {str(g.index): getattr(g, attr) for g in gpus if getattr(g, attr) is not None}
 
 
+# What "healthy" rests on, and how each is named when NVML did not report it.
+HEALTH_FIELDS = (("ecc_uncorrected", "ECC errors"), ("retired_pages_pending", "page retirement"),
+                 ("remapped_rows_pending", "row remaps"), ("throttle_reasons_mask", "throttling"),
+                 ("memory_used_bytes", "memory use"))
+
+
+def unverified(g: GpuInfo) -> list[str]:
+    """The health signals NVML did not give for this GPU (not supported, or the query failed)."""
+    return [label for attr, label in HEALTH_FIELDS if getattr(g, attr) is None]
+
+
 def judge(facts: HealthFacts, config) -> Result:
     if facts.hung:
         return Result(Status.FAIL, f"NVML did not answer: {facts.hung}",
@@ -157,6 +168,12 @@ def judge(facts: HealthFacts, config) -> Result:
         "ecc_uncorrected": _by_gpu(gpus, "ecc_uncorrected"),
         "findings": [m for _, m, _ in findings],
     }
+    blind = [g for g in gpus if len(unverified(g)) == len(HEALTH_FIELDS)]
+    if not findings and len(blind) == len(gpus):
+        # Nothing was read: "healthy" would vouch for what nobody looked at.
+        return Result(Status.SKIP, f"NVML reports none of the health signals ({', '.join(l for _, l in HEALTH_FIELDS)}) "
+                      f"for {'any GPU' if len(gpus) > 1 else _label(gpus[0])} (not supported or failed): health not verified",
+                      "nvidia-smi -q  # see which fields this GPU and driver report", facts_out)
     if not findings:
         models: dict[str, int] = {}
         for g in gpus:
@@ -165,8 +182,15 @@ def judge(facts: HealthFacts, config) -> Result:
         busiest = max(others_used.values(), default=0)
         temps = [g.temperature_c for g in gpus if g.temperature_c is not None]
         hottest = f", hottest {max(temps)} C" if temps else ""
-        summary = (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} healthy ({kinds}): no uncorrectable ECC errors, "
-                   f"no pending retirement or remap, no throttling, at most {format_bytes(busiest)} used by others{hottest}")
+        checked = [label for attr, label in HEALTH_FIELDS if any(getattr(g, attr) is not None for g in gpus)]
+        said = {"ECC errors": "no uncorrectable ECC errors", "page retirement": "no pending page retirement",
+                "row remaps": "no pending row remap", "throttling": "no throttling",
+                "memory use": f"at most {format_bytes(busiest)} used by others"}
+        summary = (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} healthy ({kinds}): "
+                   + ", ".join(said[c] for c in checked) + hottest)
+        gaps = [f"{_label(g)}: {', '.join(unverified(g))}" for g in gpus if unverified(g)]
+        if gaps:
+            summary += "; not reported by NVML, so not verified: " + "; ".join(gaps)
         return Result(Status.OK, summary, "", facts_out)
     status = worst([s for s, _, _ in findings])
     fix = join_fixes(findings)
