@@ -239,7 +239,8 @@ class Scrubber:
 
     def result(self, result: Result) -> Result:
         return replace(result, summary=self.text(result.summary), remediation=self.text(result.remediation),
-                       facts=self.any(result.facts), target=self.text(result.target), check=self.text(result.check))
+                       facts=self.any(result.facts), target=self.text(result.target), check=self.text(result.check),
+                       fix_env=self.any(result.fix_env))
 
 
 def scrubber_for(envs: Iterable[Mapping[str, str]], public: Iterable[str] = ()) -> Scrubber:

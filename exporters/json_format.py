@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from envdoctor.export import Exporter
 from envdoctor.model import Report
 
 
@@ -30,3 +31,7 @@ def plain(value: Any) -> Any:
 
 def render(report: Report, options) -> str:
     return json.dumps(plain(report.to_dict()), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+EXPORTER = Exporter(name="json", render=render, content_type="application/json", extension="json",
+                    help="one JSON object, schema envdoctor.report/v1")

@@ -4,6 +4,7 @@ fix for every warn/fail under it."""
 
 from __future__ import annotations
 
+from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
 from .common import markdown_code, markdown_fence, markdown_text, one_line, system_rows
@@ -39,3 +40,7 @@ def render(report: Report, options) -> str:
             lines += [f"- {markdown_code(r.check)} ({r.status.value}):", "", f"  {fence}", *(f"  {step}" for step in steps),
                       f"  {fence}"]
     return "\n".join(lines) + "\n"
+
+
+EXPORTER = Exporter(name="markdown", render=render, content_type="text/markdown; charset=utf-8", extension="md",
+                    help="Markdown for a bug report")
