@@ -144,7 +144,10 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
     env = {"CUDA_VISIBLE_DEVICES": gpu.uuid} if gpu.uuid else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu.index)}
     params = {"size_bytes": int(cfg["measure_bytes"]), "repeats": int(cfg["measure_repeats"]), "device": 0}
     try:
-        m = dict(run_measurement(ctx.python, "pin_memory", params, timeout=float(cfg["measure_timeout_seconds"]), env=env))
+        limit = float(cfg["measure_timeout_seconds"])
+        if ctx.session.probe_timeout is not None:  # a run-wide --timeout bounds the measurement too
+            limit = min(limit, ctx.session.probe_timeout)
+        m = dict(run_measurement(ctx.python, "pin_memory", params, timeout=limit, env=env))
     except ProbeError as exc:
         return {"error": str(exc)}, None
     m["nvml_index"] = gpu.index

@@ -116,7 +116,7 @@ def check(
     if fail_on:
         config.fail_on = fail_on
     if timeout:
-        config.timeout = timeout
+        config.set_timeout(timeout)
     fmt = fmt or os.environ.get("ENVDOCTOR_FORMAT") or "text"
     if fmt not in formats:
         _die(f"ENVDOCTOR_FORMAT must be one of {', '.join(formats)}, not {fmt!r}")
@@ -229,10 +229,33 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
             typer.echo(f"  envdoctor_{m.name}{label}  {m.help}")
 
 
+def _kill_probes() -> None:
+    """Kill every torch probe still running, and its whole process group (if any was started)."""
+    probe = sys.modules.get("envdoctor.probe")
+    if probe is not None:
+        probe.kill_running()
+
+
+def _on_sigterm(signum, frame) -> None:
+    _kill_probes()  # first: a probe runs in its own session and would not hear the signal
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
-    """Console-script entry point; a Ctrl-C ends quietly with 130, as shells expect."""
+    """Console-script entry point; a Ctrl-C ends quietly with 130, SIGTERM with 143, as
+    shells expect, and neither leaves a probe (or anything it started) running."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main thread (embedded use): leave the handler alone
+        pass
     try:
         app()
     except KeyboardInterrupt:
-        sys.stderr.write("envdoctor: interrupted\n")
+        _kill_probes()
+        try:
+            sys.stderr.write("envdoctor: interrupted\n")
+        except (OSError, ValueError):
+            pass
         sys.exit(130)

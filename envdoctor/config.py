@@ -63,6 +63,7 @@ class Config:
     python: str | None = None
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {key: value}, as given
     source: str | None = None  # the file that was read, if any
+    timeout_explicit: bool = False  # timeout came from the file, the environment or --timeout
 
     def check_config(self, check: Check) -> dict[str, Any]:
         """The check's declared defaults overlaid with what was configured."""
@@ -79,9 +80,16 @@ class Config:
         configured = self.checks.get(check.id, {}).get("timeout")
         if configured is not None:
             return float(configured)
-        if check.timeout is not None:
+        if check.timeout is not None and not self.timeout_explicit:
+            # a check that needs longer than the default (a cold torch import) gets it, unless the
+            # user set a run-wide timeout: that bounds the whole run, these checks included
             return max(check.timeout, self.timeout)
         return self.timeout
+
+    def set_timeout(self, seconds: float) -> None:
+        """A run-wide timeout the user chose: it bounds every check without its own setting."""
+        self.timeout = float(seconds)
+        self.timeout_explicit = True
 
 
 # --------------------------------------------------------------------------- finding the file
@@ -268,6 +276,7 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
                               file=name, line=where("", key), key=key)
         try:
             setattr(config, key, _coerce_run_key(key, value, from_text=False))
+            config.timeout_explicit |= key == "timeout"
         except ParseError as exc:
             raise ConfigError(str(exc), file=name, line=where("", key), key=key) from None
         if key in ("only", "skip"):
@@ -356,6 +365,7 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
         if var in environ:
             try:
                 setattr(config, key, _coerce_run_key(key, environ[var], from_text=True))
+                config.timeout_explicit |= key == "timeout"
             except ParseError as exc:
                 raise ConfigError(str(exc), file="environment", key=var) from None
     by_env_id = {check_id.replace(".", "_").upper(): check for check_id, check in catalog.items()}

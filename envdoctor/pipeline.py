@@ -63,6 +63,11 @@ def make_target(pid: int | None, roots: Roots) -> Target:
         raise UsageError(f"--pid must be a positive process id, got {pid}")
     if not (roots.procfs / str(pid)).is_dir():
         raise UsageError(f"no process {pid} (nothing at {roots.procfs / str(pid)})")
+    from envdoctor.procfs import explain_kind, process_kind
+
+    kind = process_kind(roots.procfs, pid)
+    if kind is not None:  # nothing of it can be examined: say so once, not as nine skipped rows
+        raise UsageError(f"--pid {pid}: {explain_kind(pid, *kind)}")
     return Target(pid)
 
 
@@ -105,11 +110,16 @@ def execute(
 
 
 def _environments(session: Session) -> list[Mapping[str, str]]:
+    """envdoctor's environment and the target's, as far as some check read it.
+
+    Never reads the target's environment itself: a read that is stuck (a FIFO where
+    /proc/N/environ should be) holds the session's lock, and waiting on it here
+    would hang the run past every timeout. What no check read, no check can have
+    echoed, so it cannot leak."""
     envs: list[Mapping[str, str]] = [os.environ]
-    try:
-        envs.append(session.env)
-    except Unavailable:
-        pass  # an unreadable target environment cannot leak into the report either
+    target = session.env_if_read()
+    if target is not None:
+        envs.append(target)
     return envs
 
 
@@ -128,8 +138,19 @@ def build_session(
     chosen_python = python or config.python
     if chosen_python:
         kwargs["python"] = chosen_python
+    if config.timeout_explicit:
+        kwargs["probe_timeout"] = probe_limit(config.timeout)
     kwargs.update(overrides)
     return Session(**kwargs)
+
+
+def probe_limit(check_timeout: float) -> float:
+    """The torch probe's limit under a run-wide timeout: a little less than the checks'
+    own, so the probe is killed and its row says why before the check's deadline,
+    never the probe's own 60 s default past it."""
+    from envdoctor.probe import default_timeout
+
+    return max(0.05, min(default_timeout(), check_timeout - min(1.0, check_timeout * 0.1)))
 
 
 def load_registry() -> Registry:
