@@ -78,7 +78,8 @@ _PAIR_HEAD = re.compile(r"(?<![A-Za-z0-9_.-])(?P<name>[A-Za-z0-9_.-]+)[\"']?[ \t
 _PAIR_VALUE = re.compile(r"[^\s&;'\"<>)}\]]+")
 _SECRET_NAME_END = re.compile(r"(?:^|[_.-])(?:token|secret|password|passwd|passphrase|pwd|apikey|key|auth|"
                               r"credentials?|signature|private)$", re.I)
-_BEARER = re.compile(r"\b(?P<kind>Bearer|Basic|Token)[ \t]+(?P<value>(?!\*\*\*)[A-Za-z0-9._~+/=-]{6,})")
+_BEARER = re.compile(r"(?i)(?P<head>\bauthorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:(?:bearer|basic|digest|token|negotiate)[ \t]+)?"
+                     r"|\bbearer[ \t]+)(?P<value>[^\s'\"<>,;]+)")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -113,7 +114,7 @@ def mask_credentials(text: str) -> str:
     text = _URL_USERINFO.sub(url, text)
     text = _BARE_USERINFO.sub(lambda m: f"{m.group('user')}:{MASK}@", text)
     text = _mask_pairs(text)
-    return _BEARER.sub(lambda m: f"{m.group('kind')} {MASK}", text)
+    return _BEARER.sub(lambda m: m.group(0) if m.group("value").startswith(MASK) else f"{m.group('head')}{MASK}", text)
 
 
 def _mask_pairs(text: str) -> str:
