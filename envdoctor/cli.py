@@ -141,7 +141,8 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> N
     from envdoctor.atomicfile import write_atomic
     from envdoctor.errors import OutputError
 
-    to_terminal = output is None and sys.stdout.isatty()
+    # sys.stdout is None when envdoctor was started with fd 1 closed (`envdoctor check >&-`)
+    to_terminal = output is None and sys.stdout is not None and sys.stdout.isatty()
     color = to_terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
     width = shutil.get_terminal_size((120, 24)).columns  # the terminal's, or $COLUMNS, or 120 in a pipe
     try:
@@ -162,6 +163,8 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> N
 def write_stdout(text: str) -> None:
     """Standard output, or one line and exit 74 when it is closed or full (never a traceback)."""
     try:
+        if sys.stdout is None:  # started with standard output closed
+            raise OSError(9, "standard output is closed")
         sys.stdout.write(text)
         sys.stdout.flush()
     except (OSError, ValueError) as exc:
@@ -169,11 +172,11 @@ def write_stdout(text: str) -> None:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: no sys.stdout at all
             pass
         try:
             sys.stderr.write(f"envdoctor: cannot write the report to standard output: {reason}\n")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             pass
         raise typer.Exit(EXIT_IO)
 
