@@ -182,3 +182,29 @@ def test_cli_keeps_the_interpreter_and_host_visible_when_a_secret_variable_holds
     assert report["host"] == socket.gethostname()
     assert report["system"]["python_executable"] == sys.executable
     assert report["system"]["envdoctor_python"] == sys.executable
+
+
+@settings(max_examples=100, deadline=None)
+@given(secret=secrets_st, key=st.sampled_from(["token", "api_key", "password", "master", "url", "msg_detail"]),
+       shape=st.sampled_from(["plain", "userinfo", "pair", "env"]), extra=st.text(max_size=30))
+def test_log_lines_carry_no_credential(secret, key, shape, extra):
+    """serve/exec log lines: one line each, a secret-named field masked whole, credentials
+    masked by shape, the values of secret variables masked wherever they appear."""
+    from envdoctor import log
+
+    assume(secret not in redact.public_values([{"HF_TOKEN": secret}]) and "*" not in secret)
+    saved = os.environ.get("HF_TOKEN")
+    os.environ["HF_TOKEN"] = secret
+    value = {"plain": secret, "userinfo": f"https://u:{secret}@h.example/x", "pair": f"x?token={secret}&y=1",
+             "env": f"{extra} {secret} {extra}"}[shape]
+    if shape == "plain" and key not in ("token", "api_key", "password"):
+        value = f"'{secret}'"  # a secret variable's value, quoted in a message
+    try:
+        line = log.format_line("info", f"run finished {value}", {key: value, "n": 3})
+    finally:
+        if saved is None:
+            del os.environ["HF_TOKEN"]
+        else:
+            os.environ["HF_TOKEN"] = saved
+    assert "\n" not in line
+    assert secret not in line and repr(secret)[1:-1] not in line, line
