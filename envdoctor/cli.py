@@ -34,7 +34,9 @@ app = typer.Typer(
 
 
 def _die(message: str) -> None:
-    typer.echo(f"envdoctor: {message}", err=True)
+    from envdoctor.exporters.common import one_line  # the message may quote what the user typed
+
+    typer.echo(f"envdoctor: {one_line(message)}", err=True)
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -186,6 +188,8 @@ def list_checks() -> None:
     """List every registered check, built-in and plug-in, with its one-line purpose."""
     from envdoctor import registry as registry_module
 
+    from envdoctor.exporters.common import one_line  # plug-in titles and errors: no raw control characters
+
     registry = registry_module.load()
     width = max((len(i) for i in [*registry.ids, *(f.name for f in registry.failures)]), default=10)
     for check_id in registry.ids:
@@ -194,9 +198,9 @@ def list_checks() -> None:
         needs = f" [needs {', '.join(check.needs)}]" if check.needs else ""
         off = " (off by default)" if not check.enabled else ""
         plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
-        typer.echo(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}")
+        typer.echo(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}"))
     for failure in registry.failures:
-        typer.echo(f"{failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}")
+        typer.echo(one_line(f"{failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}"))
 
 
 @app.command()

@@ -252,12 +252,14 @@ def _print(results: list[Result], file: IO[str] | None, note: str | None) -> Non
     tally = ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
     lines = [f"envdoctor preflight: {len(results)} checks: {tally}"]
     if note:
-        lines.append(f"  note: {note}")
+        lines.append(f"  note: {one_line(note)}")
+    from envdoctor.exporters.common import one_line  # a terminal gets no raw control character
+
     rank = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
     for r in sorted((r for r in results if r.status in rank), key=lambda r: (rank[r.status], r.check)):
-        lines.append(f"  {r.status.value.upper():5} {r.check}: {r.summary}")
+        lines.append(f"  {r.status.value.upper():5} {one_line(r.check)}: {one_line(r.summary)}")
         if r.remediation:
-            lines.append(f"        fix: {r.remediation}")
+            lines.append(f"        fix: {one_line(r.remediation)}")
     try:
         file.write("\n".join(lines) + "\n")
         file.flush()
