@@ -245,6 +245,8 @@ def _config(registry):
 def _print(results: list[Result], file: IO[str] | None, note: str | None) -> None:
     if file is None:
         return
+    from envdoctor.exporters.common import one_line  # a terminal gets no raw control character
+
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
@@ -253,8 +255,6 @@ def _print(results: list[Result], file: IO[str] | None, note: str | None) -> Non
     lines = [f"envdoctor preflight: {len(results)} checks: {tally}"]
     if note:
         lines.append(f"  note: {one_line(note)}")
-    from envdoctor.exporters.common import one_line  # a terminal gets no raw control character
-
     rank = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
     for r in sorted((r for r in results if r.status in rank), key=lambda r: (rank[r.status], r.check)):
         lines.append(f"  {r.status.value.upper():5} {one_line(r.check)}: {one_line(r.summary)}")
