@@ -97,7 +97,7 @@ def test_probe_stderr_is_redacted_before_its_tail_is_cut(secret, spelling, cut, 
     that falls inside the secret: none leaves any identifying part of it."""
     from envdoctor.probe import _STDERR_TAIL, _tail
 
-    assume(secret not in redact.public_values([{"HF_TOKEN": secret}]))
+    assume(secret not in redact.public_values([os.environ, {"HF_TOKEN": secret}]))
     form = _spellings(secret)[spelling]
     # place the secret so the tail's cut lands `cut` characters into it
     tail_room = _STDERR_TAIL - (len(form) - min(cut, len(form) - 1))
@@ -139,7 +139,8 @@ def test_cli_masks_credentials_inside_allow_listed_values_in_every_format(fmt, t
     shown (they are judged) but with the credential masked, in every format, to stdout and -o."""
     env = {"MASTER_ADDR": f"trainer:{SECRET_PW}@master-node.invalid", "MASTER_PORT": "29500", "WORLD_SIZE": "2",
            "RANK": "1", "TORCH_HOME": f"https://{SECRET_TOKEN}@models.example.invalid/hub",
-           "PYTORCH_KERNEL_CACHE_PATH": f"/cache?token={SECRET_TOKEN}", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+           "PYTORCH_KERNEL_CACHE_PATH": f"/cache?token={SECRET_TOKEN}", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "COLUMNS": "1000"}  # one line per row: a value is found whole
     out = tmp_path / f"report.{fmt}"
     for extra in ((), ("-o", str(out))):
         proc = cli("check", "--only", "dist.env", "--format", fmt, "--timeout", "5", *extra, env=env)
@@ -192,7 +193,7 @@ def test_log_lines_carry_no_credential(secret, key, shape, extra):
     masked by shape, the values of secret variables masked wherever they appear."""
     from envdoctor import log
 
-    assume(secret not in redact.public_values([{"HF_TOKEN": secret}]) and "*" not in secret)
+    assume(secret not in redact.public_values([os.environ, {"HF_TOKEN": secret}]) and "*" not in secret)
     saved = os.environ.get("HF_TOKEN")
     os.environ["HF_TOKEN"] = secret
     value = {"plain": secret, "userinfo": f"https://u:{secret}@h.example/x", "pair": f"x?token={secret}&y=1",
