@@ -41,7 +41,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 from envdoctor.check import Check
 from envdoctor.errors import ConfigError, ParseError
-from envdoctor.units import parse_size
+from envdoctor.units import parse_int, parse_size
 
 FAIL_ON = ("warn", "fail")
 DEFAULT_TIMEOUT = 15.0
@@ -128,7 +128,7 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
     if _is_file(pyproject):
         try:
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
+        except (ValueError, OSError):  # TOMLDecodeError, undecodable text, an integer too long for int()
             return None  # someone else's broken pyproject is not our config error
         tool = data.get("tool")
         if isinstance(tool, dict) and "envdoctor" in tool:  # a `tool` that is not a table is not ours to judge
@@ -152,7 +152,7 @@ def coerce(value: Any, default: Any, key: str, *, from_text: bool = False) -> An
         raise ParseError(f"expected true or false, got {value!r}")
     if isinstance(default, int):
         if from_text and isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-            return int(value)
+            return parse_int(value, "value")  # ParseError, not int()'s ValueError, for 5000 digits
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise ParseError(f"expected an integer, got {value!r}")
@@ -260,9 +260,10 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
         raise ConfigError(f"cannot read: {exc}", file=name) from None
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for int() (tomllib lets that escape)
         match = re.search(r"line (\d+)", str(exc))
-        raise ConfigError(f"not valid TOML: {exc}", file=name, line=int(match.group(1)) if match else None) from None
+        why = "an integer literal is too long (more than 4300 digits)" if "Exceeds the limit" in str(exc) else str(exc)
+        raise ConfigError(f"not valid TOML: {why}", file=name, line=int(match.group(1)) if match else None) from None
     if prefix:
         for depth, part in enumerate(prefix.split(".")):
             data = data.get(part, {})

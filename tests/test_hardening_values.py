@@ -95,14 +95,16 @@ def test_parse_size_answers_a_size_or_parse_error(text):
     assert isinstance(size, int) and 0 <= size <= MAX_SIZE
 
 
-TOML_VALUES = ["inf", "-inf", "nan", "+nan", "1e400", "0", "-1", "9" * 400, "1" + "0" * 30, '"inf"', '"nan"', '"x"',
+TOML_VALUES = ["inf", "-inf", "nan", "+nan", "1e400", "0", "-1", "9" * 400, "9" * 5000, "-" + "9" * 5000, "1" + "0" * 30, '"inf"', '"nan"', '"x"',
                "[1]", "{a = 1}", "true", "1.5", '"16GiB"', '"' + "9" * 5000 + 'g"', '"1.5.5g"', "1979-05-27"]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(key=st.sampled_from(["timeout", "fail_on", "only", "python", "onnx"]),
-       check_key=st.sampled_from(["timeout", "min_bytes", "max_used_fraction", "enabled", "resolve_timeout_seconds"]),
-       table=st.sampled_from(["shm.size", "gpu.health", "dist.env"]), value=st.sampled_from(TOML_VALUES),
+       check_key=st.sampled_from(["timeout", "min_bytes", "max_used_fraction", "enabled", "resolve_timeout_seconds",
+                                  "processes_per_node", "min_opset", "max_used_bytes"]),
+       table=st.sampled_from(["shm.size", "gpu.health", "dist.env", "cpu.threads", "onnx.opset"]),
+       value=st.sampled_from(TOML_VALUES),
        where=st.sampled_from(["top", "check", "env", "tool"]))
 def test_config_values_load_or_fail_with_one_config_error(tmp_path_factory, key, check_key, table, value, where):
     """inf/nan/huge timeouts and sizes, wrong types, a `tool` that is not a table: a settled
