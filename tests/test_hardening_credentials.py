@@ -12,7 +12,6 @@ import socket
 import string
 import sys
 import urllib.parse
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings

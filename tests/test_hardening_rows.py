@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from envdoctor import nvml
 from envdoctor.check import Check
 from envdoctor.context import Session, Target
-from envdoctor.model import Status, ok
+from envdoctor.model import Status
 from envdoctor.runner import Plan, run_one
 from fake_pynvml import FakeDevice, FakeNvml
 from helpers import cli

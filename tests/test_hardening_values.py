@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
