@@ -59,6 +59,7 @@ from typing import Any
 
 from envdoctor.check import Check
 from envdoctor.errors import ParseError
+from envdoctor.paths import read_text
 from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, default_watchdog
 from envdoctor.model import Result, Status, join_fixes, skip, worst
 
@@ -162,7 +163,7 @@ class DistFacts:
 def _interfaces(ctx) -> tuple[tuple[str, ...] | None, str | None]:
     path = ctx.proc("net", "dev")
     try:
-        return tuple(parse_net_dev(path.read_text(errors="replace"))), None
+        return tuple(parse_net_dev(read_text(path))), None  # non-blocking: a FIFO here cannot hold the check
     except (OSError, ParseError) as exc:
         first = f"{path}: {exc}"
     sysnet = ctx.sys("class", "net")

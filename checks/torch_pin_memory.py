@@ -45,6 +45,7 @@ from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable
+from envdoctor.paths import read_text
 from envdoctor.model import Result, Status, error, fail, ok, skip, warn
 from envdoctor.units import format_bytes
 
@@ -109,9 +110,9 @@ def _sample_cpu(ctx, window: float) -> CpuSample:
     stat = ctx.proc("stat")
     try:
         hz = os.sysconf("SC_CLK_TCK")
-        t0, ticks0 = time.monotonic(), parse_proc_stat_cpu_ticks(stat.read_text(errors="replace"))
+        t0, ticks0 = time.monotonic(), parse_proc_stat_cpu_ticks(read_text(stat))
         time.sleep(window)
-        t1, ticks1 = time.monotonic(), parse_proc_stat_cpu_ticks(stat.read_text(errors="replace"))
+        t1, ticks1 = time.monotonic(), parse_proc_stat_cpu_ticks(read_text(stat))
     except (OSError, ParseError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         return CpuSample(pid, None, window, eff.cpus, eff.limited_by, f"cannot sample {stat}: {reason}")
