@@ -40,7 +40,7 @@ from envdoctor.check import Check, Metric
 from envdoctor.errors import Unavailable
 from envdoctor.model import Finding, Result, Status, verdict
 
-_LOCAL_RANK = re.compile(r"^\s*[0-9]+\s*$")
+_LOCAL_RANK = re.compile(r"^\s*[0-9]{1,30}\s*$")  # longer is no rank (and int() refuses > 4300 digits)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _export(entries) -> str:
 
 def _clean_entries(p: vd.VisibleDevices) -> list[str]:
     """What the user most likely meant: every readable entry, once, without quotes or blanks."""
-    out: list[str] = []
+    out: dict[str, None] = {}  # ordered and O(1) to test: linear however many entries
     for token in p.tokens:
         text = token.strip(" \t\n\r\f\v\"'")
         if p.mode == vd.INDEX:
@@ -94,9 +94,9 @@ def _clean_entries(p: vd.VisibleDevices) -> list[str]:
             text = match.group(0) if match else ""
         elif not text.startswith(("GPU-", "MIG-")):
             text = ""
-        if text and text not in out:
-            out.append(text)
-    return out
+        if text:
+            out.setdefault(text)
+    return list(out)
 
 
 def _span(n: int) -> str:
@@ -207,8 +207,13 @@ def _rule_lenient(facts: VisibleFacts, view: View) -> list[Finding]:
     p = view.parsed
     if p is None or p.duplicate is not None:
         return []
-    return [_clean_fix(p, Status.WARN, f"CUDA_VISIBLE_DEVICES entry {token!r} is read as {number} (CUDA ignores "
-                       "what follows the number)") for token, number in p.lenient]
+    if not p.lenient:
+        return []
+    read = [f"{token!r} is read as {number}" for token, number in p.lenient[:3]]
+    more = f", and {len(p.lenient) - 3} more" if len(p.lenient) > 3 else ""
+    entry = "entry" if len(p.lenient) == 1 else "entries"
+    return [_clean_fix(p, Status.WARN, f"CUDA_VISIBLE_DEVICES {entry} {', '.join(read)}{more} (CUDA ignores what "
+                       "follows the number)")]  # one finding, one clean list: linear in the entries
 
 
 def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:

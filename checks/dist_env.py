@@ -56,6 +56,7 @@ from typing import Any, Mapping
 
 from envdoctor.check import Check
 from envdoctor.errors import ParseError
+from envdoctor.paths import read_text
 from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, default_watchdog
 from envdoctor.model import Finding, Result, Status, skip, verdict
 
@@ -63,7 +64,7 @@ LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_A
 REQUIRED = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
 NCCL_VARS = ("NCCL_SOCKET_IFNAME", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_DEBUG", "GLOO_SOCKET_IFNAME")
 _NCCL_MAX_IFS = 16
-_INTEGER = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+_INTEGER = re.compile(r"^\s*[+-]?[0-9]{1,30}\s*$")  # longer is no rank or port (and int() refuses > 4300 digits)
 
 
 # -- parsers (untrusted text in, a value or ParseError out) -------------------------------------
@@ -155,7 +156,7 @@ class DistFacts:
 def _interfaces(ctx) -> tuple[tuple[str, ...] | None, str | None]:
     path = ctx.proc("net", "dev")
     try:
-        return tuple(parse_net_dev(path.read_text(errors="replace"))), None
+        return tuple(parse_net_dev(read_text(path))), None  # non-blocking: a FIFO here cannot hold the check
     except (OSError, ParseError) as exc:
         first = f"{path}: {exc}"
     sysnet = ctx.sys("class", "net")
@@ -180,7 +181,10 @@ def resolve(host: str, port: int | None, timeout: float) -> tuple[tuple[str, ...
     if outcome.kind == RAISED:
         exc = outcome.error
         if isinstance(exc, (OSError, UnicodeError)):
-            return None, getattr(exc, "strerror", None) or str(exc), False
+            # EAI_AGAIN ("temporary failure in name resolution") says nothing about the name, only
+            # that no server answered: the same news as a timeout, so the same status.
+            temporary = isinstance(exc, socket.gaierror) and exc.errno == socket.EAI_AGAIN
+            return None, getattr(exc, "strerror", None) or str(exc), temporary
         raise exc  # type: ignore[misc]
     return outcome.value, None, False
 
@@ -317,9 +321,10 @@ def _rule_master_addr(facts: DistFacts, launch: Launch) -> list[Finding]:
     addr = facts.env.get("MASTER_ADDR", "").strip()
     if not addr or not any(k in facts.env for k in LAUNCH_VARS):
         return []
-    if facts.resolve_timed_out:
-        return [Finding(Status.WARN, f"MASTER_ADDR={addr!r} did not resolve within {facts.resolve_timeout:g} s (slow or "
-                        "unreachable DNS): ranks may time out at the rendezvous",
+    if facts.resolve_timed_out:  # or EAI_AGAIN: no DNS server answered, the same news as a timeout
+        why = (f"could not be resolved now ({facts.resolve_error}: the DNS server did not answer)" if facts.resolve_error
+               else f"did not resolve within {facts.resolve_timeout:g} s (slow or unreachable DNS)")
+        return [Finding(Status.WARN, f"MASTER_ADDR={addr!r} {why}: ranks may time out at the rendezvous",
                         f"getent hosts {addr}  # or export MASTER_ADDR=<rank 0's IP address>")]
     if facts.master_addresses is None and facts.resolve_error is not None:
         return [Finding(Status.FAIL, f"MASTER_ADDR={addr!r} does not resolve ({facts.resolve_error}): every rank will "

@@ -169,16 +169,42 @@ def _gpu_findings(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -
     return lost or [finding for rule in RULES for finding in rule(g, facts, settings)]
 
 
+# What "healthy" rests on, and how each is named when NVML did not report it.
+HEALTH_FIELDS = (("ecc_uncorrected", "ECC errors"), ("retired_pages_pending", "page retirement"),
+                 ("remapped_rows_pending", "row remaps"), ("throttle_reasons_mask", "throttling"),
+                 ("memory_used_bytes", "memory use"))
+
+
+def unverified(g: GpuInfo) -> list[str]:
+    """The health signals NVML did not give for this GPU (not supported, or the query failed)."""
+    return [label for attr, label in HEALTH_FIELDS if getattr(g, attr) is None]
+
+
 def _ok_summary(gpus: tuple[GpuInfo, ...], others_used: Mapping[str, int]) -> str:
+    """Healthy, naming only the signals NVML reported: "no ECC errors" is not said of a GPU nobody asked."""
     models: dict[str, int] = {}
     for g in gpus:
         models[g.name or "unknown"] = models.get(g.name or "unknown", 0) + 1
     kinds = ", ".join(f"{n}x {m}" for m, n in models.items())
     temps = [g.temperature_c for g in gpus if g.temperature_c is not None]
     hottest = f", hottest {max(temps)} C" if temps else ""
-    return (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} healthy ({kinds}): no uncorrectable ECC errors, "
-            f"no pending retirement or remap, no throttling, at most {format_bytes(max(others_used.values(), default=0))} "
-            f"used by others{hottest}")
+    checked = [label for attr, label in HEALTH_FIELDS if any(getattr(g, attr) is not None for g in gpus)]
+    said = {"ECC errors": "no uncorrectable ECC errors", "page retirement": "no pending page retirement",
+            "row remaps": "no pending row remap", "throttling": "no throttling",
+            "memory use": f"at most {format_bytes(max(others_used.values(), default=0))} used by others"}
+    summary = (f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} healthy ({kinds}): "
+               + ", ".join(said[c] for c in checked) + hottest)
+    gaps = [f"{_label(g)}: {', '.join(unverified(g))}" for g in gpus if unverified(g)]
+    return summary + ("; not reported by NVML, so not verified: " + "; ".join(gaps) if gaps else "")
+
+
+def _blind(gpus: tuple[GpuInfo, ...], facts_out: Mapping[str, Any]) -> Result | None:
+    """A skip when NVML reported no health signal for any GPU: "healthy" would vouch for what nobody looked at."""
+    if any(len(unverified(g)) < len(HEALTH_FIELDS) for g in gpus):
+        return None
+    return Result(Status.SKIP, f"NVML reports none of the health signals ({', '.join(l for _, l in HEALTH_FIELDS)}) "
+                  f"for {'any GPU' if len(gpus) > 1 else _label(gpus[0])} (not supported or failed): health not verified",
+                  "nvidia-smi -q  # see which fields this GPU and driver report", dict(facts_out))
 
 
 def judge(facts: HealthFacts, settings: Mapping[str, Any]) -> Result:
@@ -203,6 +229,10 @@ def judge(facts: HealthFacts, settings: Mapping[str, Any]) -> Result:
         "ecc_uncorrected": _by_gpu(gpus, "ecc_uncorrected"),
         "findings": [f.message for f in findings],
     }
+    if not findings:
+        blind = _blind(gpus, facts_out)
+        if blind is not None:
+            return blind
     return verdict(findings, facts_out, _ok_summary(gpus, others_used))
 
 

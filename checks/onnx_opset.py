@@ -57,6 +57,7 @@ import functools
 import hashlib
 import os
 import re
+import stat
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ class ModelFile:
     info: ModelInfo | None = None
     problem: str | None = None  # why it could not be used, when info is None
     unreadable: bool = False  # the file is missing or unreadable (not: read, and not a model)
+    missing_data: tuple[str, ...] = ()  # external data files the weights live in that are missing or short
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,10 @@ class _Wire:
         return data
 
 
-def strip_weights(stream: BinaryIO, size: int) -> bytes:
+_SMALL_TENSOR = 64 * 1024  # an initializer whose data lives in another file is a few hundred bytes
+
+
+def strip_weights(stream: BinaryIO, size: int, small_initializers: list[bytes] | None = None) -> bytes:
     """A serialised ModelProto, read from `stream`, minus its graph's initializers.
 
     The weights are most of a model file and none of its opset facts: stepping
@@ -306,7 +311,14 @@ def strip_weights(stream: BinaryIO, size: int) -> bytes:
         while wire.tell() < end:
             field_number, field_type = wire.key()
             if field_number in _GRAPH_WEIGHTS and field_type == _LEN:
-                wire.skip(field_type, end)
+                n = wire.length(end)
+                if small_initializers is not None and n <= _SMALL_TENSOR:
+                    data = wire.f.read(n)  # small: it may point at an external data file
+                    if len(data) != n:
+                        raise wire._truncated()
+                    small_initializers.append(data)
+                else:
+                    wire.f.seek(n, 1)
             else:
                 kept += _varint_bytes(field_number << 3 | field_type) + wire.raw(field_type, end)
         if wire.tell() != end:
@@ -324,8 +336,9 @@ def read_model(path: Path) -> ModelFile:
         if path.exists() and not path.is_dir() and not path.is_file():
             # a FIFO or device would block open() or read() forever
             return ModelFile(shown, problem="is not a regular file (a pipe or device?)", unreadable=True)
+        small: list[bytes] = []
         with path.open("rb") as stream:
-            stripped = strip_weights(stream, os.fstat(stream.fileno()).st_size)
+            stripped = strip_weights(stream, os.fstat(stream.fileno()).st_size, small)
     except FileNotFoundError:
         return ModelFile(shown, problem="does not exist", unreadable=True)
     except IsADirectoryError:
@@ -337,9 +350,54 @@ def read_model(path: Path) -> ModelFile:
     except ParseError as exc:
         return ModelFile(shown, problem=str(exc))
     try:
-        return ModelFile(shown, info=parse_model(stripped))
+        info = parse_model(stripped)
     except ParseError as exc:
         return ModelFile(shown, problem=str(exc))
+    return ModelFile(shown, info=info, missing_data=missing_external_data(path, small))
+
+
+_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+
+
+def missing_external_data(model_path: Path, tensors: list[bytes]) -> tuple[str, ...]:
+    """The external data files (weights saved beside the model, `save_as_external_data`)
+    that are missing, unreadable or shorter than the model says: onnxruntime fails
+    to load such a model, however right its opset is."""
+    import onnx
+
+    problems: dict[str, None] = {}
+    for data in tensors:
+        tensor = onnx.TensorProto()
+        try:
+            tensor.ParseFromString(data)
+        except Exception:  # not a tensor after all: the model's parse judges the file
+            continue
+        if tensor.data_location != _EXTERNAL:
+            continue
+        entries = {e.key: e.value for e in tensor.external_data}
+        location = entries.get("location", "")
+        name = _clean(tensor.name) or "a tensor"
+        if not location:
+            problems.setdefault(f"{name}: stored externally but names no file")
+            continue
+        target = model_path.parent / location
+        try:
+            offset = int(entries.get("offset") or 0) if len(entries.get("offset") or "") <= 20 else None
+            length = int(entries.get("length") or 0) if len(entries.get("length") or "") <= 20 else None
+        except ValueError:
+            offset = length = None
+        try:
+            st = target.stat()
+        except OSError as exc:
+            problems.setdefault(f"{_clean(location, 120)} (for {name}): {exc.strerror or 'cannot be read'}")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            problems.setdefault(f"{_clean(location, 120)} (for {name}): not a regular file")
+        elif offset is None or length is None:
+            problems.setdefault(f"{_clean(location, 120)} (for {name}): offset or length is not a number")
+        elif st.st_size < offset + length:
+            problems.setdefault(f"{_clean(location, 120)} (for {name}): {st.st_size} bytes, the model needs {offset + length}")
+    return tuple(problems)
 
 
 # -- the installed onnxruntime ---------------------------------------------------------
@@ -430,6 +488,8 @@ def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None]:
         facts = ctx.torch
     except Unavailable as exc:
         return None, f"torch facts unavailable: {exc}"
+    except Exception as exc:  # a broken or hung probe costs the torch part only, not the files and the runtime
+        return None, f"torch facts unavailable (the torch probe failed: {exc})"
     value = facts.get("onnx_default_opset") if isinstance(facts, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, int):
         return None, "the torch probe did not report torch.onnx's default opset"
@@ -529,6 +589,18 @@ def _rule_model_unusable(model: ModelFile, facts: OnnxFacts, min_opset: int) -> 
     return []
 
 
+def _rule_model_missing_data(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """Weights stored in external data files that are missing or short: onnxruntime cannot load the model."""
+    if not model.missing_data:
+        return []
+    more = len(model.missing_data) - 3
+    shown = "; ".join(model.missing_data[:3]) + (f"; and {more} more" if more > 0 else "")
+    return [Finding(Status.FAIL, f"{model.path}: its weights are stored in external data that is missing or short "
+                    f"({shown}): onnxruntime cannot load it",
+                    "copy the external data files next to the .onnx file (paths are relative to it), or re-export "
+                    "with onnx.save_model(model, path, save_as_external_data=False) when it fits in 2 GiB")]
+
+
 def _rule_model_interpolation(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
     """Resize/Upsample below opset 11 does not match PyTorch's interpolate (PITFALLS 7)."""
     assert model.info is not None
@@ -577,7 +649,7 @@ def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Fin
     """The findings for one model file; with several models each fix says which one it is for."""
     findings = _rule_model_unusable(model, facts, min_opset)
     if not findings:
-        findings = (_rule_model_interpolation(model, facts, min_opset)
+        findings = (_rule_model_missing_data(model, facts, min_opset) + _rule_model_interpolation(model, facts, min_opset)
                     + _rule_model_beyond_runtime(model, facts, min_opset))
     if len(facts.models) > 1:
         name = Path(model.path).name
@@ -681,6 +753,8 @@ def _ok_summary(facts: OnnxFacts) -> str:
         parts.append(f"onnxruntime {rt.version} runs opset <= {rt.max_opset}")
     if facts.torch_default_opset is not None:
         parts.append(f"torch exports opset {facts.torch_default_opset} by default")
+    elif facts.torch_reason:
+        parts.append(f"torch's default export opset not checked: {facts.torch_reason}")
     if facts.models:
         parts.append(f"{len(facts.models)} model(s) fine")
     return "; ".join(parts)

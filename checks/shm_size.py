@@ -47,6 +47,7 @@ from typing import Any, Mapping
 
 from envdoctor.cgroup import parse_mountinfo
 from envdoctor.check import Check, Metric
+from envdoctor.paths import read_text
 from envdoctor.context import permission_hint
 from envdoctor.errors import ParseError, Unavailable
 from envdoctor.model import Finding, Result, Status, verdict
@@ -69,7 +70,7 @@ class ShmFacts:
 def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:
     """(fstype, mount point) of the mount holding `path` in the target's mount table."""
     try:
-        mounts = parse_mountinfo(ctx.proc("mountinfo").read_text(errors="replace"))
+        mounts = parse_mountinfo(read_text(ctx.proc("mountinfo")))  # non-blocking: a FIFO here cannot hold the check
     except (OSError, ParseError):
         return None, None
     best = None

@@ -46,6 +46,7 @@ from typing import Any, Mapping
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable, short_reason
 from envdoctor.model import Finding, Result, Status, skip, verdict
+from envdoctor.paths import read_text
 from envdoctor.units import format_bytes
 
 GB = 1e9
@@ -103,9 +104,9 @@ def _sample_cpu(ctx, window: float) -> CpuSample:
     stat = ctx.proc("stat")
     try:
         hz = os.sysconf("SC_CLK_TCK")
-        t0, ticks0 = time.monotonic(), parse_proc_stat_cpu_ticks(stat.read_text(errors="replace"))
+        t0, ticks0 = time.monotonic(), parse_proc_stat_cpu_ticks(read_text(stat))
         time.sleep(window)
-        t1, ticks1 = time.monotonic(), parse_proc_stat_cpu_ticks(stat.read_text(errors="replace"))
+        t1, ticks1 = time.monotonic(), parse_proc_stat_cpu_ticks(read_text(stat))
     except (OSError, ParseError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         return CpuSample(pid, None, window, eff.cpus, eff.limited_by, f"cannot sample {stat}: {reason}")
@@ -138,7 +139,10 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
     env = {"CUDA_VISIBLE_DEVICES": gpu.uuid} if gpu.uuid else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu.index)}
     params = {"size_bytes": int(cfg["measure_bytes"]), "repeats": int(cfg["measure_repeats"]), "device": 0}
     try:
-        m = dict(run_measurement(ctx.python, "pin_memory", params, timeout=float(cfg["measure_timeout_seconds"]), env=env))
+        limit = float(cfg["measure_timeout_seconds"])
+        if ctx.session.probe_timeout is not None:  # a run-wide --timeout bounds the measurement too
+            limit = min(limit, ctx.session.probe_timeout)
+        m = dict(run_measurement(ctx.python, "pin_memory", params, timeout=limit, env=env))
     except ProbeError as exc:
         return {"error": str(exc)}, None
     m["nvml_index"] = gpu.index

@@ -48,8 +48,8 @@ def parse_cpulist(text: str) -> frozenset[int]:
 
 def _cpu_number(text: str) -> int:
     text = text.strip()
-    if not text.isascii() or not text.isdigit():
-        raise ParseError(f"{text!r} is not a CPU number")
+    if not text.isascii() or not text.isdigit() or len(text) > 30:
+        raise ParseError(f"{text[:40]!r} is not a CPU number")
     value = int(text)
     if value >= MAX_CPU:
         raise ParseError(f"CPU number {value} is beyond {MAX_CPU}")

@@ -263,26 +263,37 @@ def _views(roots: Roots, pid: int | None) -> list[_View]:
     return views
 
 
-def _locate(entry: CgroupEntry, views: list[_View], notes: list[str]) -> tuple[Path, tuple[str, ...]] | None:
-    """(mount directory, components below it) of the entry's cgroup in the first view that can see it."""
-    for view in views:
+def _mounts(view: _View, notes: list[str], cache: dict) -> tuple[Mount, ...] | None:
+    if view.mountinfo not in cache:
         try:
-            mounts = parse_mountinfo(_read(view.mountinfo))
+            cache[view.mountinfo] = parse_mountinfo(_read(view.mountinfo))
         except OSError as exc:
             notes.append(f"cannot read {view.mountinfo}: {exc.strerror or exc}")
-            continue
+            cache[view.mountinfo] = None
         except ParseError as exc:
             notes.append(f"cannot parse {view.mountinfo}: {exc}")
+            cache[view.mountinfo] = None
+    return cache[view.mountinfo]
+
+
+def _locate(entry: CgroupEntry, views: list[_View], notes: list[str],
+            cache: dict | None = None) -> tuple[Path, tuple[str, ...]] | None:
+    """(mount directory, components below it) of the entry's cgroup in the first view that can see it."""
+    cache = {} if cache is None else cache
+    for view in views:
+        mounts = _mounts(view, notes, cache)
+        if mounts is None:
             continue
-        candidates = []
+        candidates: dict[tuple[str, tuple[str, ...]], int] = {}  # one stat per distinct place, not per mount line
         for mount in mounts:
             if not _matches(mount, entry):
                 continue
             rel = _relative(entry.path, mount.root)
             if rel is not None:
-                candidates.append((-len(mount.root), mount, rel))
-        for _, mount, rel in sorted(candidates, key=lambda c: c[0]):
-            base = view.resolve(mount.mount_point)
+                key = (mount.mount_point, rel)
+                candidates[key] = min(candidates.get(key, 0), -len(mount.root))
+        for (mount_point, rel), _ in sorted(candidates.items(), key=lambda c: c[1]):
+            base = view.resolve(mount_point)
             if base.joinpath(*rel).is_dir():
                 return base, rel
     return None
@@ -329,15 +340,17 @@ def cpu_limit(roots: Roots, pid: int | None) -> CpuLimit:
     except ParseError as exc:
         return CpuLimit(None, "unknown", "", (f"cannot parse {cgroup_file}: {exc}",))
 
-    relevant = [e for e in entries if e.is_v2 or "cpu" in e.controllers]
+    # dict.fromkeys: a repeated line (a corrupt or hostile file) is looked up once, not once per copy
+    relevant = list(dict.fromkeys(e for e in entries if e.is_v2 or "cpu" in e.controllers))
     if not relevant:
         return CpuLimit(None, "unknown", "", (f"{cgroup_file} lists no cpu or unified cgroup hierarchy",))
 
     views = _views(roots, pid)
+    mount_tables: dict[Path, object] = {}  # each mountinfo read and parsed once per call, however many entries
     best: tuple[float, Path, str] | None = None
     searched = 0
     for entry in relevant:
-        located = _locate(entry, views, notes)
+        located = _locate(entry, views, notes, mount_tables)
         version = "cgroup v2" if entry.is_v2 else "cgroup v1"
         if located is None:
             notes.append(f"{version} cgroup {entry.path} is not visible through any mount")

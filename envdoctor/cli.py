@@ -34,7 +34,9 @@ app = typer.Typer(
 
 
 def _die(message: str) -> None:
-    typer.echo(f"envdoctor: {message}", err=True)
+    from envdoctor.exporters.common import one_line  # the message may quote what the user typed
+
+    typer.echo(f"envdoctor: {one_line(message)}", err=True)
     raise typer.Exit(EXIT_USAGE)
 
 
@@ -87,8 +89,14 @@ def check(
         _die(f"--format must be one of {', '.join(formats)}, not {fmt!r}")
     if fail_on is not None and fail_on not in FAIL_ON:
         _die(f"--fail-on must be warn or fail, not {fail_on!r}")
-    if timeout is not None and timeout <= 0:
-        _die("--timeout must be a positive number of seconds")
+    if timeout is not None:
+        from envdoctor.config import check_timeout
+        from envdoctor.errors import ParseError
+
+        try:
+            check_timeout(timeout)
+        except ParseError as exc:
+            _die(f"--timeout: {exc}")
     if python is not None:
         import shutil
 
@@ -110,7 +118,7 @@ def check(
     if fail_on:
         config.fail_on = fail_on
     if timeout:
-        config.timeout = timeout
+        config.set_timeout(timeout)
     fmt = fmt or os.environ.get("ENVDOCTOR_FORMAT") or "text"
     if fmt not in formats:
         _die(f"ENVDOCTOR_FORMAT must be one of {', '.join(formats)}, not {fmt!r}")
@@ -135,7 +143,8 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> N
     from envdoctor.atomicfile import write_atomic
     from envdoctor.errors import OutputError
 
-    to_terminal = output is None and sys.stdout.isatty()
+    # sys.stdout is None when envdoctor was started with fd 1 closed (`envdoctor check >&-`)
+    to_terminal = output is None and sys.stdout is not None and sys.stdout.isatty()
     color = to_terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
     width = shutil.get_terminal_size((120, 24)).columns  # the terminal's, or $COLUMNS, or 120 in a pipe
     try:
@@ -156,6 +165,8 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> N
 def write_stdout(text: str) -> None:
     """Standard output, or one line and exit 74 when it is closed or full (never a traceback)."""
     try:
+        if sys.stdout is None:  # started with standard output closed
+            raise OSError(9, "standard output is closed")
         sys.stdout.write(text)
         sys.stdout.flush()
     except (OSError, ValueError) as exc:
@@ -163,11 +174,11 @@ def write_stdout(text: str) -> None:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: no sys.stdout at all
             pass
         try:
             sys.stderr.write(f"envdoctor: cannot write the report to standard output: {reason}\n")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             pass
         raise typer.Exit(EXIT_IO)
 
@@ -177,6 +188,8 @@ def list_checks() -> None:
     """List every registered check, built-in and plug-in, with its one-line purpose."""
     from envdoctor import registry as registry_module
 
+    from envdoctor.exporters.common import one_line  # plug-in titles and errors: no raw control characters
+
     registry = registry_module.load()
     width = max((len(i) for i in [*registry.ids, *(f.name for f in registry.failures)]), default=10)
     for check_id in registry.ids:
@@ -185,9 +198,9 @@ def list_checks() -> None:
         needs = f" [needs {', '.join(check.needs)}]" if check.needs else ""
         off = " (off by default)" if not check.enabled else ""
         plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
-        typer.echo(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}")
+        typer.echo(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}"))
     for failure in registry.failures:
-        typer.echo(f"{failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}")
+        typer.echo(one_line(f"{failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}"))
 
 
 @app.command()
@@ -223,12 +236,35 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
             typer.echo(f"  envdoctor_{m.name}{label}  {m.help}")
 
 
+def _kill_probes() -> None:
+    """Kill every torch probe still running, and its whole process group (if any was started)."""
+    probe = sys.modules.get("envdoctor.probe")
+    if probe is not None:
+        probe.kill_running()
+
+
+def _on_sigterm(signum, frame) -> None:
+    _kill_probes()  # first: a probe runs in its own session and would not hear the signal
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
-    """Console-script entry point; a Ctrl-C ends quietly with 130, as shells expect."""
+    """Console-script entry point; a Ctrl-C ends quietly with 130, SIGTERM with 143, as
+    shells expect, and neither leaves a probe (or anything it started) running."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main thread (embedded use): leave the handler alone
+        pass
     try:
         app()
     except KeyboardInterrupt:
-        sys.stderr.write("envdoctor: interrupted\n")
+        _kill_probes()
+        try:
+            sys.stderr.write("envdoctor: interrupted\n")
+        except (OSError, ValueError):
+            pass
         sys.exit(130)
 
 

@@ -26,6 +26,7 @@ Three words, one meaning each:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -40,10 +41,11 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 from envdoctor.check import Check
 from envdoctor.errors import ConfigError, ParseError
-from envdoctor.units import parse_size
+from envdoctor.units import parse_int, parse_size
 
 FAIL_ON = ("warn", "fail")
 DEFAULT_TIMEOUT = 15.0
+MAX_TIMEOUT = 86400.0  # one day: beyond it a deadline is a mistake (and overflows the clock)
 RUN_KEYS = {
     "fail_on": str,
     "timeout": float,
@@ -68,6 +70,7 @@ class Config:
     python: str | None = None
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {key: value}, as given
     source: str | None = None  # the file that was read, if any
+    timeout_explicit: bool = False  # timeout came from the file, the environment or --timeout
 
     def settings_for(self, check: Check) -> dict[str, Any]:
         """The check's settings: its declared defaults overlaid with what was configured."""
@@ -86,9 +89,16 @@ class Config:
         configured = self.checks.get(check.id, {}).get("timeout")
         if configured is not None:
             return float(configured)
-        if check.timeout is not None:
+        if check.timeout is not None and not self.timeout_explicit:
+            # a check that needs longer than the default (a cold torch import) gets it, unless the
+            # user set a run-wide timeout: that bounds the whole run, these checks included
             return max(check.timeout, self.timeout)
         return self.timeout
+
+    def set_timeout(self, seconds: float) -> None:
+        """A run-wide timeout the user chose: it bounds every check without its own setting."""
+        self.timeout = float(seconds)
+        self.timeout_explicit = True
 
 
 # --------------------------------------------------------------------------- finding the file
@@ -118,9 +128,10 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
     if _is_file(pyproject):
         try:
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError):
+        except (ValueError, OSError):  # TOMLDecodeError, undecodable text, an integer too long for int()
             return None  # someone else's broken pyproject is not our config error
-        if "envdoctor" in data.get("tool", {}):
+        tool = data.get("tool")
+        if isinstance(tool, dict) and "envdoctor" in tool:  # a `tool` that is not a table is not ours to judge
             return pyproject, "tool.envdoctor"
     return None
 
@@ -141,19 +152,27 @@ def coerce(value: Any, default: Any, key: str, *, from_text: bool = False) -> An
         raise ParseError(f"expected true or false, got {value!r}")
     if isinstance(default, int):
         if from_text and isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-            return int(value)
+            return parse_int(value, "value")  # ParseError, not int()'s ValueError, for 5000 digits
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise ParseError(f"expected an integer, got {value!r}")
     if isinstance(default, float):
+        number = None
         if from_text and isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise ParseError(f"expected a number, got {value!r}") from None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ParseError(f"expected a number, got {value!r}")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:  # an integer too large for a float
+                raise ParseError(f"expected a finite number, got {value!r}") from None
+        if number is None:
+            raise ParseError(f"expected a number, got {value!r}")
+        if not math.isfinite(number):
+            raise ParseError(f"expected a finite number, got {value!r}")
+        return number
     if isinstance(default, str):
         if isinstance(value, str):
             return value
@@ -173,8 +192,8 @@ def _coerce_run_key(key: str, value: Any, *, from_text: bool) -> Any:
     value = coerce(value, default, key, from_text=from_text)
     if key == "fail_on" and value not in FAIL_ON:
         raise ParseError(f"expected one of {', '.join(FAIL_ON)}, got {value!r}")
-    if key == "timeout" and value <= 0:
-        raise ParseError(f"expected a positive number of seconds, got {value!r}")
+    if key == "timeout":
+        check_timeout(value)
     if key in ("only", "skip", "onnx") and not all(isinstance(v, str) for v in value):
         raise ParseError(f"expected a list of strings, got {value!r}")
     return value
@@ -241,12 +260,18 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
         raise ConfigError(f"cannot read: {exc}", file=name) from None
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for int() (tomllib lets that escape)
         match = re.search(r"line (\d+)", str(exc))
-        raise ConfigError(f"not valid TOML: {exc}", file=name, line=int(match.group(1)) if match else None) from None
+        why = "an integer literal is too long (more than 4300 digits)" if "Exceeds the limit" in str(exc) else str(exc)
+        raise ConfigError(f"not valid TOML: {why}", file=name, line=int(match.group(1)) if match else None) from None
     if prefix:
-        for part in prefix.split("."):
+        for depth, part in enumerate(prefix.split(".")):
             data = data.get(part, {})
+            if not isinstance(data, dict):
+                table = ".".join(prefix.split(".")[:depth + 1])
+                raise ConfigError(f"[{table}] must be a table, not {type(data).__name__}", file=name,
+                                  line=line_of(text, "", part) if depth == 0 else line_of(text, prefix.rsplit(".", 1)[0], part),
+                                  key=table)
     config.source = name
 
     def where(table: str, key: str | None) -> int | None:
@@ -261,6 +286,7 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
                               file=name, line=where("", key), key=key)
         try:
             setattr(config, key, _coerce_run_key(key, value, from_text=False))
+            config.timeout_explicit |= key == "timeout"
         except ParseError as exc:
             raise ConfigError(str(exc), file=name, line=where("", key), key=key) from None
         if key in ("only", "skip"):
@@ -309,8 +335,19 @@ def _relative_to(config_file: Path, value: Any) -> Any:
 
 def _coerce_check_key(key: str, value: Any, default: Any, *, from_text: bool) -> Any:
     value = coerce(value, default, key, from_text=from_text)
-    if key == "timeout" and value <= 0:
+    if key == "timeout":
+        check_timeout(value)
+    return value
+
+
+def check_timeout(value: float) -> float:
+    """A timeout must be a finite number of seconds in (0, MAX_TIMEOUT]; ParseError says which rule broke."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ParseError(f"expected a finite number of seconds, got {value!r}")
+    if value <= 0:
         raise ParseError(f"expected a positive number of seconds, got {value!r}")
+    if value > MAX_TIMEOUT:
+        raise ParseError(f"expected at most {MAX_TIMEOUT:g} seconds (one day), got {value!r}")
     return value
 
 
@@ -338,6 +375,7 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
         if var in environ:
             try:
                 setattr(config, key, _coerce_run_key(key, environ[var], from_text=True))
+                config.timeout_explicit |= key == "timeout"
             except ParseError as exc:
                 raise ConfigError(str(exc), file="environment", key=var) from None
     by_env_id = {check_id.replace(".", "_").upper(): check for check_id, check in catalog.items()}

@@ -152,6 +152,7 @@ class Session:
     torch_factory: Callable[["Session"], Any] = _default_torch
     host: HostSession | None = None
     python_explicit: bool = False  # --python given: probe that interpreter even for a --pid target
+    probe_timeout: float | None = None  # the torch probe's limit; None: its own default (60 s, ENVDOCTOR_PROBE_TIMEOUT)
 
     def __post_init__(self) -> None:
         if self.host is None:
@@ -299,10 +300,23 @@ def permission_hint(target: Target) -> str:
     return f"run envdoctor as the same user as {target}, or as root"
 
 
+def _procfs_of(path: Path, pid: int) -> Path:
+    """The procfs root a /proc/N/... path lies under (the --path.procfs in use)."""
+    for parent in path.parents:
+        if parent.name == str(pid):
+            return parent.parent
+    return Path("/proc")
+
+
 def unavailable_from_oserror(exc: OSError, target: Target, path: Path) -> Unavailable:
     """Turn a failed read of a target's /proc file into a skip reason a person understands."""
     if exc.errno in (errno.EACCES, errno.EPERM):
         return Unavailable(f"permission denied reading {path}", permission_hint(target))
     if exc.errno in (errno.ENOENT, errno.ESRCH) and target.pid is not None:
+        from envdoctor.procfs import explain_kind, process_kind
+
+        kind = process_kind(_procfs_of(path, target.pid), target.pid)
+        if kind is not None:  # it is still there, but as a zombie or a kernel thread
+            return Unavailable(explain_kind(target.pid, *kind))
         return Unavailable(f"process {target.pid} exited during the run ({path} is gone)")
     return Unavailable(f"cannot read {path}: {exc.strerror or exc}")

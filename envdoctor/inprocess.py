@@ -190,6 +190,23 @@ def preflight(*, only: Iterable[str] | None = None, skip: Iterable[str] | None =
     `only`/`skip` take check ids, as `envdoctor check --only/--skip` do; the in-process
     row is the ordinary check "preflight.live". An unknown id raises UsageError.
     """
+    from envdoctor.errors import UsageError
+
+    try:
+        report, note = _run(only, skip)
+    except UsageError:
+        raise  # the script named a check that does not exist: its bug, said at once
+    except Exception as exc:  # envdoctor breaking must never take the training script down
+        report, note = _broken_report(exc), None
+    results = list(report.results)
+    if file is not None:
+        _print(report, file, note)
+    if strict and any(r.status is Status.FAIL for r in results):
+        raise PreflightError(results)
+    return results
+
+
+def _run(only: Iterable[str] | None, skip: Iterable[str] | None):
     from envdoctor import pipeline
     from envdoctor.context import Session, Target
     from envdoctor.registry import load
@@ -199,9 +216,15 @@ def preflight(*, only: Iterable[str] | None = None, skip: Iterable[str] | None =
     session = Session(target=Target(), python=sys.executable, torch_factory=live_torch_facts)
     selection = pipeline.Selection(only=list(only or ()), skip=list(skip or ()))
     report = pipeline.execute(registry, config, session, selection, with_sysfacts=False, mode="inprocess")
-    if file is not None:
-        _print(report, file, note)
-    results = list(report.results)
-    if strict and any(r.status is Status.FAIL for r in results):
-        raise PreflightError(results)
-    return results
+    return report, note
+
+
+def _broken_report(exc: Exception):
+    """One error row saying envdoctor itself broke, redacted like every output."""
+    from envdoctor import __version__, redact
+    from envdoctor.model import Report, error
+
+    row = error(f"preflight itself broke: {type(exc).__name__}: {exc}")
+    row.check, row.target = "preflight", "self"
+    row = redact.Scrubber(redact.secret_values([os.environ])).result(row)
+    return Report(host="", version=__version__, started_at="", target="self", results=[row])

@@ -58,7 +58,8 @@ def format_line(level: str, message: str, fields: Mapping[str, Any], now: float 
     parts = [f"ts={stamp}Z", f"level={level}", f"msg={_quote(scrub.text(message))}"]
     for key, value in fields.items():
         key = re.sub(r"[^A-Za-z0-9_]", "_", str(key)) or "_"
-        parts.append(f"{key}={_quote(scrub.text('' if value is None else str(value)))}")
+        text = redact.MASK if redact.looks_secret(key) and value not in (None, "") else scrub.text("" if value is None else str(value))
+        parts.append(f"{key}={_quote(text)}")
     return " ".join(parts)
 
 

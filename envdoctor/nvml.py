@@ -202,19 +202,38 @@ def _init_failure(lib: Any, exc: BaseException) -> Unavailable:
     return Unavailable(f"NVML failed to initialise: {type(exc).__name__}: {exc}")
 
 
+BROKEN_LIBRARY_HINT = (
+    "reinstall the NVIDIA driver (its user-space libraries must match the kernel module), or fix the "
+    "file the loader finds: ldconfig -p | grep libnvidia-ml"
+)
+
+
 def _driver_library_loads() -> bool:
     """Whether the driver's NVML library can be loaded, asked the way pynvml asks.
 
     On a machine without a driver this answers in about a millisecond, where
     importing pynvml only to hear LibraryNotFound costs ~20 ms of every start.
+    A library that is there but does not load (a truncated file, the wrong
+    architecture, a missing dependency) is not "no driver": it raises
+    Unavailable with the loader's own reason.
     """
     import ctypes
 
     try:
         ctypes.CDLL(NVML_LIBRARY)
-    except OSError:
-        return False
+    except OSError as exc:
+        reason = str(exc)
+        if _library_absent(reason):
+            return False
+        raise Unavailable(f"the NVIDIA driver's {NVML_LIBRARY} failed to load: {reason}", BROKEN_LIBRARY_HINT) from None
     return True
+
+
+def _library_absent(reason: str) -> bool:
+    """The loader's message for "no such library anywhere on its path" (as opposed to
+    found but unloadable: "invalid ELF header", "file too short", "wrong ELF class",
+    "undefined symbol", or a dependency that is missing, named in the message)."""
+    return reason.startswith(f"{NVML_LIBRARY}: cannot open shared object file")
 
 
 def connect(lib: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "Nvml":

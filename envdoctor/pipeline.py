@@ -66,6 +66,11 @@ def make_target(pid: int | None, roots: Roots) -> Target:
         raise UsageError(f"--pid must be a positive process id, got {pid}")
     if not (roots.procfs / str(pid)).is_dir():
         raise UsageError(f"no process {pid} (nothing at {roots.procfs / str(pid)})")
+    from envdoctor.procfs import explain_kind, process_kind
+
+    kind = process_kind(roots.procfs, pid)
+    if kind is not None:  # nothing of it can be examined: say so once, not as nine skipped rows
+        raise UsageError(f"--pid {pid}: {explain_kind(pid, *kind)}")
     return Target(pid)
 
 
@@ -156,8 +161,19 @@ def build_session(
     if chosen_python:
         kwargs["python"] = chosen_python
         kwargs["python_explicit"] = True  # --pid N --python PATH: that interpreter's torch, not the process's
+    if config.timeout_explicit:
+        kwargs["probe_timeout"] = probe_limit(config.timeout)
     kwargs.update(overrides)
     return Session(**kwargs)
+
+
+def probe_limit(check_timeout: float) -> float:
+    """The torch probe's limit under a run-wide timeout: a little less than the checks'
+    own, so the probe is killed and its row says why before the check's deadline,
+    never the probe's own 60 s default past it."""
+    from envdoctor.probe import default_timeout
+
+    return max(0.05, min(default_timeout(), check_timeout - min(1.0, check_timeout * 0.1)))
 
 
 def load_registry() -> Registry:

@@ -1,22 +1,44 @@
-"""Keep secrets out of every output (DESIGN principle 3).
+"""Keep secrets out of every output (DESIGN principle 3), and keep every string
+of a report safe to write in any format.
 
-Two layers, applied once to the whole report before any exporter sees it:
+Applied once to the whole report before any exporter sees it (and to log lines
+and the probe's stderr, which are free text from places we do not control):
 
 1. Showing the environment: only names on an allow-list relevant to the checks
    (CUDA_*, NCCL_*, OMP_*, the DDP variables, ...) may have their values shown,
    and even those are masked when the name looks like a secret (TOKEN, SECRET,
    KEY, PASSWORD, CREDENTIAL, ...). `visible_env()` applies this rule.
-2. A safety net over every string of the report (summaries, fixes, facts, system
-   facts): any value of a secret-looking variable, or of a variable that is on
-   neither the allow-list nor the list of well-known harmless names, is replaced
-   by MASK wherever it appears. A check that echoes a value it should not have
-   therefore still leaks nothing. Very short values are left alone (masking every
-   "1" would make reports unreadable; a secret is not one character long).
+2. Credentials inside values, whatever variable they came from: the password of
+   a URL's userinfo (`postgres://user:pw@db`, `user:pw@host` in MASTER_ADDR), the
+   whole userinfo of a URL that has no password (`https://TOKEN@github.com`), the
+   value of `token=`/`password=`/`api_key:`-style pairs, and `Bearer`/`Basic`
+   credentials. These are masked by shape, so a credential in an allow-listed
+   variable is masked too.
+3. A safety net over every string: the value of a secret-looking variable, or of
+   a variable that is on neither the allow-list nor the list of well-known
+   harmless names, is masked wherever it appears as a whole token, in its plain
+   and its escaped spellings (repr, JSON, URL-quoted), so a check or a probe that
+   echoes it still leaks nothing. Mask by credential, not by coincidence: a value
+   that is public anyway (the value of a shown, non-secret variable, the host
+   name, an interpreter path, a network interface name) is not masked because a
+   secret-looking variable happens to hold the same text; that would hide what
+   was judged and protect nothing. Very short values are left alone in reports
+   (masking every "1" would make them unreadable and a secret is not one
+   character long) but not in the probe's stderr (`scrub_free_text`), which is
+   another program's output and may print a short password whole.
+
+Each string is also made writable in every format: lone surrogates (bytes that
+were not UTF-8, kept by Python's surrogateescape) become `\\xNN` text, so no
+exporter and no `-o FILE` fails to encode a report.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import socket
+import sys
+import urllib.parse
 from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
@@ -40,8 +62,25 @@ HARMLESS_NAMES = frozenset({
 })
 HARMLESS_PREFIXES = ("LC_", "XDG_", "PYENV_", "CONDA_", "PIP_", "PYTHON")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSW(OR)?D|PASS$|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|SIGNATURE|CERT", re.I)
-MIN_SECRET_LENGTH = 4  # shortest value of a secret-named variable that we scrub
+MIN_SECRET_LENGTH = 4  # shortest value of a secret-named variable that we scrub from reports
 MIN_UNKNOWN_LENGTH = 8  # shortest value of an unknown variable that we scrub
+
+# -- credentials recognised by their shape ---------------------------------------------
+# scheme://userinfo@host: the password (or, without one, the whole userinfo) is masked.
+# Every pattern starts only at a token boundary, so a long value costs linear time.
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/@:'\"<>]*)"
+                           r"(?::(?P<pw>[^\s/@'\"<>]*))?@(?=[^\s@])")
+# user:password@host without a scheme (MASTER_ADDR=user:pw@node1).
+_BARE_USERINFO = re.compile(r"(?<![\w/:.@+-])(?P<user>[\w.+-]+):(?P<pw>[^\s/@:'\"<>]+)@(?=[\w\[])")
+# name=value / name: value, masked when the name ends in a secret word
+# (api_key, AWS_SECRET_ACCESS_KEY, X-Auth-Token, password), not when it merely contains one (monkey).
+_PAIR_HEAD = re.compile(r"(?<![A-Za-z0-9_.-])(?P<name>[A-Za-z0-9_.-]+)[\"']?[ \t]*[=:][ \t]*[\"']?")
+_PAIR_VALUE = re.compile(r"[^\s&;'\"<>)}\]]+")
+_SECRET_NAME_END = re.compile(r"(?:^|[_.-])(?:token|secret|password|passwd|passphrase|pwd|apikey|key|auth|"
+                              r"credentials?|signature|private)$", re.I)
+_BEARER = re.compile(r"(?i)(?P<head>\bauthorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:(?:bearer|basic|digest|token|negotiate)[ \t]+)?"
+                     r"|\bbearer[ \t]+)(?P<value>[^\s'\"<>,;]+)")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def looks_secret(name: str) -> bool:
@@ -58,34 +97,137 @@ def _is_harmless(name: str) -> bool:
 
 def visible_env(env: Mapping[str, str]) -> dict[str, str]:
     """The part of an environment that may be shown, secret-looking values masked."""
-    return {name: (MASK if looks_secret(name) else value) for name, value in sorted(env.items()) if is_allowed(name)}
+    return {name: (MASK if looks_secret(name) else mask_credentials(value))
+            for name, value in sorted(env.items()) if is_allowed(name)}
 
 
-def secret_values(envs: Iterable[Mapping[str, str]]) -> list[str]:
+def mask_credentials(text: str) -> str:
+    """Mask credentials recognised by shape: URL userinfo, name=value pairs, bearer tokens."""
+    if not text:
+        return text
+
+    def url(m: re.Match) -> str:
+        if m.group("pw") is not None:
+            return f"{m.group('scheme')}{m.group('user')}:{MASK}@"
+        return f"{m.group('scheme')}{MASK}@" if m.group("user") else m.group(0)
+
+    text = _URL_USERINFO.sub(url, text)
+    text = _BARE_USERINFO.sub(lambda m: f"{m.group('user')}:{MASK}@", text)
+    text = _mask_pairs(text)
+    return _BEARER.sub(lambda m: m.group(0) if m.group("value").startswith(MASK) else f"{m.group('head')}{MASK}", text)
+
+
+def _mask_pairs(text: str) -> str:
+    """Mask the value after every `secret_name=` / `secret_name:` head (heads only are
+    matched, so `x=token=abc` still finds `token=`)."""
+    out: list[str] = []
+    done = 0
+    for head in _PAIR_HEAD.finditer(text):
+        if head.start() < done or not _SECRET_NAME_END.search(head.group("name")):
+            continue
+        quote = head.group(0)[-1]
+        if quote in "'\"":  # a quoted value runs to its closing quote, spaces and all
+            close = text.find(quote, head.end())
+            end = len(text) if close < 0 else close
+        else:
+            value = _PAIR_VALUE.match(text, head.end())
+            end = head.end() if value is None else value.end()
+        if end == head.end() or text.startswith(MASK, head.end()):
+            continue
+        out.append(text[done:head.end()])
+        out.append(MASK)
+        done = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+def writable(text: str) -> str:
+    """The text with lone surrogates (undecodable bytes) spelled as \\xNN, so it encodes as UTF-8."""
+    if not _SURROGATE.search(text):
+        return text
+
+    def spell(m: re.Match) -> str:
+        code = ord(m.group(0))
+        return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+    return _SURROGATE.sub(spell, text)
+
+
+def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SECRET_LENGTH,
+                  min_unknown: int = MIN_UNKNOWN_LENGTH, public: Iterable[str] = ()) -> list[str]:
     """Every value that must not appear in output, longest first (so a secret that
-    contains another is masked whole)."""
+    contains another is masked whole). Values that are public anyway (see
+    `public_values`) are left out: they are coincidences, not secrets."""
+    envs = list(envs)
+    public = public_values(envs, public)
     values: set[str] = set()
     for env in envs:
         for name, value in env.items():
+            if not value or value in public:
+                continue
             if looks_secret(name):
-                if len(value) >= MIN_SECRET_LENGTH:
+                if len(value) >= min_secret:
                     values.add(value)
-            elif not is_allowed(name) and not _is_harmless(name) and len(value) >= MIN_UNKNOWN_LENGTH:
+            elif not is_allowed(name) and not _is_harmless(name) and len(value) >= min_unknown:
                 values.add(value)
     return sorted(values, key=len, reverse=True)
 
 
-class Scrubber:
-    """Replaces each secret value by MASK in any JSON-like structure."""
+def public_values(envs: Iterable[Mapping[str, str]], extra: Iterable[str] = ()) -> set[str]:
+    """Text that is shown or known anyway: the values of shown non-secret variables and
+    harmless ones, the host name, the interpreters, the network interfaces."""
+    public: set[str] = {v for v in extra if v}
+    for env in envs:
+        for name, value in env.items():
+            if value and not looks_secret(name) and (is_allowed(name) or _is_harmless(name)):
+                public.add(value)
+    try:
+        public.add(socket.gethostname())
+    except OSError:
+        pass
+    try:
+        public.update(name for _, name in socket.if_nameindex())
+    except OSError:
+        pass
+    if sys.executable:
+        public.add(sys.executable)
+    return public
 
-    def __init__(self, secrets: Iterable[str]):
-        secrets = [s for s in secrets if s]
-        self._pattern = re.compile("|".join(re.escape(s) for s in secrets)) if secrets else None
+
+def _spellings(secret: str) -> set[str]:
+    """The ways a program may print a value: as is, repr-escaped, JSON-escaped, URL-quoted."""
+    forms = {secret, secret.encode("unicode_escape", "backslashreplace").decode("ascii", "replace"),
+             json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1],
+             urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret, safe="")}
+    return {f for f in forms if f}
+
+
+def _token(form: str) -> str:
+    """A pattern matching `form` as a whole token: not glued to letters or digits on either side
+    (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345")."""
+    left = r"(?<![A-Za-z0-9])" if form[:1].isalnum() else ""
+    right = r"(?![A-Za-z0-9])" if form[-1:].isalnum() else ""
+    return left + re.escape(form) + right
+
+
+class Scrubber:
+    """Masks secrets and credentials in any JSON-like structure, and makes every string writable."""
+
+    def __init__(self, secrets: Iterable[str], *, credentials: bool = True):
+        forms: set[str] = set()
+        for secret in secrets:
+            if secret:
+                forms |= _spellings(secret)
+        ordered = sorted(forms, key=len, reverse=True)
+        self._pattern = re.compile("|".join(_token(f) for f in ordered)) if ordered else None
+        self._credentials = credentials
 
     def text(self, value: str) -> str:
-        if self._pattern is None:
-            return value
-        return self._pattern.sub(MASK, value)
+        if self._pattern is not None:  # whole values first: a credential mask would split them
+            value = self._pattern.sub(MASK, value)
+        if self._credentials:
+            value = mask_credentials(value)
+        return writable(value)
 
     def any(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -98,17 +240,33 @@ class Scrubber:
 
     def result(self, result: Result) -> Result:
         return replace(result, summary=self.text(result.summary), remediation=self.text(result.remediation),
-                       facts=self.any(result.facts), target=self.text(result.target), fix_env=self.any(result.fix_env))
+                       facts=self.any(result.facts), target=self.text(result.target), check=self.text(result.check),
+                       fix_env=self.any(result.fix_env))
 
 
-def redact_results(results: Iterable[Result], envs: Iterable[Mapping[str, str]]) -> list[Result]:
-    """Copies of `results` with every secret value masked (serve: many targets, one scrub each)."""
-    scrub = Scrubber(secret_values(envs))
-    return [scrub.result(r) for r in results]
+def scrubber_for(envs: Iterable[Mapping[str, str]], public: Iterable[str] = ()) -> Scrubber:
+    """The Scrubber for a run whose environments (envdoctor's, the target's) are `envs`;
+    `public` adds text known to be shown anyway (the report's host, its interpreters)."""
+    return Scrubber(secret_values(envs, public=public))
+
+
+def scrub_free_text(text: str, envs: Iterable[Mapping[str, str]]) -> str:
+    """Redact another program's output (the probe's stderr): every secret value, short
+    ones included, in every spelling, and every credential by shape. Redact before
+    cutting a tail, so a cut never leaves a secret's last characters."""
+    return Scrubber(secret_values(envs, min_secret=1)).text(text)
 
 
 def redact_report(report: Report, envs: Iterable[Mapping[str, str]]) -> Report:
     """A copy of `report` with every secret value masked; exporters only ever see this."""
-    scrub = Scrubber(secret_values(envs))
+    system = report.system if isinstance(report.system, Mapping) else {}
+    public = [report.host, *(str(system.get(k) or "") for k in ("python_executable", "envdoctor_python"))]
+    scrub = scrubber_for(envs, public)
     return replace(report, results=[scrub.result(r) for r in report.results], system=scrub.any(report.system),
-                   host=scrub.text(report.host))
+                   host=scrub.text(report.host), target=scrub.text(report.target))
+
+
+def redact_results(results: Iterable[Result], envs: Iterable[Mapping[str, str]]) -> list[Result]:
+    """Redacted copies of `results` (for callers that have results but no report)."""
+    scrub = scrubber_for(envs)
+    return [scrub.result(r) for r in results]

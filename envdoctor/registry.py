@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 from dataclasses import dataclass
+from typing import Any
+
 # importlib.metadata only on a cache miss: importing it is a seventh of a warm start
 from envdoctor.entrypoints import EntryPoint, entry_points
 
@@ -98,6 +100,43 @@ def entry_points_of(group: str) -> list[EntryPoint]:
     return out
 
 
+PLUGIN_IMPORT_TIMEOUT = 5.0  # seconds all plug-in imports of one load may take together
+
+
+def load_bounded(eps: list[EntryPoint], timeout: float = PLUGIN_IMPORT_TIMEOUT) -> dict[str, Any]:
+    """Import plug-in entry points on the watchdog, all at once, under one deadline.
+
+    A plug-in whose import blocks (a module that reads a FIFO, waits on a lock, or
+    hangs on a dead network mount at import time) must not hang `check`, `checks`
+    or `serve`: it becomes an Exception saying where it is stuck. Returns
+    {entry point value: the object, or the exception (BaseException included) it
+    raised or a TimeoutError}. A plug-in still stuck from an earlier load is not
+    imported again. Built-ins are not passed here: they import in the caller's
+    thread, as any module does.
+    """
+    import time
+
+    from envdoctor.watchdog import RAISED, default_watchdog
+
+    watchdog = default_watchdog()
+    deadline = time.monotonic() + timeout
+    # keyed by module: a module stuck importing for one entry point is stuck for all of them
+    pending = [(ep, watchdog.start(("plugin-import", ep.module), ep.load)) for ep in eps]
+    loaded: dict[str, Any] = {}
+    for ep, call in pending:
+        outcome = call.wait(deadline)
+        if outcome.ok:
+            loaded[ep.value] = outcome.value
+        elif outcome.kind == RAISED:
+            loaded[ep.value] = outcome.error
+        else:
+            at = f" (stuck at {outcome.where})" if outcome.where else ""
+            what = (f"its import did not finish within {timeout:g} s" if outcome.kind == "timed_out"
+                    else "its import is still stuck from an earlier attempt")
+            loaded[ep.value] = TimeoutError(f"{what}{at}; {DISABLE_AUTOLOAD_VAR}=1 runs without plug-ins")
+    return loaded
+
+
 def plugins_enabled() -> bool:
     return os.environ.get(DISABLE_AUTOLOAD_VAR, "") in ("", "0")
 
@@ -109,7 +148,9 @@ def load(autoload_plugins: bool | None = None) -> Registry:
     origins: dict[str, str] = {}
     failures: list[LoadFailure] = []
     seen_values: set[str] = set()
-    for ep in entry_points_of(GROUP):
+    eps = entry_points_of(GROUP)
+    plugins = load_bounded([ep for ep in eps if not _is_builtin(ep)]) if autoload_plugins else {}
+    for ep in eps:
         if ep.value in seen_values:  # the same distribution found twice on sys.path
             continue
         seen_values.add(ep.value)
@@ -117,7 +158,9 @@ def load(autoload_plugins: bool | None = None) -> Registry:
             continue
         dist = _distribution_name(ep)
         try:
-            obj = ep.load()
+            obj = plugins[ep.value] if ep.value in plugins else ep.load()
+            if isinstance(obj, BaseException):
+                raise obj
         except BaseException as exc:  # a plug-in's import may raise anything, even SystemExit
             failures.append(LoadFailure(ep.name, ep.value, dist, f"import failed: {type(exc).__name__}: {exc}"))
             continue

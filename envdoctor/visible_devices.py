@@ -32,6 +32,7 @@ from envdoctor.errors import ParseError
 
 _BLANKS = " \t\n\r\f\v"
 _NUMBER = re.compile(r"([+-]?)([0-9]+)")
+_MAX_INDEX_DIGITS = 18  # an index with more digits is beyond any GPU count (and int() refuses > 4300 digits)
 
 INDEX, GPU_UUID, MIG_UUID = "index", "gpu_uuid", "mig_uuid"
 
@@ -78,19 +79,19 @@ def parse(value: str) -> VisibleDevices:
 def _parse_uuids(value: str, tokens: tuple[str, ...], quoted: bool) -> VisibleDevices:
     prefix = value[:4]
     mode = GPU_UUID if prefix == "GPU-" else MIG_UUID
-    seen: list[str] = []
+    seen: dict[str, None] = {}  # ordered, and a membership test costs O(1): 20,000 entries stay linear
     for i, token in enumerate(tokens):
         if token in seen:
             return VisibleDevices(value, mode, tokens, (), duplicate=token, quoted=quoted)
         if not token.startswith(prefix):
             reason = "empty entry" if not token.strip(_BLANKS) else f"does not start with {prefix} like the first entry"
             return VisibleDevices(value, mode, tokens, tuple(seen), stop=i, stop_reason=reason, quoted=quoted)
-        seen.append(token)
+        seen[token] = None
     return VisibleDevices(value, mode, tokens, tuple(seen), quoted=quoted)
 
 
 def _parse_indices(value: str, tokens: tuple[str, ...], quoted: bool) -> VisibleDevices:
-    seen: list[int] = []
+    seen: dict[int, None] = {}  # ordered, O(1) membership: the parse is linear in the entries
     lenient: list[tuple[str, int]] = []
     for i, token in enumerate(tokens):
         text = token.strip(_BLANKS)
@@ -101,7 +102,11 @@ def _parse_indices(value: str, tokens: tuple[str, ...], quoted: bool) -> Visible
                 reason = "a UUID in a list of indices (CUDA does not mix the two)"
             return VisibleDevices(value, INDEX, tokens, tuple(seen), stop=i, stop_reason=reason,
                                   lenient=tuple(lenient), quoted=quoted)
-        number = int(match.group(2))
+        digits = match.group(2).lstrip("0") or "0"
+        if len(digits) > _MAX_INDEX_DIGITS:  # strtoul saturates: no GPU has such an index, and CUDA stops here
+            return VisibleDevices(value, INDEX, tokens, tuple(seen), stop=i, stop_reason="not a GPU index (far too large)",
+                                  lenient=tuple(lenient), quoted=quoted)
+        number = int(digits)
         if match.group(1) == "-":
             number = -number
         if number in seen:
@@ -111,7 +116,7 @@ def _parse_indices(value: str, tokens: tuple[str, ...], quoted: bool) -> Visible
                                   lenient=tuple(lenient), quoted=quoted)
         if match.end() < len(text):
             lenient.append((token, number))
-        seen.append(number)
+        seen[number] = None
     return VisibleDevices(value, INDEX, tokens, tuple(seen), lenient=tuple(lenient), quoted=quoted)
 
 
@@ -144,6 +149,7 @@ def resolve(parsed: VisibleDevices, count: int, uuids: list[str] | tuple[str, ..
         # The pre-R470 MIG-GPU-<uuid>/<gi>/<ci> form: NVML no longer reports names like it.
         return Resolution((), unverifiable=tuple(e for e in entries if e.startswith("MIG-GPU-")))
     ordinals: list[int] = []
+    taken: set[int] = set()
     for i, candidate in enumerate(entries):
         matches = [n for n, uuid in enumerate(known) if uuid.startswith(candidate)]
         if len(matches) != 1:
@@ -151,7 +157,8 @@ def resolve(parsed: VisibleDevices, count: int, uuids: list[str] | tuple[str, ..
             if not matches:
                 return Resolution(tuple(ordinals), missing=candidate, hidden=rest)
             return Resolution(tuple(ordinals), ambiguous=candidate, hidden=rest)
-        if matches[0] in ordinals:
+        if matches[0] in taken:
             return Resolution((), duplicate=matches[0])
         ordinals.append(matches[0])
+        taken.add(matches[0])
     return Resolution(tuple(ordinals))

@@ -14,6 +14,8 @@ from __future__ import annotations
 from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
+from .common import one_line  # a log line gets no raw control character
+
 RANK = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
 TALLY = (Status.FAIL, Status.ERROR, Status.WARN, Status.OK, Status.SKIP)
 
@@ -24,9 +26,10 @@ def render(report: Report, options) -> str:
     title = getattr(options, "title", "") or "envdoctor"
     target = f" {report.target}" if report.target not in ("", "self") else ""  # --pid N, node: say whose
     lines = [f"{title}{target}: {len(report.results)} checks: {tally or 'none run'}"]
-    lines += [f"  note: {note}" for note in getattr(options, "notes", ())]
+    lines += [f"  note: {one_line(note)}" for note in getattr(options, "notes", ())]
     for r in sorted((r for r in report.results if r.status in RANK), key=lambda r: (RANK[r.status], r.check)):
-        lines.append(f"  {r.status.value.upper():5} {r.check}: {r.summary}" + (f" | fix: {r.remediation}" if r.remediation else ""))
+        lines.append(f"  {r.status.value.upper():5} {one_line(r.check)}: {one_line(r.summary)}"
+                     + (f" | fix: {one_line(r.remediation)}" if r.remediation else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -15,6 +15,17 @@ import xml.etree.ElementTree as ET
 from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
+from .common import printable
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs) -> ET.Element:
+    """An element whose attributes and text hold only characters XML 1.0 allows:
+    control characters and undecodable bytes in a value arrive escaped as \\xNN."""
+    element = ET.SubElement(parent, tag, {k: printable(v) for k, v in attrs.items()})
+    if text is not None:
+        element.text = printable(text)
+    return element
+
 
 def render(report: Report, options) -> str:
     fail_on_warn = options.fail_on == "warn"
@@ -22,28 +33,28 @@ def render(report: Report, options) -> str:
     failures = counts["fail"] + (counts["warn"] if fail_on_warn else 0)
     suites = ET.Element("testsuites", name="envdoctor", tests=str(len(report.results)), failures=str(failures),
                         errors=str(counts["error"]), skipped=str(counts["skip"]), time=f"{report.duration_seconds:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name=f"envdoctor {report.target}", tests=str(len(report.results)),
-                          failures=str(failures), errors=str(counts["error"]), skipped=str(counts["skip"]),
-                          time=f"{report.duration_seconds:.3f}", timestamp=report.started_at, hostname=report.host)
-    properties = ET.SubElement(suite, "properties")
-    ET.SubElement(properties, "property", name="envdoctor.version", value=report.version)
+    suite = _sub(suites, "testsuite", name=f"envdoctor {report.target}", tests=str(len(report.results)),
+                 failures=str(failures), errors=str(counts["error"]), skipped=str(counts["skip"]),
+                 time=f"{report.duration_seconds:.3f}", timestamp=report.started_at, hostname=report.host)
+    properties = _sub(suite, "properties")
+    _sub(properties, "property", name="envdoctor.version", value=report.version)
     for key, value in report.system.items():
         if value is None or value == {} or value == []:
             continue  # nothing known: no property, rather than value="null"
         text = value if isinstance(value, str) else json.dumps(value, default=str)
-        ET.SubElement(properties, "property", name=key, value=text)
+        _sub(properties, "property", name=str(key), value=text)
     for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname=f"envdoctor.{r.check.split('.')[0]}", name=r.check,
-                             time=f"{r.duration_seconds:.3f}")
+        case = _sub(suite, "testcase", classname=f"envdoctor.{r.check.split('.')[0]}", name=r.check,
+                    time=f"{r.duration_seconds:.3f}")
         details = r.summary + (f"\nFix: {r.remediation}" if r.remediation else "")
         if r.status is Status.FAIL or (r.status is Status.WARN and fail_on_warn):
-            ET.SubElement(case, "failure", message=r.summary, type=r.status.value).text = details
+            _sub(case, "failure", details, message=r.summary, type=r.status.value)
         elif r.status is Status.ERROR:
-            ET.SubElement(case, "error", message=r.summary, type="error").text = details
+            _sub(case, "error", details, message=r.summary, type="error")
         elif r.status is Status.SKIP:
-            ET.SubElement(case, "skipped", message=r.summary)
+            _sub(case, "skipped", message=r.summary)
         elif r.status is Status.WARN:
-            ET.SubElement(case, "system-out").text = f"WARN: {details}"
+            _sub(case, "system-out", f"WARN: {details}")
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 

@@ -7,23 +7,18 @@ from __future__ import annotations
 from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
-from .common import system_rows
+from .common import markdown_code, markdown_fence, markdown_text, one_line, system_rows
 from .text_format import ORDER
 
 ICON = {Status.OK: "✅ ok", Status.WARN: "⚠️ warn", Status.FAIL: "❌ fail", Status.ERROR: "💥 error", Status.SKIP: "⏭️ skip"}
 
 
-def _cell(text: str) -> str:
-    """Table cells may not hold pipes or newlines."""
-    return text.replace("|", "\\|").replace("\n", " ").strip() or " "
-
-
 def render(report: Report, options) -> str:
     counts = report.counts()
     lines = [
-        f"## envdoctor report: {report.host}",
+        f"## envdoctor report: {markdown_text(report.host)}",
         "",
-        f"envdoctor {report.version}, target `{report.target}`, {report.started_at}: "
+        f"envdoctor {markdown_text(report.version)}, target {markdown_code(report.target)}, {markdown_text(report.started_at)}: "
         + ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.OK, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP)),
         "",
         "### System",
@@ -31,17 +26,19 @@ def render(report: Report, options) -> str:
         "| | |",
         "|---|---|",
     ]
-    lines += [f"| {_cell(label)} | {_cell(value)} |" for label, value in system_rows(report.system)]
+    lines += [f"| {markdown_text(label)} | {markdown_text(value)} |" for label, value in system_rows(report.system)]
     lines += ["", "### Checks", "", "| status | check | summary |", "|---|---|---|"]
     ordered = sorted(report.results, key=lambda r: (ORDER[r.status], r.check))
-    lines += [f"| {ICON[r.status]} | `{r.check}` | {_cell(r.summary)} |" for r in ordered]
+    lines += [f"| {ICON[r.status]} | {markdown_code(r.check)} | {markdown_text(r.summary)} |" for r in ordered]
     fixes = [r for r in ordered if r.status in (Status.FAIL, Status.WARN) and r.remediation]
     if fixes:
         lines += ["", "### Fixes", ""]
         for r in fixes:
             # a fix that offers alternatives ("docker ...; Kubernetes: ...") gets one line each
-            steps = [step.strip() for line in r.remediation.splitlines() for step in line.split("; ") if step.strip()]
-            lines += [f"- `{r.check}` ({r.status.value}):", "", "  ```", *(f"  {step}" for step in steps), "  ```"]
+            steps = [one_line(step).strip() for line in r.remediation.splitlines() for step in line.split("; ") if step.strip()]
+            fence = markdown_fence(steps)  # longer than any run of backticks in the fix: the fix cannot close it
+            lines += [f"- {markdown_code(r.check)} ({r.status.value}):", "", f"  {fence}", *(f"  {step}" for step in steps),
+                      f"  {fence}"]
     return "\n".join(lines) + "\n"
 
 

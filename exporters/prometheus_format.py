@@ -15,6 +15,7 @@ already made, never from running checks inside a scrape.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from typing import Iterator, Mapping
 
@@ -26,6 +27,8 @@ from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
 PREFIX = "envdoctor_"
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 def _number(value) -> float | None:
@@ -75,9 +78,13 @@ class ReportCollector:
             if check is None:
                 continue
             for m in check.metrics:
-                value = r.facts.get(m.fact)
+                if not _NAME.match(PREFIX + m.name) or (m.label and (not _LABEL.match(m.label) or m.label == "target")):
+                    continue  # a plug-in's malformed declaration costs its gauge, not the whole exposition
+                value = r.facts.get(m.fact) if isinstance(r.facts, Mapping) else None
                 labels = ["target"] + ([m.label] if m.label else [])
                 family = families.get(m.name)
+                if family is not None and list(family._labelnames) != labels:
+                    continue  # two checks declaring one name with different labels: keep the first
                 if family is None:
                     family = families[m.name] = GaugeMetricFamily(PREFIX + m.name, m.help, labels=labels)
                 if m.label:

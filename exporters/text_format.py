@@ -13,23 +13,29 @@ from rich.text import Text
 from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
-from .common import system_rows
+from .common import printable, system_rows
 
 STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.ERROR: "bold magenta", Status.SKIP: "dim"}
 ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.OK: 3, Status.SKIP: 4}
+
+
+def _text(value, style: str = "") -> Text:
+    """A cell that prints exactly what it holds: a Text, never markup (a value like
+    `[/bold]` or a file named `[x].onnx` shows as written), control characters escaped."""
+    return Text(printable(value), style=style)
 
 
 def render(report: Report, options) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=options.color, no_color=not options.color,
                       width=options.width, highlight=False, soft_wrap=False)
-    console.print(Text(f"envdoctor {report.version} on {report.host}, target {report.target}, {report.started_at}", style="bold"))
+    console.print(_text(f"envdoctor {report.version} on {report.host}, target {report.target}, {report.started_at}", "bold"))
 
     facts = Table(show_header=False, box=None, pad_edge=False)
     facts.add_column(style="dim", no_wrap=True)
     facts.add_column()
     for label, value in system_rows(report.system):
-        facts.add_row(label, value)
+        facts.add_row(_text(label), _text(value))
     console.print(facts)
     console.print()
 
@@ -40,12 +46,13 @@ def render(report: Report, options) -> str:
     table.add_column("summary", ratio=3, overflow="fold")
     table.add_column("fix", ratio=2, overflow="fold")
     for r in sorted(report.results, key=lambda r: (ORDER[r.status], r.check)):
-        table.add_row(Text(r.status.value.upper(), style=STYLE[r.status]), r.check, r.summary, r.remediation)
+        table.add_row(Text(r.status.value.upper(), style=STYLE[r.status]), _text(r.check), _text(r.summary),
+                      _text(r.remediation))
     console.print(table)
 
     counts = report.counts()
     line = ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.OK, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP))
-    console.print(f"{line} in {report.duration_seconds:.2f} s. `envdoctor explain ID` says more about a check.")
+    console.print(_text(f"{line} in {report.duration_seconds:.2f} s. `envdoctor explain ID` says more about a check."))
     return buffer.getvalue()
 
 

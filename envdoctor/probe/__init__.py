@@ -20,12 +20,15 @@ result; its message carries the tail of what the probe printed.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,27 @@ TIMEOUT_VAR = "ENVDOCTOR_PROBE_TIMEOUT"
 MARKER = "ENVDOCTOR-PROBE-RESULT "
 _SCRIPT = Path(__file__).with_name("torch_probe.py")
 _STDERR_TAIL = 1500
+EXIT_GRACE = 0.5  # after the probe exits, how long a child it left holding its pipes is waited on
+_STDOUT_LIMIT = 16 * 1024 * 1024  # what is kept of the probe's stdout (its answer is one line)
+_STDERR_LIMIT = 256 * 1024  # what is kept of the end of its stderr
+_LIVE: dict[int, subprocess.Popen] = {}  # probe process groups still running, by pid
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    """Kill the whole process group of every probe still running.
+
+    Called at exit (atexit), on SIGTERM/SIGINT (the CLI), and so after a run whose
+    check timed out while its probe was still working: a probe never outlives
+    envdoctor, and neither does anything it started in its group.
+    """
+    with _LIVE_LOCK:
+        procs = list(_LIVE.values())
+    for proc in procs:
+        _kill_group(proc)
+
+
+atexit.register(kill_running)
 
 
 class ProbeError(EnvdoctorError):
@@ -85,8 +109,12 @@ def resolve_python(python: str) -> str:
     return path
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
+def _tail(text: str, env: dict[str, str] | None = None) -> str:
+    """The end of what the probe printed, redacted first (a cut must not leave a
+    secret's last characters) and redacted as free text (short secrets too)."""
+    from envdoctor import redact
+
+    text = redact.scrub_free_text(text, [os.environ, env or {}]).strip()
     if len(text) > _STDERR_TAIL:
         text = "..." + text[-_STDERR_TAIL:]
     return text
@@ -97,6 +125,55 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _communicate(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes, bool]:
+    """Read the probe's stdout and stderr until both close or the probe has exited and
+    EXIT_GRACE has passed (a child it started may hold the pipes open for ever), or
+    until `timeout`. Returns (stdout, stderr, timed_out). Memory is bounded: the
+    first _STDOUT_LIMIT bytes of stdout, the last _STDERR_LIMIT of stderr."""
+    out, err = bytearray(), bytearray()
+    selector = selectors.DefaultSelector()
+    for pipe in (proc.stdout, proc.stderr):
+        os.set_blocking(pipe.fileno(), False)
+        selector.register(pipe, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    exited_at = None
+    closed = False
+    try:
+        while selector.get_map():
+            now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            limit = deadline if exited_at is None else min(deadline, exited_at + EXIT_GRACE)
+            if now >= limit:
+                break
+            for key, _ in selector.select(min(limit - now, 0.1)):
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                elif key.fileobj is proc.stdout:
+                    if len(out) < _STDOUT_LIMIT:
+                        out += chunk[: _STDOUT_LIMIT - len(out)]
+                else:
+                    err += chunk
+                    if len(err) > 2 * _STDERR_LIMIT:
+                        del err[: len(err) - _STDERR_LIMIT]
+        closed = not selector.get_map()
+    finally:
+        selector.close()
+    if exited_at is None and closed:  # both pipes closed: the probe is exiting, or closed them and went on
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    timed_out = proc.poll() is None
+    return bytes(out), bytes(err), timed_out
 
 
 def _execute(python: str, args: list[str], timeout: float, source: str,
@@ -124,23 +201,30 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         )
     except OSError as exc:
         raise Unavailable(f"no torch: cannot start {python}: {exc.strerror or exc}") from None
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = proc
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        out, err, timed_out = _communicate(proc, timeout)
+    finally:
+        _kill_group(proc)  # whatever it left behind in its group dies with it
         try:
-            out, err = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # a grandchild escaped the group and holds the pipes
-            out, err = b"", b""
-        said = _tail(err.decode("utf-8", "replace"))
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:  # unkillable (D state): leave it, do not wait
+            pass
+        for pipe in (proc.stdout, proc.stderr):
+            try:
+                pipe.close()
+            except (OSError, AttributeError):
+                pass
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
+    if timed_out:
+        said = _tail(err.decode("utf-8", "replace"), env)
         raise ProbeError(
             f"the torch probe in {python} did not finish within {timeout:g} s (killed)"
             + (f"; it printed: {said}" if said else "; it printed nothing")
-            + f"; raise the limit with {TIMEOUT_VAR}=SECONDS"
-        ) from None
-    finally:
-        if proc.poll() is None:
-            _kill_group(proc)
+            + f"; raise the limit with --timeout or {TIMEOUT_VAR}=SECONDS"
+        )
     text = out.decode("utf-8", "replace")
     result = None
     for line in reversed(text.splitlines()):
@@ -151,7 +235,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
                 result = None
             break
     if not isinstance(result, dict):
-        said = _tail(err.decode("utf-8", "replace") or text)
+        said = _tail(err.decode("utf-8", "replace") or text, env)
         if proc.returncode is not None and proc.returncode < 0:
             try:
                 how = f"was killed by {signal.Signals(-proc.returncode).name}"
@@ -160,7 +244,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         else:
             how = f"exited with status {proc.returncode}"
         raise ProbeError(f"the torch probe in {python} {how} without a result" + (f"; it printed: {said}" if said else ""))
-    result["_stderr_tail"] = _tail(err.decode("utf-8", "replace"))
+    result["_stderr_tail"] = _tail(err.decode("utf-8", "replace"), env)
     return result
 
 

@@ -308,17 +308,17 @@ def for_interpreter(python: str, env: dict[str, str], rootfs: Path = Path("/")) 
 def gather(session: Any) -> dict[str, Any]:
     """The session target's torch facts: files first; the probe only when files are silent."""
     pid = session.target.pid
+    try:
+        env = dict(session.env)
+    except Unavailable:  # an unreadable environment costs the hints it holds (VIRTUAL_ENV, PYTHONPATH), not the facts
+        env = {}
     if pid is not None and not session.python_explicit:
-        try:
-            env = dict(session.env)
-        except Unavailable:
-            env = {}
         return for_process(session.roots, pid, env)
-    facts = for_interpreter(session.python, dict(session.env), session.roots.rootfs)
+    facts = for_interpreter(session.python, env, session.roots.rootfs)
     if facts is not None:
         return facts
     from envdoctor.probe import run_probe
 
-    facts = run_probe(session.python)
+    facts = run_probe(session.python, timeout=getattr(session, "probe_timeout", None))
     facts.setdefault("source", "probe")
     return facts

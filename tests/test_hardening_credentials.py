@@ -1,0 +1,210 @@
+"""Issue 8, family 3: credentials inside values, and the opposite fault (masking by
+coincidence). Hypothesis plants credentials of every shape and spelling in reports
+and in the probe's stderr; the CLI runs plant them in real environments and read
+every output format; the coincidence tests prove that public values stay visible."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import string
+import sys
+import urllib.parse
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from envdoctor import redact
+from envdoctor.exporters import FORMATS
+from envdoctor.model import Report, Result, Status
+from helpers import cli
+
+# A secret: no blanks (a credential is one token), at least one letter or digit at
+# each end would make it "glued" in our embeddings, so any printable ASCII is allowed.
+SECRET_CHARS = string.ascii_letters + string.digits + "!#$%*+-./:=?@^_~[]{}|"
+secrets_st = st.text(SECRET_CHARS, min_size=8, max_size=40).filter(lambda s: s.strip(".:/=@") != "")
+short_st = st.text(string.ascii_letters + string.digits, min_size=1, max_size=3)
+DELIMS = [" ", "=", "'", '"', ":", ",", "(", ")", "\n", "; "]
+
+
+def _spellings(secret: str) -> list[str]:
+    return [secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], urllib.parse.quote(secret, safe=""),
+            secret.encode("unicode_escape").decode()]
+
+
+def _fragments(secret: str, n: int = 8) -> list[str]:
+    """Pieces long enough to identify a secret: its prefix and suffix."""
+    return [secret[:n], secret[-n:]] if len(secret) >= n else [secret]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(secret=secrets_st, name=st.sampled_from(["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "NCCL_AUTH_KEY",
+                                                  "GITHUB_CREDENTIALS", "MY_UNKNOWN_SETTING"]),
+       left=st.sampled_from(DELIMS), right=st.sampled_from(DELIMS), spelling=st.integers(0, 4),
+       prefix=st.text(max_size=20), suffix=st.text(max_size=20))
+def test_a_secret_variables_value_is_masked_in_every_spelling(secret, name, left, right, spelling, prefix, suffix):
+    """Whatever a check echoes (repr, JSON, URL-quoted), the value of a secret-named or unknown
+    variable does not reach a report: summary, fix, facts (keys too), target, system facts."""
+    assume(secret not in redact.public_values([{name: secret}]))
+    assume(not any(secret in t or t in secret for t in (prefix, suffix) if t))
+    form = _spellings(secret)[spelling]
+    text = f"{prefix} {left}{form}{right} {suffix}"
+    result = Result(Status.WARN, text, text, {text: [text, {"k": text}]}, "x.y", "self")
+    report = Report("h", "0", "2026-01-01T00:00:00+00:00", "self", [result], {"os": text})
+    clean = redact.redact_report(report, [{name: secret, "PATH": "/usr/bin"}])
+    r = clean.results[0]
+    dumped = json.dumps([r.summary, r.remediation, r.facts, clean.system], ensure_ascii=False)
+    shown = "\n".join([r.summary, r.remediation, *r.facts, *r.facts[next(iter(r.facts))][:1], clean.system["os"]])
+    for spelled in _spellings(secret):
+        assert spelled not in shown, (spelled, shown)
+    assert redact.MASK in dumped
+
+
+@settings(max_examples=150, deadline=None)
+@given(user=st.text(string.ascii_letters + string.digits + "._-", min_size=1, max_size=12),
+       password=st.text(string.ascii_letters + string.digits + "!$%*+-.=_~", min_size=1, max_size=30),
+       host=st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z][a-z0-9-]{0,8}){0,2}", fullmatch=True),
+       scheme=st.sampled_from(["", "https://", "postgres://", "redis://", "s3://"]),
+       shape=st.sampled_from(["userinfo", "pair", "header", "json"]),
+       key=st.sampled_from(["token", "password", "api_key", "AWS_SECRET_ACCESS_KEY", "X-Auth-Token", "passwd", "secret"]))
+def test_credentials_are_masked_by_shape_wherever_they_come_from(user, password, host, scheme, shape, key):
+    """No environment knows these: a credential is recognised by its shape alone (URL
+    userinfo, name=value pairs with a secret name, Authorization headers), short ones too."""
+    if shape == "userinfo":
+        text = f"MASTER_ADDR={scheme}{user}:{password}@{host} did not resolve"
+    elif shape == "pair":
+        text = f"TORCH_HOME=https://{host}/models?{key}={password}&x=1"
+    elif shape == "header":
+        text = f"curl -H 'Authorization: Bearer {password}{'x' * 6}' https://{host}/"
+        password += "x" * 6
+    else:
+        text = json.dumps({key: password, "host": host})
+    assume(text.count(password) == 1 and "*" not in password)  # it occurs once, as the credential
+    masked = redact.mask_credentials(text)
+    assert password not in masked, (text, masked)
+    assert host in masked  # the rest of the value stays readable: mask the credential, not the line
+
+
+@settings(max_examples=100, deadline=None)
+@given(secret=st.one_of(secrets_st, short_st), spelling=st.integers(0, 4), cut=st.integers(0, 40),
+       noise=st.text(string.printable, max_size=200))
+def test_probe_stderr_is_redacted_before_its_tail_is_cut(secret, spelling, cut, noise):
+    """The probe's stderr tail: escaped spellings, secrets shorter than reports mask, and a cut
+    that falls inside the secret: none leaves any identifying part of it."""
+    from envdoctor.probe import _STDERR_TAIL, _tail
+
+    assume(secret not in redact.public_values([os.environ, {"HF_TOKEN": secret}]))
+    form = _spellings(secret)[spelling]
+    # place the secret so the tail's cut lands `cut` characters into it
+    tail_room = _STDERR_TAIL - (len(form) - min(cut, len(form) - 1))
+    text = "x" * 3000 + f" token {form} " + "." * max(0, tail_room - 8) + " " + noise
+    said = _tail(text, {"HF_TOKEN": secret})
+    # the secret's identifying fragments (for short secrets: the secret as a whole token) are gone
+    if len(secret) >= 4:
+        for fragment in _fragments(form, 4 if len(form) < 8 else 6):
+            assert fragment not in said.replace(redact.MASK, "\0") or fragment in noise or fragment in "x" * 10 + "." * 10, \
+                (fragment, said[:200])
+    else:
+        assert not re.search(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", said.replace(noise, "")), said[:200]
+
+
+def test_values_that_are_public_anyway_are_not_masked():
+    """Mask by credential, not by coincidence: a secret-named variable that happens to hold the
+    host name, the interpreter path or an interface name does not hide them from the report."""
+    host = socket.gethostname()
+    interfaces = [name for _, name in socket.if_nameindex()]
+    env = {"MY_API_KEY": host, "SECRET_PYTHON": sys.executable, "AUTH_IFACE": interfaces[0] * 1,
+           "NCCL_SOCKET_IFNAME": interfaces[0], "DEPLOY_TOKEN": "tok-planted-0123456789"}
+    text = f"host {host}, interpreter {sys.executable}, NCCL_SOCKET_IFNAME={interfaces[0]}, token tok-planted-0123456789"
+    report = Report(host, "0", "2026-01-01T00:00:00+00:00", "self", [Result(Status.OK, text, "", {}, "x.y", "self")],
+                    {"python_executable": sys.executable})
+    clean = redact.redact_report(report, [env])
+    summary = clean.results[0].summary
+    assert host in summary and sys.executable in summary and f"NCCL_SOCKET_IFNAME={interfaces[0]}" in summary
+    assert "tok-planted-0123456789" not in summary  # a real secret in the same line still goes
+    assert clean.host == host
+
+
+SECRET_PW = "Pl4nted-Pw-9f8e7d"
+SECRET_TOKEN = "ghp_Pl4ntedTokenValue0123456789"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cli_masks_credentials_inside_allow_listed_values_in_every_format(fmt, tmp_path):
+    """A user:password@host in MASTER_ADDR and a token in a URL of an allow-listed variable:
+    shown (they are judged) but with the credential masked, in every format, to stdout and -o."""
+    env = {"MASTER_ADDR": f"trainer:{SECRET_PW}@master-node.invalid", "MASTER_PORT": "29500", "WORLD_SIZE": "2",
+           "RANK": "1", "TORCH_HOME": f"https://{SECRET_TOKEN}@models.example.invalid/hub",
+           "PYTORCH_KERNEL_CACHE_PATH": f"/cache?token={SECRET_TOKEN}", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "COLUMNS": "1000"}  # one line per row: a value is found whole
+    out = tmp_path / f"report.{fmt}"
+    for extra in ((), ("-o", str(out))):
+        proc = cli("check", "--only", "dist.env", "--format", fmt, "--timeout", "5", *extra, env=env)
+        assert proc.returncode in (0, 1), proc.stderr
+        text = proc.stdout + proc.stderr + (out.read_text(encoding="utf-8") if extra else "")
+        for secret in (SECRET_PW, SECRET_TOKEN):
+            for fragment in _fragments(secret):
+                assert fragment not in text, f"{fragment!r} leaked in {fmt} {extra}"
+        if fmt in ("json", "markdown", "text"):
+            assert "master-node.invalid" in text  # the judged value is still shown, minus the credential
+
+
+def test_cli_probe_stderr_does_not_leak_escaped_short_or_cut_secrets(tmp_path):
+    """A broken torch whose import error prints the secrets: escaped, short, and cut by the tail."""
+    fake = tmp_path / "python"
+    long_secret = "Zq9-" + "k" * 20 + "-EndOfSecret42"
+    fake.write_text("#!/bin/sh\n"
+                    f"printf '%s\\n' \"ValueError: bad token '$HF_TOKEN' json=\\\"$HF_TOKEN\\\" short=$DB_PASS\" >&2\n"
+                    "printf 'repr: %s\\n' \"$ESCAPED\" >&2\n"
+                    "head -c 1480 /dev/zero | tr '\\0' '.' >&2\n"
+                    f"printf ' api_key=%s\\n' \"$HF_TOKEN\" >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    env = {"HF_TOKEN": long_secret, "DB_PASS": "a1b", "ESCAPED": repr("tab\there-Secret99\n")[1:-1],
+           "OTHER_SECRET": "tab\there-Secret99\n", "ENVDOCTOR_NO_CACHE": "1", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = cli("check", "--only", "torch.cudnn", "--python", str(fake), "--format", "json", env=env)
+    assert proc.returncode in (0, 1), proc.stderr
+    row = json.loads(proc.stdout)["results"][0]
+    assert row["status"] == "error" and "exited with status 1" in row["summary"]
+    text = proc.stdout
+    for fragment in ("Zq9-kkkk", "EndOfSecret42", "Secret42", "here-Secret99", "short=a1b"):
+        assert fragment not in text, f"{fragment!r} leaked: {row['summary'][-300:]}"
+
+
+def test_cli_keeps_the_interpreter_and_host_visible_when_a_secret_variable_holds_them():
+    env = {"MY_SESSION_KEY": sys.executable, "CLUSTER_AUTH_HOST": socket.gethostname(),
+           "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = cli("check", "--only", "shm.size", "--format", "json", env=env)
+    report = json.loads(proc.stdout)
+    assert report["host"] == socket.gethostname()
+    assert report["system"]["python_executable"] == sys.executable
+    assert report["system"]["envdoctor_python"] == sys.executable
+
+
+@settings(max_examples=100, deadline=None)
+@given(secret=secrets_st, key=st.sampled_from(["token", "api_key", "password", "master", "url", "msg_detail"]),
+       shape=st.sampled_from(["plain", "userinfo", "pair", "env"]), extra=st.text(max_size=30))
+def test_log_lines_carry_no_credential(secret, key, shape, extra):
+    """serve/exec log lines: one line each, a secret-named field masked whole, credentials
+    masked by shape, the values of secret variables masked wherever they appear."""
+    from envdoctor import log
+
+    assume(secret not in redact.public_values([os.environ, {"HF_TOKEN": secret}]) and "*" not in secret)
+    saved = os.environ.get("HF_TOKEN")
+    os.environ["HF_TOKEN"] = secret
+    value = {"plain": secret, "userinfo": f"https://u:{secret}@h.example/x", "pair": f"x?token={secret}&y=1",
+             "env": f"{extra} {secret} {extra}"}[shape]
+    if shape == "plain" and key not in ("token", "api_key", "password"):
+        value = f"'{secret}'"  # a secret variable's value, quoted in a message
+    try:
+        line = log.format_line("info", f"run finished {value}", {key: value, "n": 3})
+    finally:
+        if saved is None:
+            del os.environ["HF_TOKEN"]
+        else:
+            os.environ["HF_TOKEN"] = saved
+    assert "\n" not in line
+    assert secret not in line and repr(secret)[1:-1] not in line, line
