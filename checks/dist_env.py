@@ -7,7 +7,9 @@ NCCL_P2P_DISABLE, NCCL_IB_DISABLE, NCCL_DEBUG) and GLOO_SOCKET_IFNAME; resolves
 MASTER_ADDR (in a thread, bounded by `resolve_timeout_seconds`); lists the
 target's network interfaces (<procfs>/PID/net/dev, which is the target's own
 network namespace, else <sysfs>/class/net); and on rank 0, when the master
-address is this host, tries to bind MASTER_PORT.
+address is this host, tries to bind MASTER_PORT (under torchrun, whose agent
+already hosts the store there, TORCHELASTIC_USE_AGENT_STORE=True, it checks
+instead that the store listens).
 
 Why it matters: `init_process_group(init_method="env://")` needs MASTER_ADDR,
 MASTER_PORT, RANK and WORLD_SIZE together; one missing, a rank at or beyond the
@@ -154,6 +156,7 @@ class DistFacts:
     port_checked: bool = False
     port_error: str | None = None  # why binding MASTER_PORT failed (None: it is free)
     port_not_checked: str | None = None
+    agent_store_missing: bool = False  # TORCHELASTIC_USE_AGENT_STORE=True but nothing listens on MASTER_PORT
     free_port: int | None = None  # a port that was free, to suggest
     target_is_self: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
@@ -273,11 +276,48 @@ def gather(ctx) -> DistFacts:
                 facts["port_not_checked"] = "port test turned off (check_port = false)"
             elif facts["master_is_local"]:
                 local = next((a for a in addrs if _is_local((a,))), addrs[0]).split("%", 1)[0]
-                facts["port_checked"] = True
-                facts["port_error"] = _try_bind(local, port)
-                if facts["port_error"]:
-                    facts["free_port"] = _free_port(local)
+                facts.update(_rank0_port(ctx.env, local, port))
     return DistFacts(env, **facts)
+
+
+AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def _rank0_port(env, local: str, port: int) -> dict[str, Any]:
+    """How MASTER_PORT stands for rank 0 on this host, as facts.
+
+    Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True, what torch's own env://
+    rendezvous reads) the launcher's agent already hosts the TCPStore on
+    MASTER_PORT and every rank, rank 0 included, connects to it as a client: a
+    listener there is the expected state, and binding would wrongly say "in use".
+    So there we only check that something does listen. While envdoctor's own
+    dist.consistency exchange hosts its store on the port (no agent store), the
+    port is busy because of us, and that exchange proves it free after release.
+    Otherwise the port must be free for rank 0 to host the store: try to bind it.
+    """
+    from envdoctor import rendezvous
+
+    if env.get(AGENT_STORE_VAR) == "True":
+        if _listening(local, port) is False:
+            return {"agent_store_missing": True}
+        return {"port_not_checked": f"MASTER_PORT is held by the launcher's store ({AGENT_STORE_VAR}=True), as expected"}
+    if port in rendezvous.ports_hosted():
+        return {"port_not_checked": "MASTER_PORT is held for a moment by envdoctor's own dist.consistency store, "
+                                    "released before the job starts"}
+    error = _try_bind(local, port)
+    return {"port_checked": True, "port_error": error, "free_port": _free_port(local) if error else None}
+
+
+def _listening(address: str, port: int, timeout: float = 1.0) -> bool | None:
+    """True when something accepts connections on address:port, False when the connection
+    is refused, None when it cannot be told (filtered, timed out)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return None
 
 
 # -- judging ------------------------------------------------------------------------------------
@@ -345,6 +385,10 @@ def judge(facts: DistFacts, config) -> Result:
                     findings.append((Status.WARN, f"MASTER_ADDR={addr!r} is a loopback address but the job spans nodes "
                                      f"(WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local_world}): other nodes cannot reach it",
                                      "export MASTER_ADDR=<rank 0's hostname or IP address>"))
+            if facts.agent_store_missing:
+                findings.append((Status.WARN, f"{AGENT_STORE_VAR}=True but nothing listens on {addr}:{port}: "
+                                 "init_process_group connects to the launcher's store there and will time out",
+                                 f"launch with torchrun, which hosts that store; or unset {AGENT_STORE_VAR} so rank 0 hosts it"))
             if facts.port_checked and facts.port_error:
                 other = facts.free_port or (port + 1 if port and port < 65535 else 29500)
                 findings.append((Status.WARN, f"MASTER_PORT={port} on {addr} cannot be bound ({facts.port_error}) and "
