@@ -1,0 +1,193 @@
+"""Real distributed launches on this machine (CPU, gloo-era torch, 127.0.0.1, free ports
+found at run time): `torchrun --nproc-per-node=N -m envdoctor check` and the same with
+one rank made different by tests/dist_rank.py; and a launch without torchrun (the
+variables set by hand, as a Slurm script does), where rank 0 hosts the store itself
+and must give the port back.
+
+Every launch is bounded by a subprocess timeout and a short wait_seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed", reason="needs torch (installed by scripts/test.sh)")
+
+pytestmark = pytest.mark.real
+
+TESTS = Path(__file__).resolve().parent
+RANK_SCRIPT = TESTS / "dist_rank.py"
+LOUD = ("warn", "fail", "error")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(tmp_path, **extra) -> dict:
+    env = dict(os.environ)
+    for name in list(env):
+        if name.startswith(("DIST_TEST_", "TORCHELASTIC_", "NCCL_")) or name in (
+                "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ENVDOCTOR_CONFIG"):
+            del env[name]
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the torch-probe cache: each test's own
+    env["ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS"] = "20"
+    env.update(extra)
+    return env
+
+
+def torchrun(tmp_path, nproc: int, *command: str, env: dict, timeout: float = 90) -> subprocess.CompletedProcess:
+    port = free_port()
+    logs = tmp_path / "logs"
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+         f"--master-port={port}", f"--log-dir={logs}", "--redirects=3", *command],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=tmp_path)
+
+
+def logged_reports(tmp_path, nproc: int) -> dict[int, dict]:
+    """Each rank's JSON report, from torchrun's per-rank stdout logs (--log-dir, --redirects=3)."""
+    reports = {}
+    for rank in range(nproc):
+        found = list((tmp_path / "logs").glob(f"*/attempt_0/{rank}/stdout.log"))
+        assert len(found) == 1, (rank, list((tmp_path / "logs").rglob("*")))
+        reports[rank] = json.loads(found[0].read_text())
+    return reports
+
+
+def rank_outputs(out: Path, nproc: int) -> dict[int, tuple[str, dict | None]]:
+    """Rank -> (exit code or "absent", its JSON report) as tests/dist_rank.py wrote them."""
+    result = {}
+    for rank in range(nproc):
+        rc = (out / f"rank{rank}.rc").read_text() if (out / f"rank{rank}.rc").exists() else "no rc"
+        report = out / f"rank{rank}.json"
+        result[rank] = (rc, json.loads(report.read_text()) if report.exists() else None)
+    return result
+
+
+def rows(report: dict) -> dict[str, dict]:
+    return {r["check"]: r for r in report["results"]}
+
+
+@pytest.fixture(scope="module")
+def baseline_loud(tmp_path_factory) -> set[str]:
+    """Checks that warn or fail on this machine outside any launch: what a torchrun launch
+    may also show without it being torchrun's doing (on this machine: none)."""
+    tmp = tmp_path_factory.mktemp("baseline")
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "check", "-f", "json"], capture_output=True, text=True,
+                          env=launch_env(tmp), timeout=120, cwd=tmp)
+    return {c for c, r in rows(json.loads(proc.stdout)).items() if r["status"] in LOUD}
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_consistent_torchrun_launch_passes_with_no_warn_or_fail_on_any_rank(tmp_path, nproc, baseline_loud):
+    # More ranks than CPUs is a real oversubscription that cpu.threads rightly warns about
+    # (4 ranks on this 2-CPU machine): the one check left out, and only then.
+    skip = ["--skip", "cpu.threads"] if nproc > len(os.sched_getaffinity(0)) else []
+    proc = torchrun(tmp_path, nproc, "-m", "envdoctor", "check", "-f", "json", *skip, env=launch_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = logged_reports(tmp_path, nproc)
+    for rank, report in reports.items():
+        by_check = rows(report)
+        loud = {c: r["summary"] for c, r in by_check.items() if r["status"] in LOUD}
+        assert set(loud) <= baseline_loud, (rank, loud)
+        assert by_check["dist.env"]["status"] == "ok", by_check["dist.env"]
+        consistency = by_check["dist.consistency"]
+        assert consistency["status"] == "ok", consistency
+        assert consistency["summary"].startswith(f"{nproc} ranks on 1 host agree: torch 2.13.0")
+        assert "via torchrun's agent store at 127.0.0.1:" in consistency["summary"]
+        assert consistency["facts"]["ranks_present"] == nproc
+    # rank 0's dist.env judged torchrun's store on MASTER_PORT the expected listener, not a port in use
+    assert "held by the launcher's store" in rows(reports[0])["dist.env"]["summary"]
+
+
+def test_one_rank_with_another_nccl_value_fails_on_every_rank_naming_rank_and_variable(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path, DIST_TEST_SET="1:NCCL_ALGO=Ring")
+    proc = torchrun(tmp_path, 2, str(RANK_SCRIPT), str(out), "--only", "dist.consistency", env=env)
+    assert proc.returncode != 0
+    # rank 0 said it at once, before any rank could exit and make torchrun stop the others
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("stderr.log"))
+    assert "dist.consistency: NCCL_ALGO differs: unset on rank 0 on" in logs
+    for rank, (rc, report) in rank_outputs(out, 2).items():
+        if report is None:  # torchrun stopped this rank after the other failed: only rank 1 may be cut short
+            assert rank == 1 and rc == "no rc", (rank, rc)
+            continue
+        row = rows(report)["dist.consistency"]
+        assert rc == "1" and row["status"] == "fail", (rank, rc, row)
+        assert "NCCL_ALGO differs: unset on rank 0 on" in row["summary"] and "'Ring' on rank 1" in row["summary"]
+        assert row["remediation"] == "unset NCCL_ALGO on every rank"
+    assert rank_outputs(out, 2)[0][1] is not None  # rank 0's combined report was written
+
+
+def test_a_rank_that_never_starts_the_check_is_reported_missing_within_the_timeout(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path, DIST_TEST_ABSENT="1", ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS="4")
+    proc = torchrun(tmp_path, 2, str(RANK_SCRIPT), str(out), "--only", "dist.consistency", env=env)
+    assert proc.returncode != 0
+    outputs = rank_outputs(out, 2)
+    assert outputs[1][0] == "absent"
+    rc, report = outputs[0]
+    row = rows(report)["dist.consistency"]
+    assert rc == "1" and row["status"] == "fail"
+    assert f"1 of 2 ranks did not arrive within" in row["summary"]
+    assert f"rank 1 (expected on {socket.gethostname()})" in row["summary"]
+    assert row["facts"]["ranks_present"] == 1
+
+
+def test_two_local_ranks_on_one_gpu_are_caught(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    # two fake GPUs; rank 1 is pinned to GPU 0, which is rank 0's cuda:LOCAL_RANK
+    env = launch_env(tmp_path, DIST_TEST_FAKE_GPUS="2", DIST_TEST_SET="1:CUDA_VISIBLE_DEVICES=0")
+    proc = torchrun(tmp_path, 2, str(RANK_SCRIPT), str(out), "--only", "dist.consistency", env=env)
+    assert proc.returncode != 0
+    rc, report = rank_outputs(out, 2)[0]
+    row = rows(report)["dist.consistency"]
+    assert rc == "1" and row["status"] == "fail", row
+    assert "ranks 0-1 on" in row["summary"] and "use one GPU, GPU-fa4e0000-0000-0000-0000-000000000000" in row["summary"]
+    assert "rank 1: LOCAL_RANK=1, CUDA_VISIBLE_DEVICES='0'" in row["summary"]
+    assert row["facts"]["versions"]["driver_version"] == "550.54.15"  # the fake's driver, read on every rank
+
+
+def test_without_a_launcher_store_rank_0_hosts_one_and_releases_the_port(tmp_path):
+    """WORLD_SIZE/RANK/MASTER_* set by hand (as a Slurm script does): no agent store, so rank 0
+    hosts the exchange on MASTER_PORT; right after, the job must be able to take that port."""
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = launch_env(tmp_path, WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "-f", "json", "--only",
+                                       "dist.consistency,dist.env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=tmp_path))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=90))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    # the port is free for the job at once: a server binds it as TCPStore does (SO_REUSEADDR) and listens
+    with socket.socket() as job:
+        job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        job.bind(("127.0.0.1", port))
+        job.listen()
+    for rank, (p, (stdout, stderr)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, (rank, stderr[-2000:], stdout[-2000:])
+        by_check = rows(json.loads(stdout))
+        assert by_check["dist.consistency"]["status"] == "ok", by_check["dist.consistency"]
+        assert "via rank 0's own store" in by_check["dist.consistency"]["summary"]
+        assert by_check["dist.env"]["status"] == "ok", by_check["dist.env"]
