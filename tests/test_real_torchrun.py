@@ -119,7 +119,7 @@ def test_one_rank_with_another_nccl_value_fails_on_every_rank_naming_rank_and_va
     logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("stderr.log"))
     assert "dist.consistency: NCCL_ALGO differs: unset on rank 0 on" in logs
     for rank, (rc, report) in rank_outputs(out, 2).items():
-        if report is None:  # torchrun stopped this rank after the other failed: only rank 1 may be cut short
+        if report is None:  # torchrun stopped this rank after rank 0 exited 1: only rank 1 may be cut short
             assert rank == 1 and rc == "no rc", (rank, rc)
             continue
         row = rows(report)["dist.consistency"]
