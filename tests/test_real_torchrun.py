@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from test_no_torch_import import GUARD
+
 pytest.importorskip("torch.distributed", reason="needs torch (installed by scripts/test.sh)")
 
 pytestmark = pytest.mark.real
@@ -75,6 +77,16 @@ def rank_outputs(out: Path, nproc: int) -> dict[int, tuple[str, dict | None]]:
 
 def rows(report: dict) -> dict[str, dict]:
     return {r["check"]: r for r in report["results"]}
+
+
+NO_TORCH_CLI = GUARD + """
+import json, runpy
+sys.argv = ["envdoctor", "check", "-f", "json", "--only", "dist.consistency,dist.env"]
+try:
+    runpy.run_module("envdoctor", run_name="__main__", alter_sys=True)
+finally:
+    sys.stderr.write("\\n" + json.dumps({"attempts": ATTEMPTS, "torch_loaded": "torch" in sys.modules}) + "\\n")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +180,8 @@ def test_without_a_launcher_store_rank_0_hosts_one_and_releases_the_port(tmp_pat
     for rank in (0, 1):
         env = launch_env(tmp_path, WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "-f", "json", "--only",
-                                       "dist.consistency,dist.env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, env=env, cwd=tmp_path))
+        procs.append(subprocess.Popen([sys.executable, "-c", NO_TORCH_CLI], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path))
     outputs = []
     try:
         for p in procs:
@@ -187,6 +198,8 @@ def test_without_a_launcher_store_rank_0_hosts_one_and_releases_the_port(tmp_pat
         job.listen()
     for rank, (p, (stdout, stderr)) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0, (rank, stderr[-2000:], stdout[-2000:])
+        # the exchange used torch in its subprocess; envdoctor's own process never imported it
+        assert json.loads(stderr.strip().splitlines()[-1]) == {"attempts": [], "torch_loaded": False}, stderr[-2000:]
         by_check = rows(json.loads(stdout))
         assert by_check["dist.consistency"]["status"] == "ok", by_check["dist.consistency"]
         assert "via rank 0's own store" in by_check["dist.consistency"]["summary"]
