@@ -204,3 +204,39 @@ def test_without_a_launcher_store_rank_0_hosts_one_and_releases_the_port(tmp_pat
         assert by_check["dist.consistency"]["status"] == "ok", by_check["dist.consistency"]
         assert "via rank 0's own store" in by_check["dist.consistency"]["summary"]
         assert by_check["dist.env"]["status"] == "ok", by_check["dist.env"]
+
+
+KEYS_LEFT = """
+import json, os, sys
+from datetime import timedelta
+from torch.distributed import TCPStore
+store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timedelta(seconds=10))
+base = "envdoctor/dist.consistency/v1/none/0/"
+keys = [base + "1/facts/0", base + "1/facts/1", base + "1/claim/0", base + "1/claim/1", base + "1/verdict", base + "1/done"]
+print(json.dumps({"left": [k for k in keys if store.check([k])], "generation": store.add(base + "gen/0", 0)}))
+"""
+
+
+def test_the_exchange_leaves_no_key_in_torchruns_store(tmp_path):
+    """Rank 0, after its check, looks into the agent store the job will use next."""
+    probe = tmp_path / "keys_left.py"
+    probe.write_text(KEYS_LEFT)
+    script = (f'{sys.executable} -m envdoctor check -f json --only dist.consistency > /dev/null || exit 9; '
+              f'if [ "$RANK" = 0 ]; then {sys.executable} {probe}; fi')
+    proc = torchrun(tmp_path, 2, "--no-python", "bash", "-c", script, env=launch_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = list((tmp_path / "logs").glob("*/attempt_0/0/stdout.log"))
+    assert json.loads(found[0].read_text().strip().splitlines()[-1]) == {"left": [], "generation": 1}
+
+
+def test_a_rank_whose_rank_0_never_comes_fails_within_the_timeout(tmp_path):
+    """No launcher store and no rank 0: rank 1 cannot reach rank 0's store and says so."""
+    env = launch_env(tmp_path, WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                     ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS="3")
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "check", "-f", "json", "--only", "dist.consistency"],
+                          capture_output=True, text=True, env=env, timeout=90, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    row = rows(json.loads(proc.stdout))["dist.consistency"]
+    assert row["status"] == "fail" and row["summary"].startswith("rank 1 could not reach the store at 127.0.0.1:")
+    assert "rank 0 did not start the check" in row["summary"]
