@@ -71,6 +71,7 @@ class Request:
     wait_seconds: float = 60.0  # how long rank 0 waits for every rank to publish
     ack_seconds: float = 10.0  # how long rank 0 waits for the others to read the verdict
     import_seconds: float = 60.0  # `import torch` in the subprocess
+    slack_seconds: float = 10.0  # for rank 0 to judge, and for process start and exit
 
     @property
     def namespace(self) -> str:
@@ -84,12 +85,12 @@ class Request:
     @property
     def verdict_seconds(self) -> float:
         # Rank 0 may arrive up to wait_seconds after us, then wait up to wait_seconds itself.
-        return 2 * self.wait_seconds + 10.0
+        return 2 * self.wait_seconds + self.slack_seconds
 
     @property
     def deadline_seconds(self) -> float:
         """The most the whole exchange may take on this rank, import included."""
-        return self.import_seconds + self.connect_seconds + self.verdict_seconds + self.ack_seconds + 10.0
+        return self.import_seconds + self.connect_seconds + self.verdict_seconds + self.ack_seconds + self.slack_seconds
 
     def to_json(self) -> str:
         return json.dumps({

@@ -4,11 +4,18 @@ devices, what leaves a rank, when it skips; and dist.env under torchrun's agent 
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from envdoctor import nvml as nvml_facade
+from envdoctor import rendezvous
+from envdoctor.errors import Unavailable
 from envdoctor.checks import dist_consistency as dc
 from envdoctor.checks import dist_env
 from envdoctor.context import Session, Target
@@ -274,3 +281,54 @@ def test_dist_env_warns_when_the_agent_store_it_was_promised_is_not_there():
         r = dist_env_check(rank0_env(port, TORCHELASTIC_USE_AGENT_STORE="True"))
     assert r.status is Status.WARN
     assert f"TORCHELASTIC_USE_AGENT_STORE=True but nothing listens on 127.0.0.1:{port}" in r.summary
+
+
+# -- the exchange subprocess: bounded, and its failures said in one line ------------------------
+
+
+def request(**over):
+    fields = dict(rank=1, world_size=2, master_addr="127.0.0.1", master_port=1, agent_store=True, run_id="t",
+                  facts={}, wait_seconds=0.5, ack_seconds=0.5, import_seconds=1.0, slack_seconds=0.2)
+    fields.update(over)
+    return rendezvous.Request(**fields)
+
+
+def processes_with(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode("utf-8", "replace"):
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_an_interpreter_that_hangs_costs_the_deadline_and_is_killed(tmp_path):
+    marker = f"61.{os.getpid()}"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec sleep {marker}\n")
+    python.chmod(0o755)
+    req = request()
+    started = time.monotonic()
+    with pytest.raises(rendezvous.ExchangeError, match=r"did not finish within 3\.4 s \(last step: starting\); killed"):
+        rendezvous.exchange(str(python), req, lambda o: {})
+    assert time.monotonic() - started < req.deadline_seconds + 6
+    assert processes_with(f"sleep {marker}") == []
+
+
+def test_an_interpreter_without_torch_is_unavailable():
+    if not Path("/usr/bin/python3").exists() or subprocess.run(["/usr/bin/python3", "-c", "import torch"],
+                                                              capture_output=True).returncode == 0:
+        pytest.skip("needs a system python3 without torch")
+    with pytest.raises(Unavailable, match="no torch in /usr/bin/python3: the exchange between ranks uses"):
+        rendezvous.exchange("/usr/bin/python3", request(), lambda o: {})
+
+
+def test_a_torch_that_fails_to_import_is_an_error_with_its_reason(tmp_path, monkeypatch):
+    broken = tmp_path / "site" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise OSError('libtorch_cpu.so: cannot open shared object file')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    with pytest.raises(rendezvous.ExchangeError, match="torch fails to import: OSError: libtorch_cpu.so: cannot open"):
+        rendezvous.exchange(sys.executable, request(import_seconds=30), lambda o: {})

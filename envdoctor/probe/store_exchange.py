@@ -34,7 +34,7 @@ import time
 from datetime import timedelta
 
 MARKER = "ENVDOCTOR-STORE "
-POLL = 0.05
+POLL = 0.1  # seconds between polls of a counter or a key: a few RPCs per rank, even with 1000 ranks
 _real_stdout = sys.stdout
 
 
@@ -44,7 +44,9 @@ def emit(**obj):
 
 
 def _die_with_parent():
-    """If envdoctor is killed, this script must not keep a port or a store connection."""
+    """If envdoctor is killed, this script must not keep a port or a store connection.
+    (The signal follows the thread that started us: envdoctor's exchange thread waits
+    for this script to the end, so it cannot fire early.)"""
     try:
         import ctypes
         import signal
