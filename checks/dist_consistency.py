@@ -364,7 +364,7 @@ def rule_gpus(ranks: Mapping[int, dict], hosts: Mapping[int, str]) -> list[Findi
     for uuid, rs in by_uuid.items():
         if len(rs) < 2:
             continue
-        how = ", ".join(f"rank {r}: LOCAL_RANK={ranks[r].get('local_rank')}, CUDA_VISIBLE_DEVICES="
+        how = ", ".join(f"rank {r} with LOCAL_RANK={ranks[r].get('local_rank')} and CUDA_VISIBLE_DEVICES "
                         f"{_shown((ranks[r].get('env') or {}).get('CUDA_VISIBLE_DEVICES'))}" for r in rs[:4])
         findings.append(Finding(Status.FAIL, f"{_where(rs, hosts)} use one GPU, {uuid} ({how}): they share its memory "
                                 "and the first collective fails or runs out of memory",

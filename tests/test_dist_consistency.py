@@ -105,7 +105,7 @@ def test_two_local_ranks_on_one_gpu_fail():
     r = compare(ranks)
     assert r.status is Status.FAIL
     assert "ranks 0-1 on node1 use one GPU, GPU-node1-0" in r.summary
-    assert "rank 1: LOCAL_RANK=1, CUDA_VISIBLE_DEVICES='0'" in r.summary
+    assert "rank 1 with LOCAL_RANK=1 and CUDA_VISIBLE_DEVICES '0'" in r.summary
     assert "cuda:LOCAL_RANK" in r.remediation
 
 

@@ -174,7 +174,7 @@ def test_two_local_ranks_on_one_gpu_are_caught(tmp_path):
     row = rows(report)["dist.consistency"]
     assert rc == "1" and row["status"] == "fail", row
     assert "ranks 0-1 on" in row["summary"] and "use one GPU, GPU-fa4e0000-0000-0000-0000-000000000000" in row["summary"]
-    assert "rank 1: LOCAL_RANK=1, CUDA_VISIBLE_DEVICES='0'" in row["summary"]
+    assert "rank 1 with LOCAL_RANK=1 and CUDA_VISIBLE_DEVICES '0'" in row["summary"]
     assert row["facts"]["versions"]["driver_version"] == "550.54.15"  # the fake's driver, read on every rank
 
 
