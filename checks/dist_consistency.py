@@ -159,7 +159,8 @@ def _nvml_facts(ctx, env: Mapping[str, str], local_rank: int | None) -> dict[str
         devices = nvml.devices()
     except Unavailable as exc:
         return {"driver_version": None, "gpu": {"uuid": None, "reason": f"no NVML: {exc}"}}
-    gpus = [(g.uuid or f"index-{g.index}", list(g.mig_devices)) for g in devices]
+    # A GPU NVML could not name is still one device, but only on this host: qualify it.
+    gpus = [(g.uuid or f"{socket.gethostname()}/GPU {g.index} (no UUID)", list(g.mig_devices)) for g in devices]
     return {"driver_version": driver, "gpu": resolve_gpu(env.get("CUDA_VISIBLE_DEVICES"), local_rank, gpus)}
 
 
