@@ -40,6 +40,9 @@ distributed launch (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT not all set), a
 single rank, a --pid target (each rank must run the check itself), or no torch in
 the interpreter.
 
+GPUs are compared for ranks whose torch is a CUDA or ROCm build (`compare_gpus =
+"auto"`): a CPU build uses no GPU, so gloo ranks on a GPU host share nothing;
+`"always"` compares every rank's resolved GPU, `"never"` none.
 GPU resolution follows NVML's order (PCI bus order). CUDA's default order is
 fastest-first, which is the same on nodes of one GPU model; on mixed nodes set
 CUDA_DEVICE_ORDER=PCI_BUS_ID (cuda.visible_devices warns about it).
@@ -374,6 +377,28 @@ def rule_gpus(ranks: Mapping[int, dict], hosts: Mapping[int, str]) -> list[Findi
     return findings
 
 
+def gpu_ranks(ranks: Mapping[int, dict], mode: str) -> tuple[dict[int, dict], str | list[Finding]]:
+    """The ranks whose GPU is compared, and why the others are not (a note, or a bad setting).
+
+    `auto`: the ranks whose torch is a CUDA or ROCm build; a CPU build never touches a
+    GPU, so two CPU ranks resolving to one GPU of the node (gloo on a GPU host) share
+    nothing. `always`: every rank with a resolved GPU (the job's GPU use is known
+    otherwise). `never`: none.
+    """
+    if mode == "never":
+        return {}, "compare_gpus = never"
+    if mode == "always":
+        return dict(ranks), ""
+    if mode != "auto":
+        return dict(ranks), [Finding(Status.ERROR, f"compare_gpus = {mode!r}: expected auto, always or never",
+                                     "[check.\"dist.consistency\"] compare_gpus = \"auto\"")]
+    built = {r: f for r, f in ranks.items() if f.get("cuda_version") or f.get("hip_version")}
+    cpu = [r for r in ranks if r not in built]
+    if not cpu:
+        return built, ""
+    return built, f"torch {_version(ranks[cpu[0]].get('torch_version'))} on {ranks_text(cpu)} is a CPU build, which uses no GPU"
+
+
 def rule_layout(ranks: Mapping[int, dict], complete: bool) -> list[Finding]:
     """Per host: LOCAL_RANKs distinct, LOCAL_WORLD_SIZE agreed, and as many ranks as it says."""
     fix = "launch the same --nproc-per-node on every node with torchrun, which sets LOCAL_RANK and LOCAL_WORLD_SIZE"
@@ -415,11 +440,13 @@ def compare(ranks: Mapping[int, dict], claims: Mapping[int, int], base: Mapping[
     findings += rule_claims(claims)
     findings += rule_versions(readable, hosts)
     findings += rule_env(readable, hosts, settings.get("may_differ_across_nodes", MAY_DIFFER_ACROSS_NODES))
-    findings += rule_gpus(readable, hosts)
+    on_gpu, why_not = gpu_ranks(readable, settings.get("compare_gpus", "auto"))
+    findings += why_not if isinstance(why_not, list) else []
+    findings += rule_gpus(on_gpu, hosts)
     findings += rule_layout(readable, complete=len(ranks) == world)
 
     first = readable.get(0) or next(iter(readable.values()), {})
-    gpus = sorted({(f.get("gpu") or {}).get("uuid") for f in readable.values()} - {None})
+    gpus = sorted({(f.get("gpu") or {}).get("uuid") for f in on_gpu.values()} - {None})
     facts = {
         "world_size": world, "ranks_present": len(ranks), "store": base.get("store"), "master": base.get("master"),
         "hosts": {h: sorted(r for r, x in hosts.items() if x == h) for h in sorted(set(hosts.values()))},
@@ -434,8 +461,9 @@ def compare(ranks: Mapping[int, dict], claims: Mapping[int, int], base: Mapping[
     ok = (f"{world} ranks on {n_hosts} host{'s' if n_hosts != 1 else ''} agree: torch {v['torch_version']}, "
           f"CUDA {v['cuda_version']}, cuDNN {v['cudnn_version']}, NCCL {v['nccl_version']}, driver {v['driver_version']}; "
           f"{len(names)} variable{'s' if len(names) != 1 else ''} equal ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); "
-          + (f"{len(gpus)} GPUs, one per rank" if gpus else "GPUs not compared (" +
-             str((first.get("gpu") or {}).get("reason", "none resolved")) + ")"))
+          + (f"{len(gpus)} GPUs, one per rank" if gpus else "GPUs not compared (" + (
+              why_not if isinstance(why_not, str) else str((first.get("gpu") or {}).get("reason", "none resolved")))
+             + ")"))
     return verdict(findings, facts, ok, note=f"via {base.get('store')} at {base.get('master')}")
 
 
@@ -489,5 +517,6 @@ CHECK = Check(
         "ack_seconds": 10.0,
         "must_match": list(MUST_MATCH),
         "may_differ_across_nodes": list(MAY_DIFFER_ACROSS_NODES),
+        "compare_gpus": "auto",  # auto: ranks whose torch is a CUDA/ROCm build; always; never
     },
 )

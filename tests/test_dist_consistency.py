@@ -109,6 +109,22 @@ def test_two_local_ranks_on_one_gpu_fail():
     assert "cuda:LOCAL_RANK" in r.remediation
 
 
+def test_gpus_are_compared_for_gpu_builds_of_torch_only_unless_told():
+    cpu = {"cuda_version": None, "torch_version": "2.13.0+cpu"}
+    ranks = four_ranks({r: {**cpu, "gpu": {"uuid": "GPU-node1-0"}} for r in range(2)})
+    ranks = {r: ranks[r] for r in (0, 1)}
+    base = {**BASE, "world_size": 2}
+    r = dc.compare(ranks, {}, base, SETTINGS)  # gloo ranks of a CPU torch on a GPU host share nothing
+    assert r.status is Status.OK, r.summary
+    assert "GPUs not compared (torch 2.13.0+cpu on ranks 0-1 is a CPU build, which uses no GPU)" in r.summary
+    r = dc.compare(ranks, {}, base, {**SETTINGS, "compare_gpus": "always"})
+    assert r.status is Status.FAIL and "ranks 0-1 on node1 use one GPU, GPU-node1-0" in r.summary
+    r = dc.compare(four_ranks({1: {"gpu": {"uuid": "GPU-node1-0"}}}), {}, BASE, {**SETTINGS, "compare_gpus": "never"})
+    assert r.status is Status.OK and "GPUs not compared (compare_gpus = never)" in r.summary
+    r = dc.compare(four_ranks(), {}, BASE, {**SETTINGS, "compare_gpus": "sometimes"})
+    assert r.status is Status.ERROR and "compare_gpus = 'sometimes': expected auto, always or never" in r.summary
+
+
 def test_a_missing_rank_is_named_with_its_expected_host():
     ranks = four_ranks()
     del ranks[3]
