@@ -263,3 +263,44 @@ def test_a_rank_whose_rank_0_never_comes_fails_within_the_timeout(tmp_path):
     row = rows(json.loads(proc.stdout))["dist.consistency"]
     assert row["status"] == "fail" and row["summary"].startswith("rank 1 could not reach the store at 127.0.0.1:")
     assert "rank 0 did not start the check" in row["summary"]
+
+
+def test_two_nodes_each_with_its_own_host_name(tmp_path):
+    """Two torchrun agents (--nnodes=2, static rendezvous on 127.0.0.1), each in its own UTS
+    namespace with its own host name, as two nodes are. Node B names its own NIC in
+    NCCL_SOCKET_IFNAME (allowed to differ between nodes) and its LOCAL_RANK 1 never starts
+    the check: rank 0 names rank 3 and node B's host, and nothing else."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and unshare --uts (util-linux) to give each node its own host name")
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+    names = [f"ednode{os.getpid()}a", f"ednode{os.getpid()}b"]
+    agents = []
+    for node, name in enumerate(names):
+        extra = {"ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS": "5"}
+        if node == 1:
+            extra.update(NCCL_SOCKET_IFNAME="lo", DIST_TEST_ABSENT="1")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+                   "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={port}",
+                   str(RANK_SCRIPT), str(out), "--only", "dist.consistency"]
+        agents.append(subprocess.Popen(["unshare", "--uts", "sh", "-c", f'hostname "$0" && exec "$@"', name, *command],
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       env=launch_env(tmp_path, **extra), cwd=tmp_path))
+    try:
+        logs = [a.communicate(timeout=90)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    outputs = rank_outputs(out, 4)
+    assert outputs[3][0] == "absent", (outputs, logs[1][-2000:])
+    rc, report = outputs[0]
+    assert report is not None, logs[0][-3000:]
+    row = rows(report)["dist.consistency"]
+    assert rc == "1" and row["status"] == "fail", row
+    assert row["facts"]["hosts"] == {names[0]: [0, 1], names[1]: [2]}
+    assert row["facts"]["findings"] == [row["facts"]["findings"][0]]  # the missing rank, and only that
+    assert f"1 of 4 ranks did not arrive within" in row["summary"]
+    assert f"rank 3 (expected on {names[1]})" in row["summary"]
