@@ -40,7 +40,8 @@ LOCAL_RANK >= LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE > WORLD_SIZE, a port outside
 GLOO_SOCKET_IFNAME selecting no interface of the target. `warn` when the port is
 already taken on this host while this is rank 0 (under torchrun's agent store:
 when nothing listens there), a master address that did not resolve in time, a
-loopback master or loopback-only NCCL interface on a multi-node job, NCCL_P2P_DISABLE / NCCL_IB_DISABLE set, NCCL_DEBUG=INFO/TRACE.
+loopback master or loopback-only NCCL interface on a multi-node job,
+NCCL_P2P_DISABLE / NCCL_IB_DISABLE set, NCCL_DEBUG=INFO/TRACE.
 `skip` when none of these variables is set.
 
 How to fix: launch with torchrun, which sets all of them consistently
