@@ -22,6 +22,7 @@ import os
 import select
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -197,11 +198,19 @@ def exchange(python: str, request: Request, decide: Callable[[Outcome], dict[str
 
 
 def _exchange(python: str, source: str, request: Request, decide: Callable[[Outcome], dict[str, Any]]) -> Outcome:
-    try:
-        proc = subprocess.Popen([python, "-c", source], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=os.path.abspath(os.sep), start_new_session=True)
-    except OSError as exc:
-        raise Unavailable(f"cannot start {python}: {exc.strerror or exc}") from None
+    # stderr goes to a file, not a pipe: torch or a sitecustomize that prints a lot must
+    # not block the script on a full pipe nobody reads while we wait on its events.
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = subprocess.Popen([python, "-c", source], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=errors, cwd=os.path.abspath(os.sep), start_new_session=True)
+        except OSError as exc:
+            raise Unavailable(f"cannot start {python}: {exc.strerror or exc}") from None
+        proc.errors = errors  # type: ignore[attr-defined]  # read by _said for error messages
+        return _run(proc, request, decide)
+
+
+def _run(proc: subprocess.Popen, request: Request, decide: Callable[[Outcome], dict[str, Any]]) -> Outcome:
     deadline = time.monotonic() + request.deadline_seconds
     lines = _Lines(proc.stdout)
     outcome = Outcome(role="judge" if request.rank == 0 else "follower")
@@ -225,20 +234,24 @@ def _exchange(python: str, source: str, request: Request, decide: Callable[[Outc
         if proc.poll() is None:
             _kill_group(proc)
             proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:  # a dead script's stdin: what was left unread cannot be flushed
+                pass
     return outcome
 
 
 def _said(proc: subprocess.Popen, lines: _Lines) -> str:
+    """The tail of what the script printed besides its events, for an error message."""
     err = b""
-    if proc.stderr is not None:
-        try:
-            if select.select([proc.stderr], [], [], 0)[0]:
-                err = os.read(proc.stderr.fileno(), 65536)
-        except (OSError, ValueError):
-            pass
+    try:
+        errors = proc.errors  # type: ignore[attr-defined]
+        errors.seek(max(0, errors.seek(0, os.SEEK_END) - 4 * _TAIL))
+        err = errors.read()
+    except (AttributeError, OSError, ValueError):
+        pass
     said = _tail(bytes(lines.other) + err)
     return f"; it printed: {said}" if said else ""
 

@@ -278,7 +278,7 @@ def test_two_nodes_each_with_its_own_host_name(tmp_path):
     names = [f"ednode{os.getpid()}a", f"ednode{os.getpid()}b"]
     agents = []
     for node, name in enumerate(names):
-        extra = {"ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS": "5"}
+        extra = {"ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS": "10"}  # node B's ranks may start later
         if node == 1:
             extra.update(NCCL_SOCKET_IFNAME="lo", DIST_TEST_ABSENT="1")
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
