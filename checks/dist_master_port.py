@@ -46,6 +46,7 @@ class PortFacts:
     port: int
     error: str | None  # why binding failed; None: it is free
     free_port: int | None = None  # a port that was free, to suggest
+    agent_store: bool | None = None  # under torchrun's agent store: does it listen? None: no agent store
 
 
 def _try_bind(address: str, port: int) -> str | None:
@@ -92,12 +93,53 @@ def _local_master(env: Mapping[str, str], timeout: float) -> tuple[str, int]:
     return next((a for a in addrs if is_local((a,))), addrs[0]).split("%", 1)[0], port
 
 
+AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def _listening(address: str, port: int, timeout: float = 1.0) -> bool | None:
+    """True when something accepts connections on address:port, False when refused,
+    None when it cannot be told (filtered, timed out)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return None
+
+
 def gather(ctx) -> PortFacts:
+    """Bind the port, unless someone is expected to hold it.
+
+    Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True, what torch's env://
+    rendezvous reads) the launcher's agent already hosts the TCPStore on
+    MASTER_PORT and every rank connects to it as a client: a listener there is the
+    expected state, and binding would wrongly say "in use"; so only check that
+    something listens. While envdoctor's own dist.consistency exchange hosts its
+    store on the port, the port is busy because of us: not tested.
+    """
+    from envdoctor import rendezvous
+
     if ctx.target.pid is not None:
         raise Unavailable("not tried for --pid: the running job itself holds the port")
     address, port = _local_master(ctx.env, float(ctx.settings["resolve_timeout_seconds"]))
+    if ctx.env.get(AGENT_STORE_VAR) == "True":
+        return PortFacts(address, port, None, agent_store=_listening(address, port) is not False)
+    if port in rendezvous.ports_hosted():
+        raise Unavailable("MASTER_PORT is held for a moment by envdoctor's own dist.consistency store, "
+                          "released before the job starts")
     error = _try_bind(address, port)
     return PortFacts(address, port, error, _free_port(address) if error else None)
+
+
+def _rule_agent_store_missing(facts: PortFacts) -> list[Finding]:
+    """torchrun's agent store is expected on the port, and nothing listens there."""
+    if facts.agent_store is not False:
+        return []
+    return [Finding(Status.WARN, f"{AGENT_STORE_VAR}=True but nothing listens on {facts.address}:{facts.port}: "
+                    "init_process_group connects to the launcher's store there and will time out",
+                    f"launch with torchrun, which hosts that store; or unset {AGENT_STORE_VAR} so rank 0 hosts it",
+                    env={AGENT_STORE_VAR: None})]
 
 
 def _rule_port_taken(facts: PortFacts) -> list[Finding]:
@@ -112,7 +154,10 @@ def _rule_port_taken(facts: PortFacts) -> list[Finding]:
 
 def judge(facts: PortFacts, settings: Mapping[str, Any]) -> Result:
     out = {"master_port": facts.port, "address": facts.address, "port_error": facts.error, "free_port": facts.free_port}
-    return verdict(_rule_port_taken(facts), out, f"MASTER_PORT={facts.port} on {facts.address} is free (rank 0)")
+    out["agent_store"] = facts.agent_store
+    ok_summary = (f"MASTER_PORT={facts.port} on {facts.address} is held by the launcher's store ({AGENT_STORE_VAR}=True), "
+                  "as expected" if facts.agent_store else f"MASTER_PORT={facts.port} on {facts.address} is free (rank 0)")
+    return verdict(_rule_port_taken(facts) + _rule_agent_store_missing(facts), out, ok_summary)
 
 
 CHECK = Check(

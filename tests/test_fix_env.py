@@ -92,7 +92,7 @@ def test_dist_env_fixes_the_switches_left_on():
 def test_serve_and_exec_select_no_intrusive_check():
     registry = load(autoload_plugins=False)
     intrusive = {c.id for c in registry.checks.values() if c.intrusive}
-    assert intrusive == {"torch.pin_memory", "onnx.opset", "dist.master_port"}
+    assert intrusive == {"torch.pin_memory", "onnx.opset", "dist.master_port", "dist.consistency"}
     for check in registry.checks.values():
         assert check.modes, check.id
     session = Session(target=Target(), env_override={})

@@ -1,0 +1,213 @@
+"""The cross-rank exchange: runs INSIDE the target interpreter, never in envdoctor's process.
+
+envdoctor passes this file's source to `python -c` (like torch_probe.py), so it
+must run on whatever Python the job has: standard library plus torch only, no
+envdoctor imports, nothing newer than Python 3.8 syntax. It talks to its parent
+in lines: the parent writes one JSON request on standard input (and, on rank 0,
+later one JSON verdict); the script prints `ENVDOCTOR-STORE <json>` event lines
+on standard output. Anything torch prints goes to standard error.
+
+Why a subprocess: the exchange needs torch.distributed.TCPStore (the store every
+torch launcher speaks), and envdoctor's own process never imports torch.
+
+The store: under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent already
+hosts a TCPStore at MASTER_ADDR:MASTER_PORT for the whole job, and every rank
+connects to it as a client, as init_process_group itself does. Otherwise rank 0
+hosts a TCPStore on MASTER_PORT for the duration of the exchange and closes it
+before the script exits, so the port is free again when the job starts.
+
+Keys live under the request's namespace (`envdoctor/dist.consistency/v1/...`,
+which no torch component writes) and a generation each rank counts for itself
+(`gen/<rank>`, the only keys left behind: a few integers in a store that dies
+with the launcher), so a second run in the same job never reads the first one's
+facts. Under that: `claim/<rank>` (a counter: two processes with one RANK),
+`facts/<rank>`, `verdict`, `done`. Rank 0 deletes them all at the end.
+
+Bounded everywhere: every store call has a timeout, and the script dies with its
+parent (PR_SET_PDEATHSIG), so a rank that never comes costs the wait, not a hang.
+"""
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+MARKER = "ENVDOCTOR-STORE "
+POLL = 0.1  # seconds between polls of a counter or a key: a few RPCs per rank, even with 1000 ranks
+_real_stdout = sys.stdout
+
+
+def emit(**obj):
+    _real_stdout.write("\n" + MARKER + json.dumps(obj, sort_keys=True, default=str) + "\n")
+    _real_stdout.flush()
+
+
+def _die_with_parent():
+    """If envdoctor is killed, this script must not keep a port or a store connection.
+    (The signal follows the thread that started us: envdoctor's exchange thread waits
+    for this script to the end, so it cannot fire early.)"""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux, or no libc symbol: the parent's own kill still bounds us
+        pass
+
+
+def _why(exc):
+    return "%s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+
+
+def torch_facts(torch):
+    """The versions every rank must agree on, as this interpreter's torch sees them.
+    None means "not built with it" (a CPU build has no CUDA, cuDNN or NCCL)."""
+    out = {"torch_version": str(torch.__version__), "cuda_version": getattr(torch.version, "cuda", None),
+           "hip_version": getattr(torch.version, "hip", None), "cudnn_version": None, "nccl_version": None}
+    try:
+        if torch.backends.cudnn.is_available():  # loads libcudnn; creates no CUDA context
+            out["cudnn_version"] = torch.backends.cudnn.version()
+    except Exception as exc:
+        out["cudnn_error"] = _why(exc)
+    try:
+        if getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None):
+            version = torch.cuda.nccl.version()  # the NCCL torch was built with; no context
+            out["nccl_version"] = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+    except Exception as exc:
+        out["nccl_error"] = _why(exc)
+    return out
+
+
+def _delete(store, keys):
+    for key in keys:
+        try:
+            store.delete_key(key)
+        except Exception:
+            pass
+
+
+def _exists(store, key):
+    try:
+        return bool(store.check([key]))
+    except Exception:  # the store went away: rank 0 closed it, so nothing is there
+        return False
+
+
+def judge_side(store, request, base, stdin):
+    """Rank 0: wait for every rank's facts, hand them to the parent, publish its verdict,
+    wait (bounded) until the others have read it, then delete every key."""
+    world = request["world_size"]
+    wait = float(request["wait_seconds"])
+    keys = [base + "facts/%d" % r for r in range(world)]
+    started = time.monotonic()
+    try:
+        store.wait(keys, timedelta(seconds=wait))
+    except Exception:  # the timeout: some rank did not come; find out which below
+        pass
+    ranks = {}
+    claims = {}
+    for r, key in enumerate(keys):
+        if _exists(store, key):
+            try:
+                ranks[str(r)] = json.loads(store.get(key).decode("utf-8"))
+            except Exception as exc:
+                ranks[str(r)] = {"unreadable": _why(exc)}
+            claims[str(r)] = store.add(base + "claim/%d" % r, 0)
+    emit(event="gathered", ranks=ranks, claims=claims, waited_seconds=round(time.monotonic() - started, 3))
+    line = stdin.readline()
+    verdict = line.strip() or json.dumps({"status": "error", "summary": "rank 0's envdoctor gave no verdict"})
+    store.set(base + "verdict", verdict)
+    others = len(ranks) - (1 if "0" in ranks else 0)
+    deadline = time.monotonic() + float(request["ack_seconds"])
+    acked = 0
+    while time.monotonic() < deadline:
+        acked = store.add(base + "done", 0)
+        if acked >= others:
+            break
+        time.sleep(POLL)
+    _delete(store, keys + [base + "claim/%d" % r for r in range(world)] + [base + "done", base + "verdict"])
+    return {"acked": acked, "expected_acks": others}
+
+
+def follower_side(store, request, base):
+    """Rank k > 0: wait for rank 0's verdict, acknowledge it, and stay until rank 0 has
+    cleaned up, so a failing verdict cannot end this rank (and under torchrun the whole
+    job) before rank 0 has said what is wrong."""
+    rank = request["rank"]
+    vkey = base + "verdict"
+    wait = float(request["verdict_seconds"])
+    started = time.monotonic()
+    try:
+        store.wait([vkey], timedelta(seconds=wait))
+        verdict = json.loads(store.get(vkey).decode("utf-8"))
+    except Exception as exc:
+        _delete(store, [base + "facts/%d" % rank, base + "claim/%d" % rank])
+        emit(event="no_verdict", waited_seconds=round(time.monotonic() - started, 3), error=_why(exc))
+        return None
+    store.add(base + "done", 1)
+    emit(event="verdict", verdict=verdict, waited_seconds=round(time.monotonic() - started, 3))
+    deadline = time.monotonic() + float(request["ack_seconds"]) + 2
+    while time.monotonic() < deadline and _exists(store, vkey):
+        time.sleep(POLL)
+    if isinstance(verdict, dict) and verdict.get("status") != "ok":
+        # Under torchrun the first rank to exit non-zero makes the agent kill the others;
+        # rank 0 prints its full report a few milliseconds after its cleanup: let it win.
+        time.sleep(float(request.get("linger_seconds", 2.0)))
+    return {}
+
+
+def main():
+    sys.stdout = sys.stderr  # keep torch's chatter off the channel the events travel on
+    _die_with_parent()
+    stdin = sys.stdin
+    request = json.loads(stdin.readline())
+    started = time.monotonic()
+    try:
+        import torch
+        from torch.distributed import TCPStore
+    except ModuleNotFoundError as exc:
+        emit(event="no_torch" if exc.name == "torch" else "import_error", error=_why(exc))
+        return 3
+    except BaseException as exc:  # a broken install: ImportError, OSError from a .so, SystemExit...
+        emit(event="import_error", error=_why(exc))
+        return 3
+    facts = dict(request["facts"])
+    facts.update(torch_facts(torch))
+    emit(event="imported", seconds=round(time.monotonic() - started, 3))
+
+    rank = request["rank"]
+    hosting = rank == 0 and not request["agent_store"]
+    address, port = request["master_addr"], int(request["master_port"])
+    try:
+        store = TCPStore(address, port, None, hosting, timedelta(seconds=float(request["connect_seconds"])),
+                         wait_for_workers=False)
+    except Exception as exc:
+        emit(event="connect_failed", hosting=hosting, error=_why(exc))
+        return 4
+    emit(event="connected", hosting=hosting)
+    try:
+        ns = request["namespace"]
+        gen = store.add(ns + "gen/%d" % rank, 1)
+        base = ns + "%d/" % gen
+        store.add(base + "claim/%d" % rank, 1)
+        store.set(base + "facts/%d" % rank, json.dumps(facts, sort_keys=True, default=str))
+        emit(event="published", generation=gen, facts=facts)
+        if rank == 0:
+            outcome = judge_side(store, request, base, stdin)
+        else:
+            outcome = follower_side(store, request, base)
+    except Exception as exc:
+        emit(event="store_error", error=_why(exc))
+        return 5
+    finally:
+        del store  # closes the connection; on rank 0 without an agent store, the server and its port
+    emit(event="released", hosting=hosting, **(outcome or {}))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    _real_stdout.flush()
+    os._exit(code)  # skip torch's slow teardown: the answer is already out
