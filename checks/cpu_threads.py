@@ -100,13 +100,21 @@ class ThreadFacts:
     local_world_size: str | None  # LOCAL_WORLD_SIZE as set, None when unset
     cpus: EffectiveCpus
     notes: tuple[str, ...] = field(default=())
+    live_threads: int | None = None  # torch.get_num_threads() in the attached job (envdoctor.attach)
+    live_workers: int | None = None  # DataLoader workers the attached job runs
 
 
 def gather(ctx) -> ThreadFacts:
     env = ctx.env  # Unavailable (unreadable environ) becomes a skip in the runner
     variables = {name: env[name] for name in THREAD_VARS if name in env}
     cpus = effective_cpus(ctx.roots, ctx.target.pid)
-    return ThreadFacts(variables, env.get("LOCAL_WORLD_SIZE"), cpus)
+    from envdoctor.attach import live_facts
+
+    live = live_facts(ctx)
+    loader = live.busiest_loader() or {}
+    workers = loader.get("num_workers")
+    return ThreadFacts(variables, env.get("LOCAL_WORLD_SIZE"), cpus, live_threads=live.num_threads,
+                       live_workers=workers if isinstance(workers, int) and workers >= 0 else None)
 
 
 def _fmt_cpus(cpus: float) -> str:
@@ -155,6 +163,8 @@ def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
     if lws_note:
         notes.append(lws_note)
     workers = max(0, int(config.get("num_workers", 0) or 0))
+    if not workers and facts.live_workers:
+        workers = facts.live_workers  # what the running job's DataLoader really starts
     where = f"{cpus.limited_by}" + (f" {cpus.quota.path}" if cpus.limited_by == "cgroup quota" and cpus.quota.path else "")
 
     recommended = None
@@ -186,6 +196,14 @@ def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
                 findings.append((Status.WARN, f"{', '.join(unset)} unset: the runtime starts one thread per visible core "
                                               f"({visible}) in each process, but {budget}"))
 
+        live = facts.live_threads
+        if live is not None and live > recommended:
+            loaders = f" + {_count(workers, 'DataLoader worker')} (one thread each)" if workers else ""
+            findings.append((Status.WARN, f"the running job's torch uses {_count(live, 'intra-op thread')} (live: "
+                                          f"torch.set_num_threads or its default){loaders} = {live + workers} busy threads "
+                                          f"on {_fmt_cpus(effective)} effective CPUs ({where}); expected <= "
+                                          f"{_count(recommended, 'thread')} in the main process"))
+
         if processes > 1 and processes > effective + 1e-9:
             findings.append((Status.WARN, f"{processes} processes per node on {_fmt_cpus(effective)} effective CPUs "
                                           "oversubscribe even at one thread each; expected at most one process per CPU"))
@@ -194,6 +212,8 @@ def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
 
     n = recommended or 1
     fix = "export " + " ".join(f"{name}={n}" for name in THREAD_VARS)
+    if facts.live_threads is not None and recommended is not None and facts.live_threads > recommended:
+        fix = f"torch.set_num_threads({n}) in the script; " + fix
     result_facts: dict[str, Any] = {
         "effective_cpus": effective,
         "affinity_cpus": cpus.affinity,
@@ -204,6 +224,8 @@ def judge(facts: ThreadFacts, config: Mapping[str, Any]) -> Result:
         "processes_per_node_source": processes_from,
         "num_workers": workers,
         "recommended_threads": recommended,
+        "live_threads": facts.live_threads,
+        "live_workers": facts.live_workers,
         "variables": dict(facts.variables),
         "findings": [f"{s.value}: {m}" for s, m in findings],
     }

@@ -4,7 +4,9 @@ What it reads: statvfs of the target's /dev/shm (for --pid N that is
 /proc/N/root/dev/shm, the process's own mount namespace, not envdoctor's): its
 size and free bytes, and from the target's mount table whether it is a tmpfs of
 its own. When the DataLoader settings are given in config (num_workers,
-batch_bytes, prefetch_factor) it also works out what the workers will hold there.
+batch_bytes, prefetch_factor), or the job is attached (envdoctor.attach publishes
+its DataLoaders' workers, prefetch_factor and the bytes of the batches seen), it
+also works out what the workers will hold there.
 
 Why it matters: DataLoader workers hand every batch to the training process
 through shared memory files in /dev/shm; NCCL's intra-node transport uses it too.
@@ -116,8 +118,26 @@ def _need(config: Mapping[str, Any]) -> tuple[int | None, str]:
     if workers <= 0 or batch <= 0:
         return None, ""
     batches = workers * prefetch + 1
-    return batches * batch, (f"{workers} DataLoader workers x prefetch_factor {prefetch} + 1 batch in use "
+    source = "the running job's (live) " if config.get("loader_source") == "live" else ""
+    return batches * batch, (f"{source}{workers} DataLoader workers x prefetch_factor {prefetch} + 1 batch in use "
                              f"= {batches} batches of {format_bytes(batch)}")
+
+
+def with_live_loader(ctx, config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The settings, with the DataLoader the attached job really runs (envdoctor.attach)
+    standing in for num_workers / batch_bytes / prefetch_factor when the config leaves them unset."""
+    if int(config.get("num_workers", 0) or 0) > 0 and int(config.get("batch_bytes", 0) or 0) > 0:
+        return config
+    from envdoctor.attach import live_facts
+
+    loader = live_facts(ctx).busiest_loader() or {}
+    workers, batch, prefetch = loader.get("num_workers"), loader.get("batch_bytes_max"), loader.get("prefetch_factor")
+    if not (isinstance(workers, int) and workers > 0 and isinstance(batch, int) and batch > 0):
+        return config
+    merged = dict(config, num_workers=workers, batch_bytes=batch, loader_source="live")
+    if isinstance(prefetch, int) and prefetch > 0:
+        merged["prefetch_factor"] = prefetch
+    return merged
 
 
 def judge(facts: ShmFacts, config: Mapping[str, Any]) -> Result:
@@ -201,7 +221,7 @@ def _remediation(suggested: int, config: Mapping[str, Any], size: int | None, he
 CHECK = Check(
     id="shm.size",
     title="/dev/shm is big enough for DataLoader workers and NCCL (Docker's 64 MiB default is not)",
-    run=lambda ctx: judge(gather(ctx), ctx.config),
+    run=lambda ctx: judge(gather(ctx), with_live_loader(ctx, ctx.config)),
     explain=__doc__ or "",
     config={
         "min_bytes": 256 * MIB,  # fail below

@@ -8,6 +8,7 @@ What it reads
     and from pinned memory, and the CPU seconds spent pinning per GiB (what
     DataLoader(pin_memory=True)'s pin thread pays for every batch). Skipped when
     every GPU already has compute processes, so it never takes from a running job;
+  - for an attached job (envdoctor.attach): whether its DataLoaders pin memory;
   - for a `--pid` target: the process's CPU time (utime + stime of
     <procfs>/PID/stat) over a short window against the CPUs it may use (affinity
     mask and cgroup quota, envdoctor.cgroup.effective_cpus).
@@ -99,6 +100,7 @@ class PinFacts:
     nvml_reason: str | None
     measurement: Mapping[str, Any] | None  # the probe's pin_memory facts
     not_measured: str | None  # why there is no measurement, when there is a GPU
+    live_pin_memory: bool | None = None  # the attached job's DataLoaders pin (envdoctor.attach); None: unknown
 
 
 def _sample_cpu(ctx, window: float) -> CpuSample:
@@ -152,17 +154,26 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
     return m, None
 
 
+def _live_pin(ctx) -> bool | None:
+    from envdoctor.attach import live_facts
+
+    loaders = live_facts(ctx).dataloaders
+    flags = [d.get("pin_memory") for d in loaders if isinstance(d.get("pin_memory"), bool)]
+    return any(flags) if flags else None
+
+
 def gather(ctx) -> PinFacts:
     cfg = ctx.config
     cpu = _sample_cpu(ctx, float(cfg["window_seconds"])) if ctx.target.pid is not None else None
+    live = _live_pin(ctx)
     try:
         gpus = [g for g in ctx.nvml.devices()]
     except Unavailable as exc:
-        return PinFacts(cpu, 0, str(exc), None, None)
+        return PinFacts(cpu, 0, str(exc), None, None, live)
     if not gpus:
-        return PinFacts(cpu, 0, "NVML sees 0 GPUs", None, None)
+        return PinFacts(cpu, 0, "NVML sees 0 GPUs", None, None, live)
     measurement, reason = _measure(ctx, gpus, cfg)
-    return PinFacts(cpu, len(gpus), None, measurement, reason)
+    return PinFacts(cpu, len(gpus), None, measurement, reason, live)
 
 
 def judge(facts: PinFacts, config: Mapping[str, Any]) -> Result:
@@ -191,9 +202,17 @@ def judge(facts: PinFacts, config: Mapping[str, Any]) -> Result:
             else:
                 notes.append(text)
 
+    if facts.live_pin_memory is not None:
+        out["live_pin_memory"] = facts.live_pin_memory
+        notes.append("the running job's DataLoaders " + ("pin memory (pin_memory=True, live)" if facts.live_pin_memory
+                                                          else "do not pin (pin_memory=False, live)"))
     if facts.gpu_count == 0:
         out["nvml_unavailable"] = facts.nvml_reason
         no_gpu = f"pinning has no effect without a GPU ({_short(facts.nvml_reason)}): pin_memory=True only costs CPU and locked RAM here"
+        if facts.live_pin_memory:
+            findings.append((Status.WARN, "the running job's DataLoader has pin_memory=True (live) but there is no GPU: "
+                                          "it only costs CPU and locked RAM; expected pin_memory=False",
+                             "DataLoader(..., pin_memory=False)"))
         if findings:
             return warn("; ".join(t for _, t, _ in findings) + "; " + no_gpu, findings[0][2], **out)
         return skip("; ".join([no_gpu] + notes), **out)

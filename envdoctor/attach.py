@@ -516,7 +516,9 @@ def startup_hook(directory: str | os.PathLike, env: Mapping[str, str], interval:
 
 def _status(roots: Any, pid: int) -> tuple[int | None, int | None]:
     """(the pid in the process's own namespace: the last NSpid field, its effective uid)."""
-    text = roots.proc(pid, "status").read_text(errors="replace")
+    from envdoctor.paths import read_text
+
+    text = read_text(roots.proc(pid, "status"), 1 << 20)
     nspid, uid = pid, None
     for line in text.splitlines():
         if line.startswith("NSpid:"):

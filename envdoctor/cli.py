@@ -252,7 +252,7 @@ def _memory_window(config, registry, window: Optional[float]) -> float:
     settings = config.checks.setdefault(MEMORY_CHECK, {})
     if window is not None:
         settings["window_seconds"] = float(window)
-    seconds = float(config.check_config(check).get("window_seconds", 0) or 0)
+    seconds = float(config.settings_for(check).get("window_seconds", 0) or 0)
     if seconds > 0:
         settings["timeout"] = max(float(settings.get("timeout", 0) or 0), seconds + config.timeout)
     return seconds

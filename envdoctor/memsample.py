@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from envdoctor.paths import Roots
+from envdoctor.paths import Roots, read_text
 
 UNLIMITED = 1 << 60  # v1 writes 9223372036854771712 (PAGE_COUNTER_MAX) for "no limit"
 
@@ -82,7 +82,7 @@ def _kib_field(text: str, name: str) -> int | None:
 
 def _int_file(path: Path) -> int | None:
     try:
-        text = path.read_text().strip()
+        text = read_text(path, 4096).strip()
     except OSError:
         return None
     if text == "max":
@@ -92,7 +92,7 @@ def _int_file(path: Path) -> int | None:
 
 def _stat_field(path: Path, name: str) -> int | None:
     try:
-        for line in path.read_text().splitlines():
+        for line in read_text(path, 1 << 20).splitlines():
             key, _, value = line.partition(" ")
             if key == name and value.strip().isdigit():
                 return int(value)
@@ -105,7 +105,7 @@ def start_time(roots: Roots, pid: int | None) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/N/stat):
     with the pid, what tells one process from a later one that reuses its pid."""
     try:
-        text = roots.proc(pid, "stat").read_text(errors="replace")
+        text = read_text(roots.proc(pid, "stat"), 1 << 16)
     except OSError:
         return None
     rest = text[text.rfind(")") + 1:].split()
@@ -115,7 +115,7 @@ def start_time(roots: Roots, pid: int | None) -> int | None:
 def host_available(roots: Roots) -> tuple[int | None, int | None]:
     """(MemTotal, MemAvailable) of <procfs>/meminfo, in bytes."""
     try:
-        text = (Path(roots.procfs) / "meminfo").read_text()
+        text = read_text(Path(roots.procfs) / "meminfo", 1 << 20)
     except OSError:
         return None, None
     return _kib_field(text, "MemTotal"), _kib_field(text, "MemAvailable")
@@ -196,7 +196,7 @@ class Sampler:
         limits: dict[str, Limit] = {}
         counters: dict[str, float] = {}
         try:
-            status = self.roots.proc(self.pid, "status").read_text(errors="replace")
+            status = read_text(self.roots.proc(self.pid, "status"), 1 << 20)
         except (FileNotFoundError, ProcessLookupError):
             raise ProcessGone(f"process {self.pid} exited") from None
         except OSError as exc:
