@@ -183,16 +183,16 @@ def judge(facts: GrowthFacts, config: Mapping[str, Any]) -> Result:
             notes.append(f"{observed}, no limit known")
             continue
         eta[name] = seconds
-        against = f"{limit.name}" + (f" {format_bytes(limit.limit)}" if limit.limit else "")
-        text = (f"{observed}: {against} reached in {duration(seconds)} "
-                f"({format_bytes(max(0, limit.headroom))} left); expected no sustained growth")
+        against = f"{limit.name}" + (f" ({format_bytes(limit.limit)})" if limit.limit else "")
+        text = (f"{observed}: {against} runs out in {duration(seconds)}, "
+                f"{format_bytes(max(0, limit.headroom))} left; expected no sustained growth")
         fix, env = _fix(name)
         if seconds <= fail_h:
             timed.append((seconds, Finding(Status.FAIL, text, fix, env)))
         elif seconds <= warn_h:
             timed.append((seconds, Finding(Status.WARN, text, fix, env)))
         else:
-            notes.append(f"{observed}: {against} in {duration(seconds)}, beyond the {duration(warn_h)} warn horizon")
+            notes.append(f"{observed}: {against} runs out in {duration(seconds)}, beyond the {duration(warn_h)} warn horizon")
 
     # the soonest exhaustion first: it is the one that kills the job
     findings.extend(f for _, f in sorted(timed, key=lambda item: item[0]))

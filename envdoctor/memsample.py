@@ -49,7 +49,7 @@ class Limit:
 
     limit: int | None
     headroom: int
-    name: str  # "cgroup memory limit", "host memory", "GPU 0", "/dev/shm size"
+    name: str  # "cgroup memory limit", "host memory", "GPU 0", "/dev/shm"
 
     def to_dict(self) -> dict[str, Any]:
         return {"limit_bytes": self.limit, "headroom_bytes": self.headroom, "limit_name": self.name}
@@ -167,7 +167,7 @@ def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
             continue
         headroom = limit - level_working
         if best is None or headroom < best.headroom:
-            best = Limit(limit, headroom, f"{files.version} memory limit ({level / limit_name})")
+            best = Limit(limit, headroom, f"{files.version} memory limit {level / limit_name}")
     return working, best
 
 
@@ -205,7 +205,7 @@ class Sampler:
             raise ProcessGone(f"pid {self.pid} now names another process")
 
         total, available = host_available(self.roots)
-        host = Limit(total, available, "host memory (MemAvailable)") if available is not None else None
+        host = Limit(total, available, "host memory") if available is not None else None
         rss = _kib_field(status, "VmRSS")
         if rss is not None:
             values["rss"] = rss
@@ -243,7 +243,7 @@ class Sampler:
         if size == 0:
             return  # an unlimited tmpfs: statvfs says 0; nothing to run into but memory
         values["shm"] = (st.f_blocks - st.f_bfree) * st.f_frsize
-        limits["shm"] = Limit(size, st.f_bavail * st.f_frsize, "/dev/shm size")
+        limits["shm"] = Limit(size, st.f_bavail * st.f_frsize, "/dev/shm")
 
     def _gpu(self, values: dict, limits: dict, notes: list[str]) -> None:
         if self.nvml is None:
