@@ -362,6 +362,7 @@ class Publisher:
         if self.path is None or os.getpid() != self.pid:
             return
         t0, c0 = time.perf_counter(), time.thread_time()
+        self.publications += 1  # this one included: the document counts itself
         data = json.dumps(self.snapshot(), separators=(",", ":"), default=str).encode()
         tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -378,7 +379,6 @@ class Publisher:
                 os.unlink(tmp)
             except OSError:
                 pass
-        self.publications += 1
         self.last_seconds = time.perf_counter() - t0
         self.max_seconds = max(self.max_seconds, self.last_seconds)
         self.cpu_seconds += time.thread_time() - c0

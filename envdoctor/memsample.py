@@ -6,7 +6,8 @@ What one sample holds, for a target process (`pid`, or this process):
   (v1 memory.usage_in_bytes - total_inactive_file, v2 memory.current -
   inactive_file), which is what the OOM killer and the kubelet go by: a job that
   reads its data set fills the page cache up to the limit, and that cache is
-  reclaimed, not fatal;
+  reclaimed, not fatal. Only where the cgroup path sets a limit: an unlimited
+  cgroup may be a whole slice (other processes' growth is not the target's);
 - `shm`: bytes used in its /dev/shm (its own mount, through /proc/N/root);
 - `gpuN`: its memory on NVIDIA GPU N, from NVML's per-process accounting. NVML
   cannot say inside a container that has its own PID namespace (it reports host
@@ -217,7 +218,10 @@ class Sampler:
         cg_limit = None
         if self._cgroup is not None:
             working, cg_limit = _read_cgroup(self._cgroup)
-            if working is not None:
+            # The cgroup's own series only where a limit makes it the constraint: without
+            # one, the cgroup may be a whole slice or the root (other processes' growth,
+            # not the target's), and rss against host memory says what matters.
+            if working is not None and cg_limit is not None:
                 values["cgroup"] = working
         tightest = min((lim for lim in (cg_limit, host) if lim is not None), key=lambda lim: lim.headroom, default=None)
         if "rss" in values and tightest is not None:
