@@ -618,12 +618,10 @@ def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
 
 
 def live_document(roots: Any, pid: int | None) -> dict[str, Any] | None:
-    """The live document of `pid` (None: this process, when attached or torch is loaded), or None."""
+    """The live document of `pid` (None: this process, when it attached itself), or None."""
     if pid is None:
         publisher = current()
-        if publisher is not None:
-            return publisher.snapshot()
-        return snapshot() if "torch" in sys.modules else None
+        return publisher.snapshot() if publisher is not None else None
     doc, _ = read_document(roots, pid)
     return doc
 
@@ -678,8 +676,17 @@ def live_facts(ctx: Any) -> LiveFacts:
         if getattr(ctx.target, "kind", "process") == "node":
             return LiveFacts(None, "the node has no live view")
         if pid is None:
-            doc = live_document(ctx.roots, None)
-            return LiveFacts(doc, "this process" if doc else "this process has not loaded torch")
+            # This process: live when it attached itself, or when the run is preflight()
+            # inside the script (its session reads torch live); never for the envdoctor
+            # command itself, whose own torch (if any) says nothing about a job.
+            publisher = current()
+            if publisher is not None:
+                return LiveFacts(publisher.snapshot(), "this process (attached)")
+            inprocess = sys.modules.get("envdoctor.inprocess")
+            live_torch = getattr(inprocess, "live_torch_facts", None)
+            if live_torch is not None and getattr(ctx.session, "torch_factory", None) is live_torch:
+                return LiveFacts(snapshot(), "this process (preflight)")
+            return LiveFacts(None, "this process is not attached")
         doc, source = read_document(ctx.roots, pid)
         return LiveFacts(doc, source)
 

@@ -259,3 +259,16 @@ def test_validate_on_junk_never_raises():
         assert isinstance(validate(junk, 1), str)
     assert attach_module.LiveFacts({"torch": {"num_threads": True}}, "x").num_threads is None
     assert attach_module.LiveFacts({"dataloaders": "nope"}, "x").busiest_loader() is None
+
+
+def test_preflight_shares_the_live_facts():
+    pytest.importorskip("torch")
+    r = run_py("""
+        import json, torch, envdoctor
+        torch.set_num_threads(64)
+        results = envdoctor.preflight(only=["cpu.threads"], file=None)
+        print(json.dumps(results[0].facts))
+    """)
+    assert r.returncode == 0, r.stderr
+    facts = json.loads(r.stdout)
+    assert facts["live_threads"] == 64
