@@ -108,7 +108,7 @@ def gather(ctx) -> ThreadFacts:
     env = ctx.env  # Unavailable (unreadable environ) becomes a skip in the runner
     variables = {name: env[name] for name in THREAD_VARS if name in env}
     cpus = effective_cpus(ctx.roots, ctx.target.pid)
-    from envdoctor.attach import live_facts
+    from envdoctor.attach_reader import live_facts
 
     live = live_facts(ctx)
     loader = live.busiest_loader() or {}

@@ -90,7 +90,7 @@ class GrowthFacts:
 
 
 def _live(ctx):
-    from envdoctor.attach import live_document
+    from envdoctor.attach_reader import live_document
 
     return lambda: live_document(ctx.roots, ctx.target.pid)
 

@@ -128,7 +128,7 @@ def with_live_loader(ctx, config: Mapping[str, Any]) -> Mapping[str, Any]:
     standing in for num_workers / batch_bytes / prefetch_factor when the config leaves them unset."""
     if int(config.get("num_workers", 0) or 0) > 0 and int(config.get("batch_bytes", 0) or 0) > 0:
         return config
-    from envdoctor.attach import live_facts
+    from envdoctor.attach_reader import live_facts
 
     loader = live_facts(ctx).busiest_loader() or {}
     workers, batch, prefetch = loader.get("num_workers"), loader.get("batch_bytes_max"), loader.get("prefetch_factor")

@@ -100,7 +100,7 @@ def gather(ctx) -> CudnnFacts:
         value = ctx.env.get(VAR)
     except Unavailable as exc:
         env_error = str(exc)
-    from envdoctor.attach import live_facts
+    from envdoctor.attach_reader import live_facts
 
     live = live_facts(ctx)
     if live.torch is not None:

@@ -155,7 +155,7 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
 
 
 def _live_pin(ctx) -> bool | None:
-    from envdoctor.attach import live_facts
+    from envdoctor.attach_reader import live_facts
 
     loaders = live_facts(ctx).dataloaders
     flags = [d.get("pin_memory") for d in loaders if isinstance(d.get("pin_memory"), bool)]
