@@ -96,9 +96,38 @@ class Publisher:
 
     def start(self) -> "Publisher":
         if self.path:
+            self._sweep()
             self._thread.start()
             atexit.register(self.close)
         return self
+
+    def _sweep(self, stale_after: float = 600.0) -> None:
+        """Remove documents that killed jobs left behind (SIGKILL runs no atexit): ours
+        by owner, their pid gone, not rewritten for ten minutes (a live job rewrites
+        its document every interval, so this never takes one from a running job)."""
+        directory = self.directory
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith("envdoctor-attach-") and n.endswith(".json")]
+        except OSError:
+            return
+        now = time.time()
+        for name in names[:1000]:
+            number = name[len("envdoctor-attach-"):-len(".json")]
+            if not number.isdigit() or int(number) == self.pid:
+                continue
+            path = os.path.join(directory, name)
+            try:
+                st = os.lstat(path)
+                if st.st_uid != os.geteuid() or now - st.st_mtime < stale_after:
+                    continue
+                os.kill(int(number), 0)
+            except ProcessLookupError:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            except OSError:
+                continue
 
     def cost(self) -> dict[str, Any]:
         return {"publications": self.publications, "last_seconds": round(self.last_seconds, 6),

@@ -90,6 +90,10 @@ def _cuda_facts(torch: Any) -> dict[str, Any]:
                 "num_ooms": int(stats.get("num_ooms", 0)),
             }
             dev["total_bytes"] = int(cuda.get_device_properties(i).total_memory)
+            if dev["reserved_bytes"] > 0:
+                # the driver's free memory on a device this process already uses (its context
+                # exists); never on another device, where the query would create a context
+                dev["free_bytes"] = int(cuda.mem_get_info(i)[0])
         except Exception:
             continue
         out["devices"][str(i)] = dev

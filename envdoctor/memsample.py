@@ -294,9 +294,10 @@ class Sampler:
                     name = f"cuda{index}_{kind}"
                     values[name] = value
                     if isinstance(total, int) and total > 0 and isinstance(reserved, int):
-                        # the allocator grows into the device: what reserved has not taken yet
-                        gpu = limits.get(f"gpu{index}")
-                        headroom = gpu.headroom if gpu is not None else total - reserved
+                        # the allocator grows into the device's free memory (the driver's figure, which
+                        # counts other processes too), else into what it has not reserved yet
+                        free = dev.get("free_bytes")
+                        headroom = free if isinstance(free, int) and free >= 0 else total - reserved
                         if kind == "allocated":
                             headroom += max(0, reserved - value)  # cached blocks are reused first
                         limits[name] = Limit(total, headroom, f"GPU {index} memory")

@@ -272,3 +272,30 @@ def test_preflight_shares_the_live_facts():
     assert r.returncode == 0, r.stderr
     facts = json.loads(r.stdout)
     assert facts["live_threads"] == 64
+
+
+def test_attach_sweeps_documents_that_killed_jobs_left_behind():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "30"])
+    old = time.time() - 3600
+    paths = {}
+    try:
+        for label, pid in (("dead", dead.pid), ("alive", alive.pid)):
+            path = Path("/dev/shm") / document_name(pid)
+            path.write_text("{}")
+            os.utime(path, (old, old))
+            paths[label] = path
+        fresh = Path("/dev/shm") / document_name(dead.pid + 7_000_000)  # no such pid, but rewritten just now
+        fresh.write_text("{}")
+        paths["fresh"] = fresh
+        r = run_py("import envdoctor; envdoctor.attach(interval=60)")
+        assert r.returncode == 0, r.stderr
+        assert not paths["dead"].exists()
+        assert paths["alive"].exists() and paths["fresh"].exists()
+    finally:
+        alive.kill()
+        alive.wait()
+        for path in paths.values():
+            if path.exists():
+                path.unlink()

@@ -123,11 +123,11 @@ def test_attached_allocator_figures(tmp_path):
     roots = make_tree(tmp_path)
     doc = {"cuda": {"initialized": True, "devices": {"0": {
         "allocated_bytes": 2 * GIB, "reserved_bytes": 6 * GIB, "inactive_split_bytes": GIB,
-        "num_alloc_retries": 3, "total_bytes": 16 * GIB}, "x": "junk"}}}
+        "num_alloc_retries": 3, "total_bytes": 16 * GIB, "free_bytes": 9 * GIB}, "x": "junk"}}}
     s = Sampler(roots, PID, live=lambda: doc).sample()
     assert s.values["cuda0_reserved"] == 6 * GIB and s.values["cuda0_allocated"] == 2 * GIB
-    assert s.limits["cuda0_reserved"].headroom == 10 * GIB
-    assert s.limits["cuda0_allocated"].headroom == 14 * GIB  # cached blocks are reused first
+    assert s.limits["cuda0_reserved"].headroom == 9 * GIB
+    assert s.limits["cuda0_allocated"].headroom == 13 * GIB  # cached blocks are reused first
     assert s.counters["cuda0_num_alloc_retries"] == 3
     bad = Sampler(roots, PID, live=lambda: {"cuda": ["not", "a", "dict"]}).sample()
     assert not [k for k in bad.values if k.startswith("cuda")]
