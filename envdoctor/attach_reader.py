@@ -140,8 +140,22 @@ def live_document(roots: Any, pid: int | None) -> dict[str, Any] | None:
 # -- what the checks use -------------------------------------------------------------------
 
 
+# Plausible ranges for the numbers a document may carry; anything outside is dropped
+# (None), so a hostile document cannot make a check compute with 10**100 workers.
+_RANGES = {"num_threads": 1 << 16, "num_interop_threads": 1 << 16, "num_workers": 4096, "prefetch_factor": 1 << 16,
+           "batch_size": 1 << 40, "batch_bytes_max": 1 << 50, "batch_bytes_last": 1 << 50, "batches_seen": 1 << 62}
+
+
+def _bounded(name: str, value: Any) -> Any:
+    if name not in _RANGES:
+        return value
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _RANGES[name]
+    return value if ok else None
+
+
 class LiveFacts:
-    """The live view of a check's target: the document and where it came from, or why there is none."""
+    """The live view of a check's target: the document and where it came from, or why
+    there is none. Every accessor returns well-typed, bounded values or None."""
 
     def __init__(self, doc: Mapping[str, Any] | None, source: str):
         self.doc, self.source = doc, source
@@ -149,12 +163,14 @@ class LiveFacts:
     @property
     def torch(self) -> Mapping[str, Any] | None:
         t = (self.doc or {}).get("torch")
-        return t if isinstance(t, dict) else None
+        if not isinstance(t, dict):
+            return None
+        return {k: _bounded(k, v) for k, v in t.items() if isinstance(k, str)}
 
     @property
     def num_threads(self) -> int | None:
         value = (self.torch or {}).get("num_threads")
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        return value if isinstance(value, int) and value > 0 else None
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -164,7 +180,10 @@ class LiveFacts:
     @property
     def dataloaders(self) -> list[Mapping[str, Any]]:
         loaders = (self.doc or {}).get("dataloaders")
-        return [d for d in loaders if isinstance(d, dict)][:MAX_LOADERS] if isinstance(loaders, list) else []
+        if not isinstance(loaders, list):
+            return []
+        return [{k: _bounded(k, v) for k, v in d.items() if isinstance(k, str)}
+                for d in loaders[:MAX_LOADERS] if isinstance(d, dict)]
 
     def busiest_loader(self) -> Mapping[str, Any] | None:
         """The DataLoader with the most workers (ties: the largest batches)."""

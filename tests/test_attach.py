@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envdoctor import attach as attach_module
 from envdoctor.attach import MAX_BYTES, SCHEMA, document_name, read_document, startup_hook, validate
@@ -299,3 +301,44 @@ def test_attach_sweeps_documents_that_killed_jobs_left_behind():
         for path in paths.values():
             if path.exists():
                 path.unlink()
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                           lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=4),
+                           max_leaves=20)
+loader_like = st.fixed_dictionaries({}, optional={k: json_values | st.integers() for k in (
+    "num_workers", "pin_memory", "prefetch_factor", "batch_bytes_max", "batch_size")})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.fixed_dictionaries({}, optional={"torch": json_values | st.fixed_dictionaries(
+    {}, optional={"num_threads": json_values | st.integers()}), "env": json_values,
+    "dataloaders": json_values | st.lists(loader_like, max_size=3)}))
+def test_any_document_gives_bounded_live_facts_and_checks_that_judge_them(doc):
+    from envdoctor.checks import shm_size
+    from envdoctor.checks.shm_size import ShmFacts
+
+    live = attach_module.LiveFacts(doc, "test")
+    threads = live.num_threads
+    assert threads is None or (isinstance(threads, int) and 0 < threads <= 1 << 16)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in live.env.items())
+    loader = live.busiest_loader()
+    if loader is not None:
+        workers = loader.get("num_workers")
+        assert workers is None or (isinstance(workers, int) and 0 <= workers <= 4096)
+
+    from envdoctor.context import Target
+
+    class Ctx:  # what with_live_loader reads: the run-shared live view of a --pid target
+        target = Target(123)
+
+        class host:
+            @staticmethod
+            def fact(name, factory):
+                return live
+
+    config = shm_size.with_live_loader(Ctx(), dict(shm_size.CHECK.config))
+    if config.get("loader_source") == "live":
+        assert config["num_workers"] == loader["num_workers"] and config["batch_bytes"] == loader["batch_bytes_max"]
+    result = shm_size.judge(ShmFacts("/dev/shm", 64 * 1024**2, 60 * 1024**2, "tmpfs", "/dev/shm"), config)
+    assert result.status.value in ("ok", "warn", "fail")
