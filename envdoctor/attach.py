@@ -20,8 +20,11 @@ is a tmpfs in every container (no disk write every few seconds, nothing left
 behind when the container goes), and /tmp is the fallback every image has.
 
 What the job pays: one short thread wake-up per interval; building and writing the
-document takes a fraction of a millisecond (benchmarks/attach_cost.py measures it;
-the document carries its own cost figures). It never imports torch (it reads torch
+document takes about 0.03 ms of CPU (benchmarks/attach_cost.py measures it; the
+document carries its own cost figures). torch.get_num_threads() answers per thread,
+so the live thread count is kept by a thin wrapper on torch.set_num_threads (put in
+once torch has finished importing) and read once through a fresh thread for a value
+set before that. It never imports torch (it reads torch
 only if the script already imported it) and never initialises CUDA (the allocator
 figures are read only once torch.cuda.is_initialized()). DataLoaders are seen by
 wrapping DataLoader.__init__ and __iter__ (and the iterator's __next__, which

@@ -44,6 +44,56 @@ def _call_in_fresh_thread(fn: Callable[[], Any]) -> Any:
     return box[0] if box else None
 
 
+# The thread count as the script last set it: kept by our wrapper of torch.set_num_threads
+# (installed by attach()), so a publication needs no thread of its own; read once through a
+# fresh thread when the wrapper has seen no call yet (the script set it before attaching).
+_threads: dict[str, Any] = {"value": None}
+
+
+def _wrap_set_num_threads(torch: Any) -> None:
+    """Only once torch has finished importing: torch's own import later attaches a docstring
+    to the builtin set_num_threads and fails on anything else."""
+    if getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return
+    original = getattr(torch, "set_num_threads", None)
+    if original is None or getattr(original, "_envdoctor_wrapped", False):
+        return
+
+    def set_num_threads(n: int) -> None:
+        original(n)
+        try:
+            _threads["value"] = int(n)
+        except (TypeError, ValueError):
+            _threads["value"] = None
+
+    set_num_threads._envdoctor_wrapped = True  # type: ignore[attr-defined]
+    set_num_threads.__doc__ = getattr(original, "__doc__", None)
+    set_num_threads.__name__ = "set_num_threads"
+    torch.set_num_threads = set_num_threads
+
+
+def _wrapped(torch: Any) -> bool:
+    return bool(getattr(getattr(torch, "set_num_threads", None), "_envdoctor_wrapped", False))
+
+
+def _live_num_threads(torch: Any) -> int | None:
+    from envdoctor.attach import current  # the wrapper belongs to an attached process only
+
+    just_wrapped = False
+    if current() is not None and not _wrapped(torch):
+        _wrap_set_num_threads(torch)
+        just_wrapped = _wrapped(torch)
+    value = _threads["value"]
+    if value is not None:
+        return value
+    value = _call_in_fresh_thread(lambda: int(torch.get_num_threads()))
+    # Trust the wrapper from the next publication on: a call the script began through the
+    # original function just as the wrapper went in has surely finished by then.
+    if _wrapped(torch) and not just_wrapped:
+        _threads["value"] = value
+    return value
+
+
 def _torch_facts(torch: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"version": str(getattr(torch, "__version__", ""))}
 
@@ -53,7 +103,7 @@ def _torch_facts(torch: Any) -> dict[str, Any]:
         except Exception:  # a half-imported torch, an old version: that figure is simply absent
             pass
 
-    get("num_threads", lambda: _call_in_fresh_thread(lambda: int(torch.get_num_threads())))
+    get("num_threads", lambda: _live_num_threads(torch))
     get("num_interop_threads", lambda: int(torch.get_num_interop_threads()))
     cudnn = getattr(getattr(torch, "backends", None), "cudnn", None)
     if cudnn is not None:
@@ -245,6 +295,10 @@ class _PostImportHook:
 
 
 def _install_dataloader_hook() -> None:
+    """Wrap the DataLoader and torch.set_num_threads now if torch is loaded, else when it is."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _wrap_set_num_threads(torch)
     module = sys.modules.get(_TARGET_MODULE)
     if module is not None:
         _patch_dataloader(module)

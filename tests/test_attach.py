@@ -79,12 +79,20 @@ def test_live_torch_settings_and_the_dataloader_hook_when_attach_comes_first():
         loader = DataLoader(TensorDataset(torch.zeros(64, 256)), batch_size=8, num_workers=0, pin_memory=False)
         for (batch,) in loader:
             pass
-        print(json.dumps(p.snapshot()))
+        doc = p.snapshot()
+        threads = []
+        for n in (5, 1, 4):                                  # through the wrapper attach puts on set_num_threads
+            p.snapshot()
+            torch.set_num_threads(n)
+            threads.append((p.snapshot()["torch"]["num_threads"], torch.get_num_threads()))
+        doc["threads_seen"] = threads
+        print(json.dumps(doc))
     """)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     t = doc["torch"]
     assert t["num_threads"] == 3 and t["cudnn_benchmark"] is True
+    assert doc["threads_seen"] == [[5, 5], [1, 1], [4, 4]]
     assert t["deterministic_algorithms"] is True and t["deterministic_warn_only"] is True
     assert doc["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     assert doc["cuda"] == {"initialized": False, "devices": {}}  # CPU torch: never initialised by attach
