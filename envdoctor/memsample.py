@@ -323,6 +323,16 @@ class MemoryHistory:
     the process lives), `prune(alive)` after discovery, and the check reads
     `series(label)` and `latest(label)`. Memory stays bounded: maxlen x targets small
     dicts; a target whose process exited is dropped on its next sample.
+
+    Wiring in serve (one history for the daemon's life):
+
+        history = MemoryHistory(maxlen=720)              # 1 h at a 5 s interval
+        # every interval, on the watchdog, after discovering the targets:
+        history.sample([(t.label, t.pid) for t in targets], roots, nvml=<the NVML facade or None>,
+                       live=lambda pid: attach_reader.live_document(roots, pid))
+        history.prune(t.label for t in targets)
+        # before running the checks of that run:
+        host.fact(memory_cache_growth.HISTORY_FACT, lambda: history)
     """
 
     def __init__(self, maxlen: int = 720, max_targets: int = 512):
