@@ -100,13 +100,21 @@ class ThreadFacts:
     local_world_size: str | None  # LOCAL_WORLD_SIZE as set, None when unset
     cpus: EffectiveCpus
     notes: tuple[str, ...] = field(default=())
+    live_threads: int | None = None  # torch.get_num_threads() in the attached job (envdoctor.attach)
+    live_workers: int | None = None  # DataLoader workers the attached job runs
 
 
 def gather(ctx) -> ThreadFacts:
     env = ctx.env  # Unavailable (unreadable environ) becomes a skip in the runner
     variables = {name: env[name] for name in THREAD_VARS if name in env}
     cpus = effective_cpus(ctx.roots, ctx.target.pid)
-    return ThreadFacts(variables, env.get("LOCAL_WORLD_SIZE"), cpus)
+    from envdoctor.attach_reader import live_facts
+
+    live = live_facts(ctx)
+    loader = live.busiest_loader() or {}
+    workers = loader.get("num_workers")
+    return ThreadFacts(variables, env.get("LOCAL_WORLD_SIZE"), cpus, live_threads=live.num_threads,
+                       live_workers=workers if isinstance(workers, int) and workers >= 0 else None)
 
 
 def _fmt_cpus(cpus: float) -> str:
@@ -163,6 +171,8 @@ def _budget(facts: ThreadFacts, settings: Mapping[str, Any]) -> Budget:
     effective, visible = cpus.cpus, cpus.affinity or cpus.online
     processes, processes_from, note = _processes(facts, settings)
     workers = max(0, int(settings["num_workers"] or 0))
+    if not workers and facts.live_workers:
+        workers = facts.live_workers  # what the running job's DataLoader really starts (envdoctor.attach)
     where = f"{cpus.limited_by}" + (f" {cpus.quota.path}" if cpus.limited_by == "cgroup quota" and cpus.quota.path else "")
     if effective is None:
         recommended = per_process_share(visible, processes, workers) if visible is not None else None
@@ -253,7 +263,22 @@ def _rule_too_many_processes(facts: ThreadFacts, budget: Budget) -> list[Finding
                      "CPUs oversubscribe even at one thread each; expected at most one process per CPU", budget)]
 
 
-RULES = (_rule_invalid_values, _rule_disagree, _rule_oversubscribed, _rule_unset, _rule_too_many_processes)
+def _rule_live_threads(facts: ThreadFacts, budget: Budget) -> list[Finding]:
+    """The attached job's torch runs more intra-op threads than its share (set in code, or its default)."""
+    live = facts.live_threads
+    if live is None or budget.recommended is None or budget.effective is None or live <= budget.recommended:
+        return []
+    loaders = f" + {_count(budget.workers, 'DataLoader worker')} (one thread each)" if budget.workers else ""
+    fix, env = _fix(budget)
+    return [Finding(Status.WARN, f"the running job's torch uses {_count(live, 'intra-op thread')} (live: "
+                    f"torch.set_num_threads or its default){loaders} = {live + budget.workers} busy threads on "
+                    f"{_fmt_cpus(budget.effective)} effective CPUs ({budget.where}); expected <= "
+                    f"{_count(budget.recommended, 'thread')} in the main process",
+                    f"torch.set_num_threads({budget.recommended}) in the script; " + fix, env=env)]
+
+
+RULES = (_rule_invalid_values, _rule_disagree, _rule_oversubscribed, _rule_unset, _rule_live_threads,
+         _rule_too_many_processes)
 
 
 def _facts_out(facts: ThreadFacts, budget: Budget, findings: list[Finding]) -> dict[str, Any]:
@@ -268,6 +293,8 @@ def _facts_out(facts: ThreadFacts, budget: Budget, findings: list[Finding]) -> d
         "processes_per_node_source": budget.processes_from,
         "num_workers": budget.workers,
         "recommended_threads": budget.recommended,
+        "live_threads": facts.live_threads,
+        "live_workers": facts.live_workers,
         "variables": dict(facts.variables),
         "findings": [f"{f.status.value}: {f.message}" for f in findings],
     }

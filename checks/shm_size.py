@@ -4,7 +4,9 @@ What it reads: statvfs of the target's /dev/shm (for --pid N that is
 /proc/N/root/dev/shm, the process's own mount namespace, not envdoctor's): its
 size and free bytes, and from the target's mount table whether it is a tmpfs of
 its own. When the DataLoader settings are given in config (num_workers,
-batch_bytes, prefetch_factor) it also works out what the workers will hold there.
+batch_bytes, prefetch_factor), or the job is attached (envdoctor.attach publishes
+its DataLoaders' workers, prefetch_factor and the bytes of the batches seen), it
+also works out what the workers will hold there.
 
 Why it matters: DataLoader workers hand every batch to the training process
 through shared memory files in /dev/shm; NCCL's intra-node transport uses it too.
@@ -65,6 +67,7 @@ class ShmFacts:
     free_bytes: int | None  # None with size_bytes: statvfs reports 0 for an unlimited tmpfs
     fstype: str | None = None  # of the mount holding /dev/shm in the target's view; None when unknown
     mount_point: str | None = None  # "/dev/shm" when it is a mount of its own
+    live_loader: Mapping[str, Any] | None = None  # the attached job's busiest DataLoader (envdoctor.attach)
 
 
 def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:
@@ -106,7 +109,24 @@ def gather(ctx) -> ShmFacts:
     free = st.f_bavail * st.f_frsize
     if size == 0 and fstype == "tmpfs":
         size = free = None  # tmpfs size=0 means no limit but memory itself; statvfs then says 0 and 0
-    return ShmFacts(str(path), size, free, fstype, mount_point)
+    from envdoctor.attach_reader import live_facts
+
+    return ShmFacts(str(path), size, free, fstype, mount_point, live_facts(ctx).busiest_loader())
+
+
+def with_live_loader(facts: ShmFacts, settings: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The settings, with the DataLoader the attached job really runs standing in for
+    num_workers / batch_bytes / prefetch_factor when the config leaves them unset."""
+    if int(settings.get("num_workers", 0) or 0) > 0 and int(settings.get("batch_bytes", 0) or 0) > 0:
+        return settings
+    loader = facts.live_loader or {}
+    workers, batch, prefetch = loader.get("num_workers"), loader.get("batch_bytes_max"), loader.get("prefetch_factor")
+    if not (isinstance(workers, int) and workers > 0 and isinstance(batch, int) and batch > 0):
+        return settings
+    merged = dict(settings, num_workers=workers, batch_bytes=batch, loader_source="live")
+    if isinstance(prefetch, int) and prefetch > 0:
+        merged["prefetch_factor"] = prefetch
+    return merged
 
 
 def _loader(settings: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -122,7 +142,8 @@ def _need(settings: Mapping[str, Any]) -> tuple[int | None, str]:
     if workers <= 0 or batch <= 0:
         return None, ""
     batches = workers * prefetch + 1
-    return batches * batch, (f"{workers} DataLoader workers x prefetch_factor {prefetch} + 1 batch in use "
+    source = "the running job's (live) " if settings.get("loader_source") == "live" else ""
+    return batches * batch, (f"{source}{workers} DataLoader workers x prefetch_factor {prefetch} + 1 batch in use "
                              f"= {batches} batches of {format_bytes(batch)}")
 
 
@@ -210,6 +231,7 @@ def _ok_summary(facts: ShmFacts, settings: Mapping[str, Any]) -> str:
 
 
 def judge(facts: ShmFacts, settings: Mapping[str, Any]) -> Result:
+    settings = with_live_loader(facts, settings)
     findings = [finding for rule in RULES for finding in rule(facts, settings)]
     result_facts: dict[str, Any] = {
         "path": facts.path,

@@ -89,9 +89,20 @@ class CudnnFacts:
     env_error: str | None = None
 
 
+LIVE_KEYS = ("cudnn_enabled", "cudnn_benchmark", "cudnn_deterministic", "deterministic_algorithms",
+             "deterministic_warn_only")
+
+
 def gather(ctx) -> CudnnFacts:
     t = ctx.torch
     value, env_error = ctx.env_var(VAR)
+    from envdoctor.attach_reader import live_facts
+
+    live = live_facts(ctx)
+    if live.torch is not None:
+        # the attached job's own flags and environment, as it runs now (envdoctor.attach)
+        t = {**t, **{k: live.torch[k] for k in LIVE_KEYS if isinstance(live.torch.get(k), bool)}, "live": True}
+        value, env_error = live.env.get(VAR), None
     gpus = None
     if t.get("torch_cuda_version") and not t.get("cuda_available"):
         # torch says no CUDA; NVML tells "no GPU here" apart from "GPU here, torch can't see it".

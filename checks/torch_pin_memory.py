@@ -8,6 +8,7 @@ What it reads
     and from pinned memory, and the CPU seconds spent pinning per GiB (what
     DataLoader(pin_memory=True)'s pin thread pays for every batch). Skipped when
     every GPU already has compute processes, so it never takes from a running job;
+  - for an attached job (envdoctor.attach): whether its DataLoaders pin memory;
   - for a `--pid` target: the process's CPU time (utime + stime of
     <procfs>/PID/stat) over a short window against the CPUs it may use (affinity
     mask and cgroup quota, envdoctor.cgroup.effective_cpus).
@@ -94,6 +95,7 @@ class PinFacts:
     nvml_reason: str | None
     measurement: Mapping[str, Any] | None  # the probe's pin_memory facts
     not_measured: str | None  # why there is no measurement, when there is a GPU
+    live_pin_memory: bool | None = None  # the attached job's DataLoaders pin (envdoctor.attach); None: unknown
 
 
 def _sample_cpu(ctx, window: float) -> CpuSample:
@@ -150,17 +152,26 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
     return m, None
 
 
+def _live_pin(ctx) -> bool | None:
+    from envdoctor.attach_reader import live_facts
+
+    loaders = live_facts(ctx).dataloaders
+    flags = [d.get("pin_memory") for d in loaders if isinstance(d.get("pin_memory"), bool)]
+    return any(flags) if flags else None
+
+
 def gather(ctx) -> PinFacts:
     cfg = ctx.settings
     cpu = _sample_cpu(ctx, float(cfg["window_seconds"])) if ctx.target.pid is not None else None
+    live = _live_pin(ctx)
     try:
         gpus = [g for g in ctx.nvml.devices()]
     except Unavailable as exc:
-        return PinFacts(cpu, 0, str(exc), None, None)
+        return PinFacts(cpu, 0, str(exc), None, None, live)
     if not gpus:
-        return PinFacts(cpu, 0, "NVML sees 0 GPUs", None, None)
+        return PinFacts(cpu, 0, "NVML sees 0 GPUs", None, None, live)
     measurement, reason = _measure(ctx, gpus, cfg)
-    return PinFacts(cpu, len(gpus), None, measurement, reason)
+    return PinFacts(cpu, len(gpus), None, measurement, reason, live)
 
 
 FIX_CPU = "DataLoader(..., pin_memory=False)  # or give the job more CPU: docker run --cpus=N"
@@ -240,9 +251,26 @@ def _measurement_facts(m: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _rule_live_pin_without_gpu(facts: PinFacts) -> list[Finding]:
+    """The attached job pins memory on a node where NVML sees no GPU: CPU and locked RAM for nothing."""
+    if facts.gpu_count != 0 or not facts.live_pin_memory:
+        return []
+    return [Finding(Status.WARN, "the running job's DataLoader has pin_memory=True (live) but there is no GPU: it only "
+                    "costs CPU and locked RAM; expected pin_memory=False", "DataLoader(..., pin_memory=False)")]
+
+
+def _live_note(facts: PinFacts, out: dict[str, Any]) -> list[str]:
+    if facts.live_pin_memory is None:
+        return []
+    out["live_pin_memory"] = facts.live_pin_memory
+    return ["the running job's DataLoaders " + ("pin memory (pin_memory=True, live)" if facts.live_pin_memory
+                                                 else "do not pin (pin_memory=False, live)")]
+
+
 def _judge_unmeasured(facts: PinFacts, cpu_findings: list[Finding], out: dict[str, Any]) -> Result:
     """No figures: no GPU (pinning has no effect), or a GPU that was not measured."""
-    notes = [n for n in [_cpu_note(facts.cpu)] if n and not cpu_findings]
+    notes = [n for n in [_cpu_note(facts.cpu)] if n and not cpu_findings] + _live_note(facts, out)
+    cpu_findings = cpu_findings + _rule_live_pin_without_gpu(facts)
     if facts.gpu_count == 0:
         out["nvml_unavailable"] = facts.nvml_reason
         no_gpu = (f"pinning has no effect without a GPU ({short_reason(facts.nvml_reason)}): pin_memory=True only costs "
@@ -268,7 +296,7 @@ def judge(facts: PinFacts, settings: Mapping[str, Any]) -> Result:
         return verdict(broke, out, "")
     advice = "keep pin_memory=True" + (" while the process has CPU to spare" if facts.cpu is not None else "")
     note = "" if cpu_findings else _cpu_note(facts.cpu)
-    ok_summary = "; ".join(part for part in [_measured(m) + f": {advice}", note] if part)
+    ok_summary = "; ".join(part for part in [_measured(m) + f": {advice}", note, *_live_note(facts, out)] if part)
     return verdict(cpu_findings + _rule_gains_little(m, settings), out, ok_summary)
 
 

@@ -1,7 +1,8 @@
 """envdoctor: catch the CUDA and system-environment problems that waste GPU training runs.
 
 `import envdoctor` is cheap: it imports neither torch nor NVML. `envdoctor.preflight()`
-checks a training script's live settings from inside the script.
+checks a training script's live settings from inside the script; `envdoctor.attach()`
+publishes them, every few seconds, for `envdoctor check --pid` and `serve` to read.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _serve_checks_and_exporters_from_a_source_checkout() -> None:
 
 _serve_checks_and_exporters_from_a_source_checkout()
 
-__all__ = ["__version__", "preflight", "PreflightError"]
+__all__ = ["__version__", "preflight", "PreflightError", "attach"]
 
 
 def __getattr__(name: str) -> Any:
@@ -40,4 +41,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module("envdoctor.inprocess"), name)
+    if name == "attach":
+        # envdoctor.attach is a module that is also callable (see its end): the same
+        # object whether or not it was imported before, and only the standard library.
+        import importlib
+
+        return importlib.import_module("envdoctor.attach")
     raise AttributeError(f"module 'envdoctor' has no attribute {name!r}")

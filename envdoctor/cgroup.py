@@ -236,10 +236,10 @@ def _relative(cgroup_path: str, mount_root: str) -> tuple[str, ...] | None:
     return tuple(parts[len(root):])
 
 
-def _matches(mount: Mount, entry: CgroupEntry) -> bool:
+def _matches(mount: Mount, entry: CgroupEntry, controller: str = "cpu") -> bool:
     if entry.is_v2:
         return mount.fstype == "cgroup2"
-    return mount.fstype == "cgroup" and "cpu" in mount.super_options
+    return mount.fstype == "cgroup" and controller in mount.super_options
 
 
 class _View:
@@ -277,7 +277,7 @@ def _mounts(view: _View, notes: list[str], cache: dict) -> tuple[Mount, ...] | N
 
 
 def _locate(entry: CgroupEntry, views: list[_View], notes: list[str],
-            cache: dict | None = None) -> tuple[Path, tuple[str, ...]] | None:
+            cache: dict | None = None, controller: str = "cpu") -> tuple[Path, tuple[str, ...]] | None:
     """(mount directory, components below it) of the entry's cgroup in the first view that can see it."""
     cache = {} if cache is None else cache
     for view in views:
@@ -286,7 +286,7 @@ def _locate(entry: CgroupEntry, views: list[_View], notes: list[str],
             continue
         candidates: dict[tuple[str, tuple[str, ...]], int] = {}  # one stat per distinct place, not per mount line
         for mount in mounts:
-            if not _matches(mount, entry):
+            if not _matches(mount, entry, controller):
                 continue
             rel = _relative(entry.path, mount.root)
             if rel is not None:
@@ -391,3 +391,30 @@ def effective_cpus(roots: Roots, pid: int | None) -> EffectiveCpus:
     # On a tie the quota is named: it is the limit people forget.
     cpus, limited_by = min(candidates, key=lambda c: (c[0], c[1] != "cgroup quota"))
     return EffectiveCpus(cpus, mask, online, limit, limited_by, tuple(notes))
+
+
+def cgroup_dirs(roots: Roots, pid: int | None, controller: str) -> tuple[list[tuple[str, Path, tuple[str, ...]]], list[str]]:
+    """Where the target's cgroups for `controller` are, by the same resolution as the CPU
+    quota: [(version, mount directory, components below it)], plus notes on what could
+    not be seen. The v2 entry comes whenever the unified hierarchy is there (it may or
+    may not hold the controller; the caller reads the files it needs)."""
+    notes: list[str] = []
+    cgroup_file = Path(roots.procfs) / _who(pid) / "cgroup"
+    try:
+        entries = parse_proc_cgroup(_read(cgroup_file))
+    except OSError as exc:
+        return [], [f"cannot read {cgroup_file}: {exc.strerror or exc}"]
+    except ParseError as exc:
+        return [], [f"cannot parse {cgroup_file}: {exc}"]
+    views = _views(roots, pid)
+    found = []
+    for entry in dict.fromkeys(entries):  # a repeated line is looked up once
+        if not (entry.is_v2 or controller in entry.controllers):
+            continue
+        located = _locate(entry, views, notes, controller=controller)
+        version = "cgroup v2" if entry.is_v2 else "cgroup v1"
+        if located is None:
+            notes.append(f"{version} cgroup {entry.path} is not visible through any mount")
+            continue
+        found.append((version, located[0], located[1]))
+    return found, notes

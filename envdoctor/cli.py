@@ -62,6 +62,8 @@ def check(
     pid: Optional[int] = typer.Option(None, "--pid", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
     python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is probed (default: this one)."),
     onnx: List[str] = typer.Option([], "--onnx", metavar="FILE", help="ONNX model to audit (repeatable)."),
+    window: Optional[float] = typer.Option(None, "--window", metavar="SECONDS",
+                                           help="Sample the target's memory for this long, then judge its growth (memory.cache_growth)."),
     config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE",
                                               help="Config file (default: ./envdoctor.toml or [tool.envdoctor] in ./pyproject.toml)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL",
@@ -97,6 +99,8 @@ def check(
             check_timeout(timeout)
         except ParseError as exc:
             _die(f"--timeout: {exc}")
+    if window is not None and not (0 < window <= 7 * 86400):
+        _die("--window must be a positive number of seconds (at most a week)")
     if python is not None:
         import shutil
 
@@ -123,10 +127,12 @@ def check(
     if fmt not in formats:
         _die(f"ENVDOCTOR_FORMAT must be one of {', '.join(formats)}, not {fmt!r}")
 
+    sampling = _memory_window(config, registry, window)
     roots = Roots(procfs=procfs, sysfs=sysfs, rootfs=rootfs)
     try:
         session = pipeline.build_session(config, pid=pid, roots=roots, python=python, onnx_files=onnx)
-        report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
+        with _window_progress(session, sampling, only, skip):
+            report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
     except UsageError as exc:
         _die(str(exc))
 
@@ -294,3 +300,52 @@ def console_main() -> None:
     except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
         pass
     os._exit(code)
+
+
+# -- check --window: memory.cache_growth samples for that long ---------------------------
+
+MEMORY_CHECK = "memory.cache_growth"
+
+
+def _memory_window(config, registry, window: Optional[float]) -> float:
+    """Give memory.cache_growth its window (from --window, else its config) and a timeout
+    that outlasts it; returns the window in seconds (0: no sampling)."""
+    check = registry.checks.get(MEMORY_CHECK)
+    if check is None:
+        return 0.0
+    settings = config.checks.setdefault(MEMORY_CHECK, {})
+    if window is not None:
+        settings["window_seconds"] = float(window)
+    seconds = float(config.settings_for(check).get("window_seconds", 0) or 0)
+    if seconds > 0:
+        settings["timeout"] = max(float(settings.get("timeout", 0) or 0), seconds + config.timeout)
+    return seconds
+
+
+class _window_progress:
+    """A progress bar on standard error (a terminal only) while the memory check samples."""
+
+    def __init__(self, session, window: float, only: List[str], skip: List[str]):
+        self.session, self.window = session, window
+        self.wanted = window > 0 and (not only or MEMORY_CHECK in only) and MEMORY_CHECK not in skip
+        self.progress = None
+
+    def __enter__(self):
+        if not self.wanted or not sys.stderr.isatty():
+            return self
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("sampling memory of {task.fields[target]}"), BarColumn(),
+                                 TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.progress.start()
+        task = self.progress.add_task("sample", total=self.window, target=self.session.target.label)
+        self.session.progress = lambda done, total: self.progress.update(task, completed=done)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.progress is not None:
+            self.progress.stop()
+            self.session.progress = None
+        return False

@@ -29,7 +29,7 @@ TIMEOUT = 2.0  # --timeout of every run
 # interpreter start and output. SLACK is what a loaded 2-core CI machine may add; a hang
 # (the fault this catches) overshoots it without limit.
 SLACK = 20.0
-CHECKS = ("cpu.threads", "cuda.runtime", "cuda.visible_devices", "dist.env", "dist.consistency", "dist.master_port", "gpu.health", "onnx.opset", "shm.size",
+CHECKS = ("cpu.threads", "cuda.runtime", "cuda.visible_devices", "dist.env", "dist.consistency", "dist.master_port", "memory.cache_growth", "gpu.health", "onnx.opset", "shm.size",
           "torch.cudnn", "torch.pin_memory")
 
 ENVIRON = (b"OMP_NUM_THREADS=4\0MKL_NUM_THREADS=4\0CUDA_VISIBLE_DEVICES=0,1\0WORLD_SIZE=2\0RANK=0\0LOCAL_RANK=0\0"

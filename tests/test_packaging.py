@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 BUILTINS = {"cuda.visible_devices", "cuda.runtime", "gpu.health", "shm.size", "cpu.threads", "torch.cudnn",
             "torch.pin_memory", "onnx.opset", "dist.env", "dist.master_port",
-            "preflight.live", "dist.consistency"}
+            "preflight.live", "dist.consistency", "memory.cache_growth"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,321 @@
+"""The live view: a training job publishes its own torch settings for envdoctor to read.
+
+    import envdoctor; envdoctor.attach()
+
+(or `envdoctor exec --attach -- python train.py`, which arranges the same through
+the interpreter's start-up hook: `startup_hook()` below).
+
+Some facts exist only inside the running job: the thread count after
+`torch.set_num_threads(16)`, cudnn flags set in code, whether CUDA is initialised,
+the caching allocator's figures, and the DataLoaders the script built. A daemon
+thread writes them every `interval` seconds (default 5) as one small JSON document
+(schema `envdoctor.attach/v1`, a few KiB) to
+
+    /dev/shm/envdoctor-attach-<pid>.json   (else /tmp/..., when /dev/shm is unusable)
+
+where <pid> is the process's pid in its own PID namespace. Why there: `envdoctor
+check --pid N` and `serve` on the host read it through /proc/N/root, the job's own
+mount namespace, so a job in a container needs no volume, port or socket; /dev/shm
+is a tmpfs in every container (no disk write every few seconds, nothing left
+behind when the container goes), and /tmp is the fallback every image has.
+
+What the job pays: one short thread wake-up per interval; building and writing the
+document takes about 0.03 ms of CPU (benchmarks/attach_cost.py measures it; the
+document carries its own cost figures). torch.get_num_threads() answers per thread,
+so the live thread count is kept by a thin wrapper on torch.set_num_threads (put in
+once torch has finished importing) and read once through a fresh thread for a value
+set before that. It never imports torch (it reads torch
+only if the script already imported it) and never initialises CUDA (the allocator
+figures are read only once torch.cuda.is_initialized()). DataLoaders are seen by
+wrapping DataLoader.__init__ and __iter__ (and the iterator's __next__, which
+measures the bytes of a few batches); the wrapping happens when the script imports
+torch.utils.data, through a post-import hook, so attach() may come first. Forked
+children (DataLoader workers) and spawned multiprocessing children do not publish;
+the document is removed at exit.
+
+Three modules: this one (attach(), the publisher thread, the start-up hook),
+attach_snapshot (what the document holds, read inside the job) and attach_reader
+(reading it from outside, and `live_facts(ctx)` for the checks).
+
+The reading side (`read_document`) treats the document as untrusted input: it
+walks /proc/N/root/dev/shm without following symlinks (O_NOFOLLOW at each step, so
+a container cannot point the reader at a host file), requires a regular file owned
+by the process's user, reads at most MAX_BYTES, and turns anything wrong (missing,
+stale, malformed, someone else's) into a reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from envdoctor.attach_snapshot import (DEFAULT_INTERVAL, DIRECTORIES, MAX_BYTES, SCHEMA,  # noqa: F401 (re-exported)
+                                       _install_dataloader_hook, document_name, snapshot)
+
+_READER_NAMES = ("read_document", "validate", "live_document", "live_facts", "LiveFacts")
+
+
+def _in_multiprocessing_child() -> bool:
+    if "--multiprocessing-fork" in sys.argv:
+        return True
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return False
+    try:
+        return mp.parent_process() is not None
+    except Exception:
+        return False
+
+
+def _writable_directory() -> str | None:
+    for directory in DIRECTORIES:
+        if os.path.isdir(directory) and not os.path.islink(directory) and os.access(directory, os.W_OK | os.X_OK):
+            return directory
+    return None
+
+
+class Publisher:
+    """The daemon thread that writes the document every `interval` seconds."""
+
+    def __init__(self, interval: float = DEFAULT_INTERVAL, directory: str | None = None, first_delay: float = 0.0):
+        self.interval = max(0.5, float(interval))
+        self.pid = os.getpid()
+        self.directory = directory or _writable_directory()
+        self.path = os.path.join(self.directory, document_name(self.pid)) if self.directory else None
+        self.publications = 0
+        self.last_seconds = 0.0
+        self.max_seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.error: str | None = None if self.path else "no writable /dev/shm or /tmp"
+        self._stop = threading.Event()
+        self._first_delay = first_delay
+        self._thread = threading.Thread(target=self._run, name="envdoctor-attach", daemon=True)
+
+    def start(self) -> "Publisher":
+        if self.path:
+            self._sweep()
+            self._thread.start()
+            atexit.register(self.close)
+        return self
+
+    def _sweep(self, stale_after: float = 600.0) -> None:
+        """Remove documents that killed jobs left behind (SIGKILL runs no atexit): ours
+        by owner, their pid gone, not rewritten for ten minutes (a live job rewrites
+        its document every interval, so this never takes one from a running job)."""
+        directory = self.directory
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith("envdoctor-attach-") and n.endswith(".json")]
+        except OSError:
+            return
+        now = time.time()
+        for name in names[:1000]:
+            number = name[len("envdoctor-attach-"):-len(".json")]
+            if not number.isdigit() or int(number) == self.pid:
+                continue
+            path = os.path.join(directory, name)
+            try:
+                st = os.lstat(path)
+                if st.st_uid != os.geteuid() or now - st.st_mtime < stale_after:
+                    continue
+                os.kill(int(number), 0)
+            except ProcessLookupError:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            except OSError:
+                continue
+
+    def cost(self) -> dict[str, Any]:
+        return {"publications": self.publications, "last_seconds": round(self.last_seconds, 6),
+                "max_seconds": round(self.max_seconds, 6), "cpu_seconds_total": round(self.cpu_seconds, 6)}
+
+    def snapshot(self) -> dict[str, Any]:
+        doc = snapshot(self.interval, self.cost())
+        doc["path"] = self.path
+        return doc
+
+    def publish(self) -> None:
+        """Build and write the document once: a temporary file in the same directory,
+        created exclusively (never through a symlink someone planted), renamed over
+        the name (a reader sees the old document or the new one, never half)."""
+        if self.path is None or os.getpid() != self.pid:
+            return
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self.publications += 1  # this one included: the document counts itself
+        data = json.dumps(self.snapshot(), separators=(",", ":"), default=str).encode()
+        tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(tmp, flags, 0o644)
+            try:
+                os.write(fd, data[:MAX_BYTES])
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.path)
+        except OSError as exc:
+            self.error = f"cannot publish to {self.path}: {exc.strerror or exc}"
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        self.last_seconds = time.perf_counter() - t0
+        self.max_seconds = max(self.max_seconds, self.last_seconds)
+        self.cpu_seconds += time.thread_time() - c0
+
+    def _run(self) -> None:
+        if self._first_delay and self._stop.wait(self._first_delay):
+            return
+        while not self._stop.is_set():
+            if os.getpid() != self.pid or _in_multiprocessing_child():
+                self._remove()
+                return
+            try:
+                self.publish()
+            except Exception as exc:  # never take the job down
+                self.error = f"{type(exc).__name__}: {exc}"
+            self._stop.wait(self.interval)
+
+    def _remove(self) -> None:
+        if self.path and os.getpid() == self.pid:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Stop publishing and remove the document (at exit; only in the process that published)."""
+        if os.getpid() != self.pid:
+            return
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+        self._remove()
+
+
+_publisher: Publisher | None = None
+_publisher_lock = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    global _publisher
+    _publisher = None  # the thread did not survive the fork; the child does not publish
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def attach(interval: float = DEFAULT_INTERVAL, *, directory: str | None = None, first_delay: float = 0.0) -> Publisher | None:
+    """Publish this process's live settings every `interval` seconds until it exits.
+
+    Returns the Publisher (call .close() to stop early), or None where nothing is
+    published: in a DataLoader worker or another multiprocessing child, or with
+    ENVDOCTOR_ATTACH=0. Calling it again returns the same publisher.
+    """
+    global _publisher
+    if os.environ.get("ENVDOCTOR_ATTACH", "").strip() in ("0", "false", "no", "off"):
+        return None
+    if _in_multiprocessing_child():
+        return None
+    with _publisher_lock:
+        if _publisher is not None and _publisher.pid == os.getpid():
+            return _publisher
+        _install_dataloader_hook()
+        _publisher = Publisher(interval, directory, first_delay).start()
+        return _publisher
+
+
+def current() -> Publisher | None:
+    """This process's publisher, if attach() ran here."""
+    publisher = _publisher
+    return publisher if publisher is not None and publisher.pid == os.getpid() else None
+
+
+# -- the start-up hook for `envdoctor exec --attach` ---------------------------------------
+
+_HOOK = '''\
+# Written by envdoctor (envdoctor exec --attach): publish this job's live settings.
+# It first runs the sitecustomize it shadows, if there is one, then envdoctor.attach().
+import os as _os, sys as _sys
+def _envdoctor_hook():
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    saved = list(_sys.path)
+    mine = _sys.modules.pop("sitecustomize", None)
+    try:
+        _sys.path[:] = [p for p in saved if _os.path.abspath(p or _os.curdir) != here]
+        try:
+            import sitecustomize  # the one this file shadows
+        except ImportError as exc:
+            if exc.name != "sitecustomize":
+                _sys.stderr.write("envdoctor: the original sitecustomize failed: %r\\n" % (exc,))
+        except Exception as exc:
+            _sys.stderr.write("envdoctor: the original sitecustomize failed: %r\\n" % (exc,))
+    finally:
+        _sys.path[:] = saved
+        if "sitecustomize" not in _sys.modules and mine is not None:
+            _sys.modules["sitecustomize"] = mine
+    _sys.path.insert(0, {package_parent!r})
+    try:
+        import envdoctor.attach
+        envdoctor.attach.attach({interval!r}, first_delay={first_delay!r})
+    except Exception as exc:
+        _sys.stderr.write("envdoctor: attach failed: %r\\n" % (exc,))
+    finally:
+        try:
+            _sys.path.remove({package_parent!r})
+        except ValueError:
+            pass
+_envdoctor_hook()
+del _envdoctor_hook
+'''
+
+
+def startup_hook(directory: str | os.PathLike, env: Mapping[str, str], interval: float = DEFAULT_INTERVAL) -> dict[str, str]:
+    """Write a sitecustomize.py into `directory` that attaches the interpreter at start,
+    and return the environment changes that make Python run it (PYTHONPATH with the
+    directory first). The hook runs any sitecustomize it shadows first, imports
+    envdoctor from where this copy lives (only for that import: the path entry is
+    removed again), and attaches after one second (so a spawned multiprocessing
+    child, which imports multiprocessing after start-up, is recognised and stays quiet).
+
+    `envdoctor exec --attach` calls it with a private directory (tempfile.mkdtemp())
+    and merges the result into the command's environment before exec.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    text = _HOOK.format(package_parent=package_parent, interval=float(interval), first_delay=1.0)
+    (directory / "sitecustomize.py").write_text(text)
+    existing = env.get("PYTHONPATH", "")
+    return {"PYTHONPATH": str(directory) + (os.pathsep + existing if existing else "")}
+
+
+def __getattr__(name: str) -> Any:
+    # the reading side lives in envdoctor.attach_reader; these names stay reachable here
+    if name in _READER_NAMES:
+        from envdoctor import attach_reader
+
+        return getattr(attach_reader, name)
+    raise AttributeError(f"module 'envdoctor.attach' has no attribute {name!r}")
+
+
+# `import envdoctor; envdoctor.attach()` must work whether or not this module has been
+# imported: once it is, the import system binds the name `attach` in the package to
+# this module, shadowing the package's lazy attribute. So the module is callable too,
+# and calling it is calling attach().
+import types as _types  # noqa: E402
+
+
+class _CallableModule(_types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Publisher | None:
+        return attach(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

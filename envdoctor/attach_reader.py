@@ -1,0 +1,228 @@
+"""Reading an attached job's document from outside, as untrusted input, and the live
+facts the checks judge (`live_facts(ctx)`).
+
+The document sits in the job's own mount namespace (/dev/shm, else /tmp), reached
+through /proc/N/root. A job, or anyone who can write its /dev/shm, controls what is
+there, so: every path step is opened with O_NOFOLLOW (a container cannot point the
+reader at a host file with a symlink), the file must be regular and owned by the
+process's effective uid, at most MAX_BYTES are read, the JSON must have the schema,
+name the process's own pid and be fresh (three intervals), and its parts must have
+their types. Anything else is a reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import sys
+import time
+from typing import Any, Mapping
+
+from envdoctor.attach_snapshot import DIRECTORIES, MAX_BYTES, MAX_LOADERS, SCHEMA, document_name, snapshot
+
+
+def _status(roots: Any, pid: int) -> tuple[int | None, int | None]:
+    """(the pid in the process's own namespace: the last NSpid field, its effective uid)."""
+    from envdoctor.paths import read_text
+
+    text = read_text(roots.proc(pid, "status"), 1 << 20)
+    nspid, uid = pid, None
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            fields = line.split()[1:]
+            if fields and fields[-1].isdigit():
+                nspid = int(fields[-1])
+        elif line.startswith("Uid:"):
+            fields = line.split()[1:]
+            if len(fields) >= 2 and fields[1].isdigit():
+                uid = int(fields[1])
+    return nspid, uid
+
+
+def _open_under(root_fd: int, directory: str, name: str) -> int:
+    """Open root/directory/name without following a symlink at any step."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    fds = []
+    try:
+        current = root_fd
+        for part in [p for p in directory.split("/") if p]:
+            current = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC, dir_fd=current)
+            fds.append(current)
+        return os.open(name, os.O_RDONLY | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=current)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def validate(doc: Any, nspid: int | None, now: float | None = None) -> str | None:
+    """Why a parsed document cannot be used, or None when it can."""
+    if not isinstance(doc, dict):
+        return "the document is not a JSON object"
+    if doc.get("schema") != SCHEMA:
+        return f"unknown schema {str(doc.get('schema'))[:40]!r}, expected {SCHEMA}"
+    if nspid is not None and doc.get("pid") != nspid:
+        return f"the document names pid {str(doc.get('pid'))[:20]}, not {nspid}"
+    published, interval = doc.get("published_at"), doc.get("interval_seconds")
+    if not isinstance(published, (int, float)) or not isinstance(interval, (int, float)) or interval <= 0:
+        return "the document has no valid published_at / interval_seconds"
+    age = (time.time() if now is None else now) - published
+    if age > max(3 * interval, 15.0):
+        return f"the document is stale ({age:.0f} s old; the job stopped publishing)"
+    for key, kind in (("torch", (dict, type(None))), ("cuda", dict), ("dataloaders", list), ("env", dict)):
+        if key in doc and not isinstance(doc[key], kind):
+            return f"the document's {key!r} has the wrong type"
+    return None
+
+
+def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
+    """The document process `pid` published, or None and why not (never raises)."""
+    try:
+        nspid, uid = _status(roots, pid)
+    except OSError as exc:
+        return None, f"cannot read {roots.proc(pid, 'status')}: {exc.strerror or exc}"
+    try:
+        root_fd = os.open(roots.proc(pid, "root"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, f"cannot open {roots.proc(pid, 'root')}: {exc.strerror or exc}"
+    try:
+        name = document_name(nspid)
+        for directory in DIRECTORIES:
+            try:
+                fd = _open_under(root_fd, directory, name)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    return None, f"{directory}/{name} in process {pid} is (or lies under) a symlink: not followed"
+                return None, f"cannot open {directory}/{name} of process {pid}: {exc.strerror or exc}"
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return None, f"{directory}/{name} of process {pid} is not a regular file"
+                if uid is not None and st.st_uid != uid:
+                    return None, f"{directory}/{name} is owned by uid {st.st_uid}, not by the process's uid {uid}"
+                if st.st_size > MAX_BYTES:
+                    return None, f"{directory}/{name} is {st.st_size} bytes, over the {MAX_BYTES}-byte cap"
+                data = os.read(fd, MAX_BYTES + 1)
+            finally:
+                os.close(fd)
+            if len(data) > MAX_BYTES:
+                return None, f"{directory}/{name} is over the {MAX_BYTES}-byte cap"
+            try:
+                doc = json.loads(data.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as exc:
+                return None, f"{directory}/{name} is not valid JSON: {str(exc)[:80]}"
+            reason = validate(doc, nspid)
+            if reason:
+                return None, reason
+            return doc, f"{directory}/{name}"
+        return None, (f"process {pid} is not attached (no {name} in its /dev/shm or /tmp): add "
+                      "`import envdoctor; envdoctor.attach()` to the script, or start it with envdoctor exec --attach")
+    except Exception as exc:  # untrusted input must never crash the reader
+        return None, f"cannot read the attached document of process {pid}: {type(exc).__name__}: {exc}"
+    finally:
+        os.close(root_fd)
+
+
+def live_document(roots: Any, pid: int | None) -> dict[str, Any] | None:
+    """The live document of `pid` (None: this process, when it attached itself), or None."""
+    if pid is None:
+        from envdoctor.attach import current
+
+        publisher = current()
+        return publisher.snapshot() if publisher is not None else None
+    doc, _ = read_document(roots, pid)
+    return doc
+
+
+# -- what the checks use -------------------------------------------------------------------
+
+
+# Plausible ranges for the numbers a document may carry; anything outside is dropped
+# (None), so a hostile document cannot make a check compute with 10**100 workers.
+_RANGES = {"num_threads": 1 << 16, "num_interop_threads": 1 << 16, "num_workers": 4096, "prefetch_factor": 1 << 16,
+           "batch_size": 1 << 40, "batch_bytes_max": 1 << 50, "batch_bytes_last": 1 << 50, "batches_seen": 1 << 62}
+
+
+def _bounded(name: str, value: Any) -> Any:
+    if name not in _RANGES:
+        return value
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _RANGES[name]
+    return value if ok else None
+
+
+class LiveFacts:
+    """The live view of a check's target: the document and where it came from, or why
+    there is none. Every accessor returns well-typed, bounded values or None."""
+
+    def __init__(self, doc: Mapping[str, Any] | None, source: str):
+        self.doc, self.source = doc, source
+
+    @property
+    def torch(self) -> Mapping[str, Any] | None:
+        t = (self.doc or {}).get("torch")
+        if not isinstance(t, dict):
+            return None
+        return {k: _bounded(k, v) for k, v in t.items() if isinstance(k, str)}
+
+    @property
+    def num_threads(self) -> int | None:
+        value = (self.torch or {}).get("num_threads")
+        return value if isinstance(value, int) and value > 0 else None
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        env = (self.doc or {}).get("env")
+        return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(env, dict) else {}
+
+    @property
+    def dataloaders(self) -> list[Mapping[str, Any]]:
+        loaders = (self.doc or {}).get("dataloaders")
+        if not isinstance(loaders, list):
+            return []
+        return [{k: _bounded(k, v) for k, v in d.items() if isinstance(k, str)}
+                for d in loaders[:MAX_LOADERS] if isinstance(d, dict)]
+
+    def busiest_loader(self) -> Mapping[str, Any] | None:
+        """The DataLoader with the most workers (ties: the largest batches)."""
+        def key(d: Mapping[str, Any]) -> tuple[int, int]:
+            workers, size = d.get("num_workers"), d.get("batch_bytes_max")
+            return (workers if isinstance(workers, int) else 0, size if isinstance(size, int) else 0)
+
+        loaders = self.dataloaders
+        return max(loaders, key=key) if loaders else None
+
+
+def live_facts(ctx: Any) -> LiveFacts:
+    """The target's live view, read once per run and shared by the checks (never raises).
+
+    For another process: its published document. For this process: the document
+    attach() would publish now (preflight() and an attached script share this code).
+    """
+    def read() -> LiveFacts:
+        pid = ctx.target.pid
+        if getattr(ctx.target, "kind", "process") == "node":
+            return LiveFacts(None, "the node has no live view")
+        if pid is None:
+            # This process: live when it attached itself, or when the run is preflight()
+            # inside the script (its session reads torch live); never for the envdoctor
+            # command itself, whose own torch (if any) says nothing about a job.
+            from envdoctor.attach import current
+
+            publisher = current()
+            if publisher is not None:
+                return LiveFacts(publisher.snapshot(), "this process (attached)")
+            inprocess = sys.modules.get("envdoctor.inprocess")
+            live_torch = getattr(inprocess, "live_torch_facts", None)
+            if live_torch is not None and getattr(ctx.session, "torch_factory", None) is live_torch:
+                return LiveFacts(snapshot(), "this process (preflight)")
+            return LiveFacts(None, "this process is not attached")
+        doc, source = read_document(ctx.roots, pid)
+        return LiveFacts(doc, source)
+
+    try:
+        return ctx.host.fact(f"attach.live:{ctx.target.label}", read)
+    except Exception as exc:
+        return LiveFacts(None, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,424 @@
+"""Memory samples of one process, and a bounded history of them per target.
+
+What one sample holds, for a target process (`pid`, or this process):
+- `rss`: its resident set (VmRSS of <procfs>/N/status);
+- `cgroup`: its memory cgroup's working set: usage less the inactive file cache
+  (v1 memory.usage_in_bytes - total_inactive_file, v2 memory.current -
+  inactive_file), which is what the OOM killer and the kubelet go by: a job that
+  reads its data set fills the page cache up to the limit, and that cache is
+  reclaimed, not fatal. Only where the cgroup path sets a limit: an unlimited
+  cgroup may be a whole slice (other processes' growth is not the target's);
+- `shm`: bytes used in its /dev/shm (its own mount, through /proc/N/root);
+- `gpuN`: its memory on NVIDIA GPU N, from NVML's per-process accounting. NVML
+  cannot say inside a container that has its own PID namespace (it reports host
+  pids) or on MIG: that is "not available" and the series is simply absent,
+  never a 0 that would look like a steady job;
+- `cudaN_reserved` / `cudaN_allocated`: the caching allocator's figures, when the
+  job is attached (envdoctor.attach publishes them, only once CUDA is up), with
+  the counters `cudaN_alloc_retries` and `cudaN_inactive_split`;
+and, for each, the limit it runs into and the headroom left before it: the
+tightest of the cgroup's limit (every level of its path: the kernel enforces each)
+and the host's available memory for `rss` and `cgroup`; the mount's size for
+`shm`; the device's free memory for the GPU series.
+
+`Sampler(roots, pid, nvml=...)` resolves the cgroup files once (the same path
+resolution as the CPU quota, envdoctor.cgroup) and reads them on each `sample()`;
+nothing it reads can block for long (procfs, cgroupfs, statvfs of a tmpfs; NVML
+through its own bounded facade). `MemoryHistory` keeps the last `maxlen` samples
+per target, so the daemon's memory does not grow with uptime, and drops a target
+whose process exited or whose pid was reused.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from envdoctor.paths import Roots, read_text
+
+UNLIMITED = 1 << 60  # v1 writes 9223372036854771712 (PAGE_COUNTER_MAX) for "no limit"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What a memory runs into: `limit` bytes in all (None when unbounded), `headroom` bytes left."""
+
+    limit: int | None
+    headroom: int
+    name: str  # "cgroup memory limit", "host memory", "GPU 0", "/dev/shm"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"limit_bytes": self.limit, "headroom_bytes": self.headroom, "limit_name": self.name}
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # time.monotonic() seconds
+    values: Mapping[str, float]  # memory name -> bytes in use
+    limits: Mapping[str, Limit] = field(default_factory=dict)
+    counters: Mapping[str, float] = field(default_factory=dict)  # allocator retries, inactive split...
+    notes: tuple[str, ...] = ()  # what could not be read, and why
+
+
+class ProcessGone(Exception):
+    """The target exited (or its pid now names another process)."""
+
+
+# -- small readers --------------------------------------------------------------------
+
+
+def _kib_field(text: str, name: str) -> int | None:
+    for line in text.splitlines():
+        if line.startswith(name + ":"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1]) * 1024
+    return None
+
+
+def _int_file(path: Path) -> int | None:
+    try:
+        text = read_text(path, 4096).strip()
+    except OSError:
+        return None
+    if text == "max":
+        return UNLIMITED
+    return int(text) if text.isdigit() else None
+
+
+def _stat_field(path: Path, name: str) -> int | None:
+    try:
+        for line in read_text(path, 1 << 20).splitlines():
+            key, _, value = line.partition(" ")
+            if key == name and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        return None
+    return None
+
+
+def start_time(roots: Roots, pid: int | None) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/N/stat):
+    with the pid, what tells one process from a later one that reuses its pid."""
+    try:
+        text = read_text(roots.proc(pid, "stat"), 1 << 16)
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 1:].split()
+    return int(rest[19]) if len(rest) > 19 and rest[19].isdigit() else None
+
+
+def host_available(roots: Roots) -> tuple[int | None, int | None]:
+    """(MemTotal, MemAvailable) of <procfs>/meminfo, in bytes."""
+    try:
+        text = read_text(Path(roots.procfs) / "meminfo", 1 << 20)
+    except OSError:
+        return None, None
+    return _kib_field(text, "MemTotal"), _kib_field(text, "MemAvailable")
+
+
+# -- the cgroup's memory --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CgroupFiles:
+    version: str
+    levels: tuple[Path, ...]  # the target's cgroup first, then each parent up to the mount's top
+
+
+def _cgroup_files(roots: Roots, pid: int | None) -> tuple[_CgroupFiles | None, list[str]]:
+    from envdoctor.cgroup import cgroup_dirs
+
+    found, notes = cgroup_dirs(roots, pid, "memory")
+    # v1's memory controller where it is mounted (hybrid hosts keep memory on v1);
+    # else v2, when its level has memory.current (the controller is enabled there).
+    ordered = sorted(found, key=lambda f: f[0] != "cgroup v1")
+    for version, base, rel in ordered:
+        levels = tuple(base.joinpath(*rel[:depth]) for depth in range(len(rel), -1, -1))
+        usage = "memory.usage_in_bytes" if version == "cgroup v1" else "memory.current"
+        if (levels[0] / usage).exists():
+            return _CgroupFiles(version, levels), notes
+    if not found:
+        notes.append("no memory cgroup found for the target")
+    return None, notes
+
+
+def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
+    """(working set at the target's level, the tightest limit over the path)."""
+    v1 = files.version == "cgroup v1"
+    usage_name, limit_name = ("memory.usage_in_bytes", "memory.limit_in_bytes") if v1 else ("memory.current", "memory.max")
+    inactive_name = "total_inactive_file" if v1 else "inactive_file"
+    working = None
+    best: Limit | None = None
+    for depth, level in enumerate(files.levels):
+        usage = _int_file(level / usage_name)
+        if usage is None:
+            continue
+        inactive = _stat_field(level / "memory.stat", inactive_name) or 0
+        level_working = max(0, usage - inactive)
+        if depth == 0:
+            working = level_working
+        limit = _int_file(level / limit_name)
+        if limit is None or limit >= UNLIMITED:
+            continue
+        headroom = limit - level_working
+        if best is None or headroom < best.headroom:
+            best = Limit(limit, headroom, f"{files.version} memory limit {level / limit_name}")
+    return working, best
+
+
+# -- one target -----------------------------------------------------------------------
+
+
+class Sampler:
+    """Samples one process. `live` returns the attached job's document (or None)."""
+
+    def __init__(self, roots: Roots = Roots(), pid: int | None = None, nvml: Any = None,
+                 live: Callable[[], Mapping[str, Any] | None] | None = None):
+        self.roots, self.pid, self.nvml, self.live = roots, pid, nvml, live
+        self.started = start_time(roots, pid)
+        self._cgroup: _CgroupFiles | None = None
+        self._cgroup_notes: list[str] = []
+        self._cgroup_resolved = False
+
+    def _host_pid(self) -> int:
+        return os.getpid() if self.pid is None else self.pid
+
+    def sample(self) -> Sample:
+        """One sample now. Raises ProcessGone when the process exited or its pid was reused."""
+        t = time.monotonic()
+        notes: list[str] = []
+        values: dict[str, float] = {}
+        limits: dict[str, Limit] = {}
+        counters: dict[str, float] = {}
+        try:
+            status = read_text(self.roots.proc(self.pid, "status"), 1 << 20)
+        except (FileNotFoundError, ProcessLookupError):
+            raise ProcessGone(f"process {self.pid} exited") from None
+        except OSError as exc:
+            raise ProcessGone(f"cannot read {self.roots.proc(self.pid, 'status')}: {exc.strerror or exc}") from None
+        if self.pid is not None and start_time(self.roots, self.pid) != self.started:
+            raise ProcessGone(f"pid {self.pid} now names another process")
+
+        total, available = host_available(self.roots)
+        host = Limit(total, available, "host memory") if available is not None else None
+        rss = _kib_field(status, "VmRSS")
+        if rss is not None:
+            values["rss"] = rss
+
+        if not self._cgroup_resolved:
+            self._cgroup, self._cgroup_notes = _cgroup_files(self.roots, self.pid)
+            self._cgroup_resolved = True
+        notes.extend(self._cgroup_notes)
+        cg_limit = None
+        if self._cgroup is not None:
+            working, cg_limit = _read_cgroup(self._cgroup)
+            # The cgroup's own series only where a limit makes it the constraint: without
+            # one, the cgroup may be a whole slice or the root (other processes' growth,
+            # not the target's), and rss against host memory says what matters.
+            if working is not None and cg_limit is not None:
+                values["cgroup"] = working
+        tightest = min((lim for lim in (cg_limit, host) if lim is not None), key=lambda lim: lim.headroom, default=None)
+        if "rss" in values and tightest is not None:
+            limits["rss"] = tightest
+        if "cgroup" in values:
+            cg_tight = min((lim for lim in (cg_limit, host) if lim is not None), key=lambda lim: lim.headroom, default=None)
+            if cg_tight is not None:
+                limits["cgroup"] = cg_tight
+
+        self._shm(values, limits, notes)
+        self._gpu(values, limits, notes)
+        self._attached(values, limits, counters, notes)
+        return Sample(t, values, limits, counters, tuple(notes))
+
+    def _shm(self, values: dict, limits: dict, notes: list[str]) -> None:
+        path = self.roots.seen_by(self.pid, "/dev/shm")
+        try:
+            st = os.statvfs(path)
+        except OSError as exc:
+            notes.append(f"/dev/shm: {exc.strerror or exc}")
+            return
+        size = st.f_blocks * st.f_frsize
+        if size == 0:
+            return  # an unlimited tmpfs: statvfs says 0; nothing to run into but memory
+        values["shm"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+        limits["shm"] = Limit(size, st.f_bavail * st.f_frsize, "/dev/shm")
+
+    def _gpu(self, values: dict, limits: dict, notes: list[str]) -> None:
+        if self.nvml is None:
+            return
+        try:
+            devices = self.nvml.devices()
+        except Exception as exc:  # Unavailable, a hung driver: the GPU series are just absent
+            notes.append(f"NVML: {exc}")
+            return
+        pid = self._host_pid()
+        for gpu in devices:
+            if getattr(gpu, "mig_mode", None):
+                notes.append(f"GPU {gpu.index}: MIG mode, per-process memory not available")
+                continue
+            for proc_pid, used in getattr(gpu, "processes", ()) or ():
+                if proc_pid != pid:
+                    continue
+                if used is None:
+                    notes.append(f"GPU {gpu.index}: per-process memory not available (container or driver)")
+                    continue
+                name = f"gpu{gpu.index}"
+                values[name] = used
+                if gpu.memory_free_bytes is not None:
+                    limits[name] = Limit(gpu.memory_total_bytes, gpu.memory_free_bytes, f"GPU {gpu.index} memory")
+
+    def _attached(self, values: dict, limits: dict, counters: dict, notes: list[str]) -> None:
+        if self.live is None:
+            return
+        try:
+            doc = self.live()
+        except Exception as exc:  # an untrusted document: a note, never a crash
+            notes.append(f"attached document: {exc}")
+            return
+        cuda = (doc or {}).get("cuda") or {}
+        if not isinstance(cuda, dict):
+            return
+        for index, dev in (cuda.get("devices") or {}).items():
+            if not isinstance(dev, dict) or not str(index).isdigit():
+                continue
+            reserved, allocated = dev.get("reserved_bytes"), dev.get("allocated_bytes")
+            total = dev.get("total_bytes")
+            for kind, value in (("reserved", reserved), ("allocated", allocated)):
+                if isinstance(value, int) and value >= 0:
+                    name = f"cuda{index}_{kind}"
+                    values[name] = value
+                    if isinstance(total, int) and total > 0 and isinstance(reserved, int):
+                        # the allocator grows into the device's free memory (the driver's figure, which
+                        # counts other processes too), else into what it has not reserved yet
+                        free = dev.get("free_bytes")
+                        headroom = free if isinstance(free, int) and free >= 0 else total - reserved
+                        if kind == "allocated":
+                            headroom += max(0, reserved - value)  # cached blocks are reused first
+                        limits[name] = Limit(total, headroom, f"GPU {index} memory")
+            for key in ("num_alloc_retries", "inactive_split_bytes"):
+                if isinstance(dev.get(key), (int, float)):
+                    counters[f"cuda{index}_{key}"] = dev[key]
+
+
+# -- many targets over time -----------------------------------------------------------
+
+
+@dataclass
+class _Track:
+    sampler: Sampler
+    points: deque  # of (t, values, counters)
+    latest: Sample | None = None
+
+
+class MemoryHistory:
+    """The last `maxlen` samples per target, for at most `max_targets` targets.
+
+    serve calls `sample(targets)` every interval (one Sampler per target, kept while
+    the process lives), `prune(alive)` after discovery, and the check reads
+    `series(label)` and `latest(label)`. Memory stays bounded: maxlen x targets small
+    dicts; a target whose process exited is dropped on its next sample.
+
+    Wiring in serve (one history for the daemon's life):
+
+        history = MemoryHistory(maxlen=720)              # 1 h at a 5 s interval
+        # every interval, on the watchdog, after discovering the targets:
+        history.sample([(t.label, t.pid) for t in targets], roots, nvml=<the NVML facade or None>,
+                       live=lambda pid: attach_reader.live_document(roots, pid))
+        history.prune(t.label for t in targets)
+        # before running the checks of that run:
+        host.fact(memory_cache_growth.HISTORY_FACT, lambda: history)
+    """
+
+    def __init__(self, maxlen: int = 720, max_targets: int = 512):
+        self.maxlen, self.max_targets = maxlen, max_targets
+        self._tracks: dict[str, _Track] = {}
+        self._lock = threading.Lock()
+
+    def add(self, label: str, sample: Sample, sampler: Sampler | None = None) -> None:
+        with self._lock:
+            track = self._tracks.get(label)
+            if track is None:
+                if len(self._tracks) >= self.max_targets:
+                    oldest = min(self._tracks, key=lambda k: self._tracks[k].points[-1][0] if self._tracks[k].points else 0)
+                    del self._tracks[oldest]
+                track = self._tracks[label] = _Track(sampler, deque(maxlen=self.maxlen))  # type: ignore[arg-type]
+            track.points.append((sample.t, dict(sample.values), dict(sample.counters)))
+            track.latest = sample
+
+    def sample(self, targets: Iterable[tuple[str, int | None]], roots: Roots = Roots(), nvml: Any = None,
+               live: Callable[[int | None], Mapping[str, Any] | None] | None = None) -> dict[str, str]:
+        """Sample each (label, pid) once; returns {label: why it was dropped} for targets that are gone."""
+        gone: dict[str, str] = {}
+        for label, pid in targets:
+            with self._lock:
+                track = self._tracks.get(label)
+            sampler = track.sampler if track is not None and track.sampler is not None else None
+            if sampler is None:
+                sampler = Sampler(roots, pid, nvml, (lambda pid=pid: live(pid)) if live else None)
+            try:
+                sample = sampler.sample()
+            except ProcessGone as exc:
+                self.forget(label)
+                gone[label] = str(exc)
+                continue
+            self.add(label, sample, sampler)
+        return gone
+
+    def forget(self, label: str) -> None:
+        with self._lock:
+            self._tracks.pop(label, None)
+
+    def prune(self, alive: Iterable[str]) -> None:
+        keep = set(alive)
+        with self._lock:
+            for label in [k for k in self._tracks if k not in keep]:
+                del self._tracks[label]
+
+    def labels(self) -> list[str]:
+        with self._lock:
+            return list(self._tracks)
+
+    def latest(self, label: str) -> Sample | None:
+        with self._lock:
+            track = self._tracks.get(label)
+            return track.latest if track else None
+
+    def series(self, label: str) -> dict[str, tuple[list[float], list[float]]]:
+        """{memory name: (times, values)} over the kept window; counters under their own names."""
+        with self._lock:
+            track = self._tracks.get(label)
+            points = list(track.points) if track else []
+        out: dict[str, tuple[list[float], list[float]]] = {}
+        for t, values, counters in points:
+            for name, value in (*values.items(), *counters.items()):
+                ts, ys = out.setdefault(name, ([], []))
+                ts.append(t)
+                ys.append(value)
+        return out
+
+
+def sample_window(sampler: Sampler, window: float, interval: float, history: MemoryHistory, label: str,
+                  progress: Callable[[float, float], None] | None = None) -> str | None:
+    """Sample for `window` seconds every `interval` into `history`; returns why it stopped early, if it did."""
+    start = time.monotonic()
+    end = start + window
+    while True:
+        try:
+            history.add(label, sampler.sample(), sampler)
+        except ProcessGone as exc:
+            return str(exc)
+        now = time.monotonic()
+        if progress is not None:
+            try:
+                progress(min(window, now - start), window)
+            except Exception:
+                progress = None  # a broken progress bar must not stop the sampling
+        if now >= end:
+            return None
+        time.sleep(max(0.0, min(interval, end - now)))

@@ -1,0 +1,183 @@
+"""Is a memory series really growing, how fast, and when does it run out?
+
+Pure functions over (seconds, bytes) samples; no numpy (the daemon must not pull
+it in, and a few hundred points do not need it).
+
+Why these statistics. Memory of a training job is not a line: the caching
+allocator and Python's arenas move in steps, DataLoader batches come and go in a
+sawtooth, and a process grows once at start (model, optimizer state, first
+batch) and then plateaus. A least-squares slope calls every one of those a leak
+(one outlier or one step tilts it). So:
+
+- the slope is Theil-Sen's (the median of all pairwise slopes): robust to up to
+  29% outliers, and zero for a step unless the step sits mid-window;
+- it counts only when a Mann-Kendall test says the series rises monotonically
+  (S > 0 at significance `alpha`, with the tie correction: memory figures repeat);
+- and when the growth is *sustained*: the recent half of the window rises too
+  (a step then plateau is flat by then), and the floor rises (the lowest values
+  of the last quarter sit above those of the first quarter: a sawtooth that frees
+  back to the same level does not, a leak under a sawtooth does);
+- and when it matters: the window is at least `min_window` seconds and the
+  fitted rise over it at least `min_rise` bytes (a few KiB of arena growth over
+  ten seconds projects nothing useful).
+
+Time to exhaustion is headroom / slope: how long until the tightest limit is
+reached at the current rate. It is a projection of the present rate, which is
+what an operator can act on; a leak that accelerates arrives sooner.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+# Above this many points, judge an evenly thinned series: the pairwise slopes are
+# O(n^2) and 160 points (12720 pairs) already pin the median down.
+MAX_POINTS = 160
+# A single step fits this much better than the line (mean absolute residuals): a step, not a leak.
+STEP_RATIO = 0.6
+
+
+@dataclass(frozen=True)
+class Trend:
+    """What a series does over its window."""
+
+    rising: bool  # a sustained, significant rise of at least min_rise
+    slope: float  # Theil-Sen, units per second (0.0 when it cannot be told)
+    rise: float  # slope x window: what the trend added over the window
+    window: float  # seconds between the first and the last sample
+    points: int
+    p_value: float  # Mann-Kendall, two-sided; 1.0 when it cannot be told
+    level: float  # the series now: the median of its last few samples
+    reason: str  # why it is or is not rising, in words
+
+    def to_dict(self) -> dict:
+        return {"rising": self.rising, "slope_per_second": self.slope, "rise": self.rise,
+                "window_seconds": self.window, "points": self.points, "p_value": self.p_value,
+                "level": self.level, "reason": self.reason}
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        raise ValueError("median of nothing")
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def thin(ts: Sequence[float], ys: Sequence[float], max_points: int = MAX_POINTS) -> tuple[list[float], list[float]]:
+    """At most `max_points` evenly spaced samples, first and last kept."""
+    n = len(ts)
+    if n <= max_points:
+        return list(ts), list(ys)
+    idx = sorted({round(i * (n - 1) / (max_points - 1)) for i in range(max_points)})
+    return [ts[i] for i in idx], [ys[i] for i in idx]
+
+
+def theil_sen(ts: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(slope, intercept): the median of the pairwise slopes, and the median of y - slope*t."""
+    slopes = [(ys[j] - ys[i]) / (ts[j] - ts[i])
+              for i in range(len(ts)) for j in range(i + 1, len(ts)) if ts[j] != ts[i]]
+    if not slopes:
+        return 0.0, (_median(ys) if ys else 0.0)
+    slope = _median(slopes)
+    return slope, _median([y - slope * t for t, y in zip(ts, ys)])
+
+
+def mann_kendall(ys: Sequence[float]) -> tuple[int, float]:
+    """(S, two-sided p) of the Mann-Kendall trend test, with the variance corrected for ties."""
+    n = len(ys)
+    if n < 3:
+        return 0, 1.0
+    s = 0
+    for i in range(n - 1):
+        yi = ys[i]
+        for j in range(i + 1, n):
+            d = ys[j] - yi
+            s += (d > 0) - (d < 0)
+    counts: dict[float, int] = {}
+    for y in ys:
+        counts[y] = counts.get(y, 0) + 1
+    var = (n * (n - 1) * (2 * n + 5) - sum(c * (c - 1) * (2 * c + 5) for c in counts.values() if c > 1)) / 18.0
+    if var <= 0:
+        return s, 1.0
+    z = (s - 1) / math.sqrt(var) if s > 0 else (s + 1) / math.sqrt(var) if s < 0 else 0.0
+    return s, math.erfc(abs(z) / math.sqrt(2.0))
+
+
+def step_residual(ys: Sequence[float]) -> float:
+    """Mean absolute residual of the best single step (two levels, split where the
+    squared error is least; each level its segment's median)."""
+    n = len(ys)
+    if n < 4:
+        return 0.0
+    prefix, prefix2 = [0.0], [0.0]
+    for y in ys:
+        prefix.append(prefix[-1] + y)
+        prefix2.append(prefix2[-1] + y * y)
+
+    def sse(a: int, b: int) -> float:
+        m = b - a
+        total = prefix[b] - prefix[a]
+        return (prefix2[b] - prefix2[a]) - total * total / m
+
+    k = min(range(2, n - 1), key=lambda k: sse(0, k) + sse(k, n))
+    left, right = _median(ys[:k]), _median(ys[k:])
+    return (sum(abs(y - left) for y in ys[:k]) + sum(abs(y - right) for y in ys[k:])) / n
+
+
+def assess(ts: Sequence[float], ys: Sequence[float], *, min_window: float, min_rise: float,
+           alpha: float = 0.01, min_points: int = 8) -> Trend:
+    """Judge one series. `ts` ascending seconds, `ys` the values (bytes)."""
+    if len(ts) != len(ys):
+        raise ValueError("ts and ys differ in length")
+    pairs = [(float(t), float(y)) for t, y in zip(ts, ys) if math.isfinite(t) and math.isfinite(y)]
+    n_all = len(pairs)
+    if n_all == 0:
+        return Trend(False, 0.0, 0.0, 0.0, 0, 1.0, 0.0, "no samples")
+    t_all = [p[0] for p in pairs]
+    y_all = [p[1] for p in pairs]
+    level = _median(y_all[-3:])
+    window = t_all[-1] - t_all[0]
+    if n_all < min_points:
+        return Trend(False, 0.0, 0.0, window, n_all, 1.0, level, f"{n_all} samples, need {min_points}")
+    if window < min_window:
+        return Trend(False, 0.0, 0.0, window, n_all, 1.0, level, f"window {window:.1f} s, need {min_window:g} s")
+    t, y = thin(t_all, y_all)
+    slope, intercept = theil_sen(t, y)
+    s, p = mann_kendall(y)
+    rise = slope * window
+
+    def done(rising: bool, reason: str) -> Trend:
+        return Trend(rising, slope, rise, window, n_all, p, level, reason)
+
+    if s <= 0 or slope <= 0:
+        return done(False, "no upward trend")
+    if p >= alpha:
+        return done(False, f"no significant trend (Mann-Kendall p={p:.3g} >= {alpha:g})")
+    if rise < min_rise:
+        return done(False, f"rise over the window {rise:.0f} below the minimum {min_rise:.0f}")
+    half = len(t) // 2
+    recent_slope, _ = theil_sen(t[half:], y[half:])
+    recent_s, _ = mann_kendall(y[half:])
+    if recent_s <= 0 or recent_slope < 0.25 * slope:
+        return done(False, "rose earlier in the window, flat since (a step, then a plateau)")
+    line = sum(abs(yi - (intercept + slope * ti)) for ti, yi in zip(t, y)) / len(y)
+    step = step_residual(y)
+    if step < STEP_RATIO * line:
+        return done(False, "one step up, level before and after (a step is not a leak)")
+    quarter = max(2, len(y) // 4)
+    floor_before, floor_now = min(y[:quarter]), min(y[-quarter:])
+    if floor_now - floor_before < 0.25 * rise:
+        return done(False, "the floor does not rise (memory is freed back to the same level: a sawtooth)")
+    return done(True, f"rising (Mann-Kendall p={p:.2g})")
+
+
+def time_to_exhaustion(headroom: float | None, slope: float) -> float | None:
+    """Seconds until `headroom` is used up at `slope` per second; None when it never is
+    (no limit known, or not growing); 0 when there is no headroom left."""
+    if headroom is None or slope <= 0 or not math.isfinite(slope):
+        return None
+    return max(0.0, headroom) / slope

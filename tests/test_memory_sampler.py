@@ -1,0 +1,164 @@
+"""memsample over fixture trees (cgroup v1 and v2, a limit on a parent level), NVML through
+the fake library (per-process memory, None in a container, MIG), the attached document's
+allocator figures, pid reuse, and the bounded history."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fake_pynvml import GIB, FakeDevice, FakeNvml
+
+from envdoctor import nvml as nvml_module
+from envdoctor.memsample import MemoryHistory, ProcessGone, Sample, Sampler, sample_window
+from envdoctor.paths import Roots
+
+MIB = 1024**2
+PID = 4242
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _stat(start: int) -> str:
+    fields = ["S"] + ["0"] * 18 + [str(start)] + ["0"] * 20
+    return f"{PID} (python train.py) " + " ".join(fields) + "\n"
+
+
+def make_tree(tmp_path: Path, version: str = "v1", rss_kib: int = 102400, start: int = 777) -> Roots:
+    proc, sys_ = tmp_path / "proc", tmp_path / "sys"
+    _write(proc / str(PID) / "status", f"Name:\tpython\nNSpid:\t{PID}\t12\nUid:\t1000\t1000\t1000\t1000\nVmRSS:\t{rss_kib} kB\n")
+    _write(proc / str(PID) / "stat", _stat(start))
+    _write(proc / "meminfo", "MemTotal:       16384000 kB\nMemFree:  1 kB\nMemAvailable:    8192000 kB\n")
+    (proc / str(PID) / "root" / "dev" / "shm").mkdir(parents=True)
+    if version == "v1":
+        _write(proc / str(PID) / "cgroup", "4:memory:/docker/abc\n1:cpu:/docker/abc\n0::/\n")
+        _write(proc / "self" / "mountinfo",
+               "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n")
+        top = sys_ / "fs" / "cgroup" / "memory"
+        _write(top / "docker" / "abc" / "memory.usage_in_bytes", str(300 * MIB))
+        _write(top / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712")
+        _write(top / "docker" / "abc" / "memory.stat", f"cache 0\ntotal_inactive_file {100 * MIB}\n")
+        _write(top / "docker" / "memory.usage_in_bytes", str(400 * MIB))
+        _write(top / "docker" / "memory.limit_in_bytes", str(512 * MIB))  # the parent's limit binds
+        _write(top / "docker" / "memory.stat", f"total_inactive_file {100 * MIB}\n")
+    else:
+        _write(proc / str(PID) / "cgroup", "0::/kubepods/pod1\n")
+        _write(proc / "self" / "mountinfo", "41 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n")
+        top = sys_ / "fs" / "cgroup"
+        _write(top / "kubepods" / "pod1" / "memory.current", str(300 * MIB))
+        _write(top / "kubepods" / "pod1" / "memory.max", str(1024 * MIB))
+        _write(top / "kubepods" / "pod1" / "memory.stat", f"anon 1\ninactive_file {50 * MIB}\n")
+        _write(top / "kubepods" / "memory.current", str(300 * MIB))
+        _write(top / "kubepods" / "memory.max", "max")
+    return Roots(procfs=proc, sysfs=sys_, rootfs=tmp_path / "root")
+
+
+def test_v1_working_set_and_the_tightest_level(tmp_path):
+    roots = make_tree(tmp_path, "v1")
+    s = Sampler(roots, PID).sample()
+    assert s.values["rss"] == 100 * MIB
+    assert s.values["cgroup"] == 200 * MIB  # usage less inactive file cache
+    limit = s.limits["cgroup"]
+    assert limit.limit == 512 * MIB and limit.headroom == 512 * MIB - 300 * MIB  # the parent's level
+    assert "docker/memory.limit_in_bytes" in limit.name
+    assert s.limits["rss"] == limit  # tighter than the host's 7.8 GiB available
+    assert "shm" in s.values and s.limits["shm"].name == "/dev/shm"
+
+
+def test_v2_memory_current_and_max(tmp_path):
+    roots = make_tree(tmp_path, "v2")
+    s = Sampler(roots, PID).sample()
+    assert s.values["cgroup"] == 250 * MIB
+    assert s.limits["cgroup"].limit == 1024 * MIB and s.limits["cgroup"].headroom == 774 * MIB
+
+
+def test_no_cgroup_limit_falls_back_to_host_memory(tmp_path):
+    roots = make_tree(tmp_path, "v1")
+    (roots.sysfs / "fs/cgroup/memory/docker/memory.limit_in_bytes").write_text("9223372036854771712")
+    s = Sampler(roots, PID).sample()
+    assert s.limits["rss"].name.startswith("host memory")
+    assert s.limits["rss"].headroom == 8192000 * 1024
+
+
+def test_pid_reuse_and_exit_are_process_gone(tmp_path):
+    roots = make_tree(tmp_path)
+    sampler = Sampler(roots, PID)
+    sampler.sample()
+    _write(roots.procfs / str(PID) / "stat", _stat(999))  # another process under the same pid
+    with pytest.raises(ProcessGone, match="another process"):
+        sampler.sample()
+    (roots.procfs / str(PID) / "status").unlink()
+    with pytest.raises(ProcessGone):
+        sampler.sample()
+
+
+def _nvml(devices):
+    return nvml_module.connect(lib=FakeNvml(devices=devices), timeout=2.0)
+
+
+def test_gpu_memory_per_process_from_nvml(tmp_path):
+    roots = make_tree(tmp_path)
+    nv = _nvml([FakeDevice(memory_total=80 * GIB, memory_used=30 * GIB, processes=[(PID, 3 * GIB), (1, GIB)]),
+                FakeDevice(processes=[(99, GIB)])])
+    s = Sampler(roots, PID, nv).sample()
+    assert s.values["gpu0"] == 3 * GIB
+    assert "gpu1" not in s.values  # not on that GPU: absent, not 0
+    assert s.limits["gpu0"].limit == 80 * GIB and s.limits["gpu0"].headroom == 50 * GIB
+
+
+def test_gpu_memory_not_available_is_absent_never_zero(tmp_path):
+    roots = make_tree(tmp_path)
+    nv = _nvml([FakeDevice(processes=[(PID, None)]), FakeDevice(mig=True, processes=[(PID, GIB)])])
+    s = Sampler(roots, PID, nv).sample()
+    assert not [k for k in s.values if k.startswith("gpu")]
+    assert any("not available" in n for n in s.notes)
+    assert any("MIG" in n for n in s.notes)
+
+
+def test_attached_allocator_figures(tmp_path):
+    roots = make_tree(tmp_path)
+    doc = {"cuda": {"initialized": True, "devices": {"0": {
+        "allocated_bytes": 2 * GIB, "reserved_bytes": 6 * GIB, "inactive_split_bytes": GIB,
+        "num_alloc_retries": 3, "total_bytes": 16 * GIB, "free_bytes": 9 * GIB}, "x": "junk"}}}
+    s = Sampler(roots, PID, live=lambda: doc).sample()
+    assert s.values["cuda0_reserved"] == 6 * GIB and s.values["cuda0_allocated"] == 2 * GIB
+    assert s.limits["cuda0_reserved"].headroom == 9 * GIB
+    assert s.limits["cuda0_allocated"].headroom == 13 * GIB  # cached blocks are reused first
+    assert s.counters["cuda0_num_alloc_retries"] == 3
+    bad = Sampler(roots, PID, live=lambda: {"cuda": ["not", "a", "dict"]}).sample()
+    assert not [k for k in bad.values if k.startswith("cuda")]
+
+
+def test_history_is_bounded_per_target_and_in_targets():
+    history = MemoryHistory(maxlen=10, max_targets=3)
+    for i in range(100):
+        history.add("pid:1", Sample(float(i), {"rss": float(i)}))
+    ts, ys = history.series("pid:1")["rss"]
+    assert len(ts) == 10 and ys[-1] == 99.0
+    for label in ("pid:2", "pid:3", "pid:4"):
+        history.add(label, Sample(200.0, {"rss": 1.0}))
+    assert len(history.labels()) == 3 and "pid:1" not in history.labels()  # the stalest goes
+    history.prune(["pid:3"])
+    assert history.labels() == ["pid:3"]
+
+
+def test_history_sample_drops_exited_targets(tmp_path):
+    roots = make_tree(tmp_path)
+    history = MemoryHistory()
+    assert history.sample([(f"pid:{PID}", PID), ("pid:999999", 999999)], roots) == {
+        "pid:999999": "process 999999 exited"}
+    assert history.latest(f"pid:{PID}").values["rss"] == 100 * MIB
+
+
+def test_sample_window_on_this_process_reports_progress():
+    seen = []
+    history = MemoryHistory()
+    stopped = sample_window(Sampler(), 0.3, 0.1, history, "self", lambda done, total: seen.append((done, total)))
+    assert stopped is None
+    assert len(history.series("self")["rss"][0]) >= 3
+    assert seen[-1][1] == 0.3 and seen[-1][0] >= 0.3
+    assert history.latest("self").values["rss"] > 0 and os.getpid() > 0

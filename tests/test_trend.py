@@ -1,0 +1,129 @@
+"""The leak detector on synthetic series: each gate against the shape it exists for,
+the statistics against known values, and any input without a crash."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envdoctor import trend
+
+MIB = 1024**2
+OPTS = dict(min_window=10.0, min_rise=32 * MIB)
+
+
+def times(n=60, step=0.5):
+    return [i * step for i in range(n)]
+
+
+def test_theil_sen_recovers_a_line_and_ignores_outliers():
+    ts = times()
+    ys = [100 + 3 * t for t in ts]
+    ys[5] = 1e9  # one wild sample
+    ys[40] = -1e9
+    slope, intercept = trend.theil_sen(ts, ys)
+    assert slope == pytest.approx(3.0)
+    assert intercept == pytest.approx(100.0)
+
+
+def test_mann_kendall_known_values():
+    s, p = trend.mann_kendall(list(range(10)))
+    assert s == 45  # every pair rises
+    assert p < 1e-4
+    s, p = trend.mann_kendall([5.0] * 20)
+    assert s == 0 and p == 1.0  # all ties: no evidence either way
+    s, p = trend.mann_kendall([1, 3, 2, 3, 1, 2, 3, 1, 2, 1])
+    assert p > 0.1
+
+
+def test_a_steady_leak_is_rising_with_its_slope():
+    ts = times()
+    ys = [500 * MIB + 4 * MIB * t for t in ts]
+    tr = trend.assess(ts, ys, **OPTS)
+    assert tr.rising, tr.reason
+    assert tr.slope == pytest.approx(4 * MIB)
+    assert tr.rise == pytest.approx(4 * MIB * ts[-1])
+
+
+def test_a_leak_under_noise_is_rising():
+    rng = random.Random(7)
+    ts = times(120)
+    ys = [1000 * MIB + 2 * MIB * t + rng.gauss(0, 15 * MIB) for t in ts]
+    tr = trend.assess(ts, ys, **OPTS)
+    assert tr.rising, tr.reason
+    assert tr.slope == pytest.approx(2 * MIB, rel=0.3)
+
+
+def test_steady_is_not_rising():
+    ts = times()
+    tr = trend.assess(ts, [800 * MIB] * len(ts), **OPTS)
+    assert not tr.rising and tr.slope == 0
+
+
+def test_a_sawtooth_that_frees_back_is_not_a_leak():
+    ts = times(80)
+    ys = [300 * MIB + 100 * MIB * ((t % 6.0) / 6.0) for t in ts]
+    tr = trend.assess(ts, ys, **OPTS)
+    assert not tr.rising, tr
+
+
+def test_a_sawtooth_whose_floor_rises_is_a_leak():
+    ts = times(80)
+    ys = [300 * MIB + 3 * MIB * t + 60 * MIB * ((t % 6.0) / 6.0) for t in ts]
+    assert trend.assess(ts, ys, **OPTS).rising
+
+
+@pytest.mark.parametrize("at", [0.1, 0.3, 0.5, 0.7, 0.9])
+def test_a_step_then_plateau_is_not_a_leak(at):
+    ts = times(80)
+    rng = random.Random(3)
+    ys = [500 * MIB + (200 * MIB if t >= at * ts[-1] else 0) + rng.gauss(0, MIB) for t in ts]
+    tr = trend.assess(ts, ys, **OPTS)
+    assert not tr.rising, (at, tr.reason)
+
+
+def test_growth_that_stopped_is_not_rising_now():
+    ts = times(80)
+    ys = [500 * MIB + 60 * MIB * min(t, 12.0) for t in ts]
+    tr = trend.assess(ts, ys, **OPTS)
+    assert not tr.rising
+    assert "flat since" in tr.reason or "step" in tr.reason
+
+
+def test_too_short_or_too_small_is_not_judged():
+    ts = times(10, 0.5)  # 4.5 s
+    ys = [100 * MIB + 50 * MIB * t for t in ts]
+    assert "window" in trend.assess(ts, ys, **OPTS).reason
+    ts = times(60)
+    ys = [100 * MIB + 1024 * t for t in ts]  # 30 KiB over the window
+    tr = trend.assess(ts, ys, **OPTS)
+    assert not tr.rising and "minimum" in tr.reason
+
+
+def test_time_to_exhaustion():
+    assert trend.time_to_exhaustion(100 * MIB, MIB) == pytest.approx(100.0)
+    assert trend.time_to_exhaustion(None, MIB) is None
+    assert trend.time_to_exhaustion(100, 0.0) is None
+    assert trend.time_to_exhaustion(-5, 1.0) == 0.0
+
+
+def test_thinning_keeps_the_ends_and_bounds_the_cost():
+    ts = list(range(5000))
+    t, y = trend.thin(ts, ts, 160)
+    assert len(t) <= 160 and t[0] == 0 and t[-1] == 4999
+
+
+finite = st.floats(min_value=-1e15, max_value=1e15, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e6), st.one_of(finite, st.just(math.nan), st.just(math.inf))), max_size=60))
+def test_any_series_gives_a_trend_not_a_crash(points):
+    points.sort(key=lambda p: p[0])
+    tr = trend.assess([p[0] for p in points], [p[1] for p in points], **OPTS)
+    assert isinstance(tr.rising, bool)
+    assert math.isfinite(tr.slope) or not tr.rising
