@@ -1,0 +1,398 @@
+"""`envdoctor exec`: check the environment a job is about to get, fix what can be
+fixed from inside, then become the job.
+
+For image builders: `ENTRYPOINT ["envdoctor", "exec", "--"]`, or `envdoctor exec --
+python train.py` in a Slurm script. A 64 MiB /dev/shm or 128 OpenMP threads on a
+2-CPU quota surfaces an hour into a run as a bus error or a crawl; here it is one
+line in the container log before the first import.
+
+The order of things:
+1. The command is resolved on the PATH it will get; not found is 127, found but
+   not executable 126, as a shell says (one line, nothing else runs).
+2. The checks that may run in exec run in a forked child (envdoctor.forked), on
+   the environment the command will inherit, bounded as a whole by --timeout.
+   With --fix, the changes the findings carry (envfix) are made to that
+   environment and the checks they came from are judged again on it.
+3. One line per warn/fail/error result with its fix goes to stderr, then one
+   summary line: this is a log, not a table. --report FILE gets the JSON report.
+4. --strict: a result at --fail-on or above (error counts as fail, a pre-flight
+   that did not finish too) stops here with 78 (EX_CONFIG); the command never runs.
+5. Otherwise execve(): the command replaces envdoctor in the same process, so its
+   PID, signals, exit status and process tree are its own; no wrapper stays.
+
+Python ignores SIGPIPE and SIGXFSZ for itself, and an ignored signal stays
+ignored across execve; both go back to their defaults before the exec, as
+subprocess does for its children, so `envdoctor exec -- yes | head` behaves as
+`yes | head`. envdoctor does not reap zombies: where the container has no init,
+run it under one (`docker run --init`, tini).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+EX_CONFIG = 78  # sysexits.h: the environment (configuration) is not fit to start the job
+EXIT_USAGE = 2
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+DEFAULT_TIMEOUT = 5.0
+LOG_PREFIX = "envdoctor exec: "
+
+# The built-in checks exec runs, until every built-in declares its modes itself
+# (Check.modes): cheap reads of files, the environment, NVML and the torch facts,
+# paid on every container start. Never onnx.opset (imports onnx, reads models) nor
+# torch.pin_memory (creates a CUDA context to measure). Plug-ins run in exec when
+# their declaration allows it (Check.runs_in("exec")).
+EXEC_BUILTINS = frozenset({"shm.size", "cpu.threads", "cuda.visible_devices", "dist.env", "gpu.health",
+                           "cuda.runtime", "torch.cudnn"})
+_SEVERITY = {"ok": 0, "skip": 0, "warn": 1, "fail": 2, "error": 2}
+
+
+@dataclass
+class ExecOptions:
+    strict: bool = False
+    fix: bool = False
+    keep: Sequence[str] = ()
+    report: str | None = None
+    only: Sequence[str] = ()
+    skip: Sequence[str] = ()
+    fail_on: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    attach: bool = False
+
+
+class Stop(Exception):
+    """Leave with `code` after saying `line` (bad usage, a command that cannot run, --strict)."""
+
+    def __init__(self, code: int, line: str):
+        super().__init__(line)
+        self.code = code
+        self.line = line
+
+
+def log(line: str) -> None:
+    try:
+        sys.stderr.write(LOG_PREFIX + line + "\n")
+    except (OSError, ValueError):
+        pass  # a closed stderr must not keep the job from starting
+
+
+# ----------------------------------------------------------------------------- the command
+def resolve_command(name: str, path_var: str | None) -> str:
+    """The file execve will run for `name`, searched as a shell does on `path_var`
+    (the PATH the command gets); Stop(127) when there is none, Stop(126) when the
+    only match cannot be executed."""
+    if not name:
+        raise Stop(EXIT_NOT_FOUND, "no command: the command name is empty")
+    if "/" in name:
+        candidates = [name]
+    else:
+        dirs = (path_var if path_var is not None else os.defpath).split(os.pathsep)
+        candidates = [os.path.join(d or ".", name) for d in dirs]
+    refused = None
+    for candidate in candidates:
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if "/" in name:
+                raise Stop(EXIT_CANNOT_EXECUTE, f"{name}: is a directory")
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(candidate, os.X_OK):
+            return candidate
+        refused = refused or candidate
+    if refused is not None:
+        raise Stop(EXIT_CANNOT_EXECUTE, f"{refused}: permission denied (not an executable file)")
+    if "/" in name:
+        raise Stop(EXIT_NOT_FOUND, f"{name}: no such file")
+    raise Stop(EXIT_NOT_FOUND, f"{name}: command not found (PATH={path_var if path_var is not None else os.defpath})")
+
+
+def become(path: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """execve the command; returns (126/127 with a line said) only when that fails."""
+    for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # execve discards Python's buffers
+        except (OSError, ValueError):
+            pass
+    try:
+        os.execve(path, list(argv), dict(env))
+    except OSError as exc:
+        code = EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_CANNOT_EXECUTE
+        why = "exec format error (not a binary and no #! line)" if exc.errno == errno.ENOEXEC else (exc.strerror or str(exc))
+        if exc.errno == errno.ENOENT:
+            why = "no such file, or its #! interpreter does not exist"
+        log(f"cannot run {path}: {why}")
+        return code
+    raise AssertionError("unreachable: execve returned")  # pragma: no cover
+
+
+# ----------------------------------------------------------------------------- choosing checks
+def _split(items: Sequence[str]) -> list[str]:
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
+
+
+def runs_in_exec(check: Any, builtin: bool) -> bool:
+    if not check.runs_in("exec"):
+        return False
+    return check.id in EXEC_BUILTINS if builtin else True
+
+
+def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
+    """The runner plans for exec; unknown ids, or --only naming a check that does not
+    run in exec, are bad usage (Stop(2))."""
+    from envdoctor import pipeline
+    from envdoctor.errors import UsageError
+
+    only, skip = _split(options.only), _split(options.skip)
+    try:
+        plans = pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
+    except UsageError as exc:
+        raise Stop(EXIT_USAGE, str(exc)) from None
+    chosen = [p for p in plans if runs_in_exec(p.check, registry.origins.get(p.check.id) == "envdoctor")]
+    chosen_ids = {p.check.id for p in chosen}
+    refused = [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in only]
+    if refused:
+        raise Stop(EXIT_USAGE, f"--only {', '.join(refused)}: does not run in exec (too slow or intrusive for every "
+                               f"container start; it runs in `envdoctor check`). exec runs: "
+                               f"{', '.join(sorted(p.check.id for p in chosen)) or 'nothing else selected'}")
+    return chosen
+
+
+# ----------------------------------------------------------------------------- the pre-flight (in the child)
+def _clamped(plans: Sequence[Any], seconds: float) -> list[Any]:
+    from envdoctor.runner import Plan
+
+    return [Plan(p.check, p.config, max(0.05, min(p.timeout, seconds))) for p in plans]
+
+
+def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float) -> dict[str, Any]:
+    """Run the checks on `env` (then fix and judge again), in this (forked) process.
+
+    Returns JSON-able data: final results, changes made and kept, and the JSON
+    report text when asked for. Leaves 10% of the budget for the answer to travel.
+    """
+    import socket
+    from datetime import datetime, timezone
+
+    from envdoctor import __version__, envfix, redact, runner
+    from envdoctor.context import HostSession, Session
+    from envdoctor.model import Report
+    from envdoctor.probe import run_probe
+
+    t0 = time.monotonic()
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # The child is disposable: give it the job's environment, so the torch probe and
+    # every library it loads see what the command will see.
+    os.environ.clear()
+    os.environ.update(env)
+    first = budget * 0.7
+    host = HostSession()
+    session = Session(env_override=dict(env), host=host,
+                      torch_factory=lambda s: run_probe(s.python, timeout=max(0.05, first - 0.1)))
+    gathering = None
+    if options.report:
+        from envdoctor import sysfacts
+
+        gathering = sysfacts.Gathering(session)
+    results = runner.run(_clamped(plans, first), session)
+
+    fixed_env = dict(env)
+    fix = envfix.FixPlan([], [])
+    if options.fix:
+        loudest = sorted(results, key=lambda r: -r.status.severity)
+        fix = envfix.plan([r.to_dict() for r in loudest], env, options.keep)
+        if fix.changes:
+            fixed_env = envfix.apply(env, fix.changes)
+            os.environ.update(fixed_env)
+            again = {c.check for c in fix.changes}
+            session2 = Session(env_override=fixed_env, host=host, torch_factory=lambda s: session.need("torch"))
+            left = budget * 0.9 - (time.monotonic() - t0)
+            rejudged = {r.check: r for r in runner.run(_clamped([p for p in plans if p.check.id in again], left), session2)}
+            for result in rejudged.values():
+                result.facts["exec_fixed"] = {c.name: {"from": c.old, "to": c.new}
+                                              for c in fix.changes if c.check == result.check}
+            results = [rejudged.get(r.check, r) for r in results]
+    for change in fix.kept:
+        for result in results:
+            if result.check == change.check:
+                result.facts.setdefault("exec_kept", {})[change.name] = {"value": change.old, "wanted": change.new}
+    results.sort(key=lambda r: r.check)
+    system = gathering.finish(t0 + budget * 0.9) if gathering is not None else {}
+    report = Report(host=socket.gethostname(), version=__version__, started_at=started_at, target="self",
+                    results=results, system=system, duration_seconds=time.monotonic() - t0)
+    report = redact.redact_report(report, [env, fixed_env])
+    out: dict[str, Any] = {
+        "results": [r.to_dict() for r in report.results],
+        "changes": [c.to_dict() for c in fix.changes],
+        "kept": [c.to_dict() for c in fix.kept],
+    }
+    if options.report:
+        from envdoctor import export
+
+        out["report"] = export.render("json", report)
+    return out
+
+
+# ----------------------------------------------------------------------------- the parent
+def _unfinished(plans: Sequence[Any], why: str) -> list[dict[str, Any]]:
+    return [{"check": p.check.id, "target": "self", "status": "error", "summary": why, "remediation": "",
+             "facts": {}, "duration_seconds": 0.0} for p in plans]
+
+
+def _report_without_child(rows: list[dict[str, Any]], seconds: float) -> str:
+    import json
+    import socket
+    from datetime import datetime, timezone
+
+    from envdoctor import __version__
+    from envdoctor.model import SCHEMA
+
+    return json.dumps({"schema": SCHEMA, "host": socket.gethostname(), "version": __version__,
+                       "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "target": "self",
+                       "duration_seconds": round(seconds, 6), "system": {}, "results": rows}, indent=2) + "\n"
+
+
+def _shown(name: str, value: str | None) -> str:
+    """A variable's value for the log: only names on the allow-list, never secret-looking ones."""
+    from envdoctor import redact
+
+    if value is None:
+        return "unset"
+    return value if redact.is_allowed(name) and not redact.looks_secret(name) else redact.MASK
+
+
+def _change_line(change: Mapping[str, Any]) -> str:
+    name = change["name"]
+    return f"set {name} {_shown(name, change['from'])} -> {_shown(name, change['to'])} ({change['reason']})"
+
+
+def _counts(rows: Sequence[Mapping[str, Any]]) -> str:
+    order = ("fail", "error", "warn", "ok", "skip")
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in order}
+    return ", ".join(f"{counts[s]} {s}" for s in order if counts[s]) or "nothing to check"
+
+
+def _log_results(rows: Sequence[Mapping[str, Any]], options: ExecOptions, fixable: set[str]) -> None:
+    loud = sorted((r for r in rows if _SEVERITY.get(r["status"], 0) > 0), key=lambda r: -_SEVERITY[r["status"]])
+    for row in loud:
+        line = f"{row['status']} {row['check']}: {row['summary']}"
+        if row.get("remediation"):
+            inside = row["check"] in fixable
+            where = "fix" if inside or not options.fix else "cannot be fixed from inside; fix outside"
+            line += f" | {where}: {row['remediation']}"
+        log(line)
+
+
+def run(options: ExecOptions, argv: Sequence[str]) -> int:
+    """Check, fix, report, then execve `argv`. Returns only when the command was not
+    started: the exit status to leave with (2, 78, 126, 127)."""
+    try:
+        return _run(options, list(argv))
+    except Stop as stop:
+        log(stop.line)
+        return stop.code
+
+
+def _run(options: ExecOptions, argv: list[str]) -> int:
+    if not argv:
+        raise Stop(EXIT_USAGE, "no command given: envdoctor exec [OPTIONS] -- CMD ARGS...")
+    if options.timeout <= 0:
+        raise Stop(EXIT_USAGE, "--timeout must be a positive number of seconds")
+    if options.fail_on is not None and options.fail_on not in ("warn", "fail"):
+        raise Stop(EXIT_USAGE, f"--fail-on must be warn or fail, not {options.fail_on!r}")
+    if options.attach:
+        import importlib.util
+
+        if importlib.util.find_spec("envdoctor.attach") is None:
+            raise Stop(EXIT_USAGE, "--attach needs the live view (envdoctor.attach), which this version of envdoctor "
+                                   "does not have yet; run without --attach")
+    if options.report:
+        directory = os.path.dirname(os.path.abspath(options.report))
+        if not os.path.isdir(directory):
+            raise Stop(EXIT_USAGE, f"--report {options.report}: directory {directory} does not exist")
+        if os.path.isdir(options.report):
+            raise Stop(EXIT_USAGE, f"--report {options.report}: is a directory")
+
+    env = dict(os.environ)
+    path = resolve_command(argv[0], env.get("PATH"))
+    command = os.path.basename(argv[0])  # never its arguments: they may hold secrets
+
+    from envdoctor import forked, registry as registry_module
+    from envdoctor.config import load as load_config
+    from envdoctor.errors import ConfigError
+
+    registry = registry_module.load()
+    try:
+        config = load_config(registry.checks, known_ids={f.name for f in registry.failures})
+    except ConfigError as exc:
+        raise Stop(EXIT_USAGE, f"bad config: {exc}") from None
+    fail_on = options.fail_on or config.fail_on
+    plans = select(registry, config, options)
+
+    outcome = forked.call(lambda: preflight(plans, env, options, options.timeout), options.timeout)
+    changes: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    report_text = None
+    unfinished = None
+    if outcome.kind == forked.DONE:
+        rows = outcome.value["results"]
+        changes, kept = outcome.value["changes"], outcome.value["kept"]
+        report_text = outcome.value.get("report")
+    else:
+        unfinished = (f"the pre-flight did not finish within {options.timeout:g} s (raise --timeout)"
+                      if outcome.kind == forked.TIMED_OUT else f"the pre-flight broke: {outcome.error}")
+        rows = _unfinished(plans, unfinished)
+        if options.report:
+            report_text = _report_without_child(rows, outcome.seconds)
+
+    from envdoctor import envfix
+
+    final_env = envfix.apply(env, [envfix.Change(c["name"], c["from"], c["to"], c["reason"], c["check"]) for c in changes])
+    fixable = {c["check"] for c in [*changes, *kept]}
+    if unfinished:
+        log(unfinished)
+    else:
+        _log_results(rows, options, fixable)
+    for change in changes:
+        log(_change_line(change))
+    for change in kept:
+        name = change["name"]
+        log(f"kept {name}={_shown(name, change['from'])} (--keep); {change['check']} wanted "
+            f"{_shown(name, change['to'])} ({change['reason']})")
+    would = [] if options.fix or unfinished else envfix.plan(
+        sorted(rows, key=lambda r: -_SEVERITY.get(r["status"], 0)), env, options.keep).changes
+
+    if report_text is not None and options.report:
+        from envdoctor.atomicfile import write_atomic
+        from envdoctor.errors import OutputError
+
+        try:
+            write_atomic(options.report, report_text)
+        except OutputError as exc:
+            log(f"--report: {exc}")
+
+    threshold = 1 if fail_on == "warn" else 2
+    at_or_above = [r for r in rows if _SEVERITY.get(r["status"], 0) >= threshold]
+    summary = f"{len(rows)} check{'s' if len(rows) != 1 else ''} in {outcome.seconds:.2f} s: {_counts(rows)}"
+    if changes:
+        summary += f"; {len(changes)} variable{'s' if len(changes) != 1 else ''} set by --fix"
+    if would:
+        summary += f"; --fix would set {', '.join(c.name for c in would)}"
+    if options.strict and at_or_above:
+        log(f"{summary}; --strict: not starting {command}: {len(at_or_above)} at or above {fail_on} (exit {EX_CONFIG})")
+        return EX_CONFIG
+    log(f"{summary}; starting {command}")
+    return become(path, argv, final_env)
