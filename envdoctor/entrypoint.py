@@ -178,11 +178,13 @@ def _clamped(plans: Sequence[Any], seconds: float) -> list[Any]:
     return [Plan(p.check, p.config, max(0.05, min(p.timeout, seconds))) for p in plans]
 
 
-def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float) -> dict[str, Any]:
+def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float,
+              failures: Sequence[Any] = ()) -> dict[str, Any]:
     """Run the checks on `env` (then fix and judge again), in this (forked) process.
 
     Returns JSON-able data: final results, changes made and kept, and the JSON
     report text when asked for. Leaves 10% of the budget for the answer to travel.
+    Plug-ins that failed to load (`failures`) are error rows, as in `check`.
     """
     import socket
     from datetime import datetime, timezone
@@ -207,7 +209,7 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
         from envdoctor import sysfacts
 
         gathering = sysfacts.Gathering(session)
-    results = runner.run(_clamped(plans, first), session)
+    results = runner.load_failure_results(failures, session) + runner.run(_clamped(plans, first), session)
 
     fixed_env = dict(env)
     fix = envfix.FixPlan([], [])
@@ -247,9 +249,9 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
 
 
 # ----------------------------------------------------------------------------- the parent
-def _unfinished(plans: Sequence[Any], why: str) -> list[dict[str, Any]]:
-    return [{"check": p.check.id, "target": "self", "status": "error", "summary": why, "remediation": "",
-             "facts": {}, "duration_seconds": 0.0} for p in plans]
+def _unfinished(check_ids: Sequence[str], why: str) -> list[dict[str, Any]]:
+    return [{"check": check_id, "target": "self", "status": "error", "summary": why, "remediation": "",
+             "facts": {}, "duration_seconds": 0.0} for check_id in check_ids]
 
 
 def _report_without_child(rows: list[dict[str, Any]], seconds: float) -> str:
@@ -341,8 +343,10 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
         raise Stop(EXIT_USAGE, f"bad config: {exc}") from None
     fail_on = options.fail_on or config.fail_on
     plans = select(registry, config, options)
+    only = set(_split(options.only)) | set(config.only)
+    failures = [f for f in registry.failures if not only or f.name in only]
 
-    outcome = forked.call(lambda: preflight(plans, env, options, options.timeout), options.timeout)
+    outcome = forked.call(lambda: preflight(plans, env, options, options.timeout, failures), options.timeout)
     changes: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
     report_text = None
@@ -354,7 +358,7 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
     else:
         unfinished = (f"the pre-flight did not finish within {options.timeout:g} s (raise --timeout)"
                       if outcome.kind == forked.TIMED_OUT else f"the pre-flight broke: {outcome.error}")
-        rows = _unfinished(plans, unfinished)
+        rows = _unfinished([p.check.id for p in plans] + [f.name for f in failures], unfinished)
         if options.report:
             report_text = _report_without_child(rows, outcome.seconds)
 

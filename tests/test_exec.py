@@ -1,0 +1,282 @@
+"""`envdoctor exec` as an image's entrypoint meets it: it becomes the command.
+
+Every test runs the real CLI in a subprocess and a real command after it: exit
+statuses and signals come back as the command's own, the PID the test started is
+the PID the job runs in, a signal sent to that PID reaches the job's handler, no
+process of envdoctor's stays behind, and bad usage or a command that cannot run
+ends in one line with 2, 126 or 127.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from helpers import cli
+
+REPO = Path(__file__).resolve().parent.parent
+EXEC_IDS = {"shm.size", "cpu.threads", "cuda.visible_devices", "dist.env", "gpu.health", "cuda.runtime", "torch.cudnn"}
+LOG = "envdoctor exec: "
+
+
+def envdoctor_exec(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return cli("exec", *args, env=env, **kwargs)
+
+
+def log_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(LOG)]
+
+
+def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    full_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "envdoctor", "exec", *args], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("status", [0, 1, 7, 255])
+def test_exit_status_is_the_commands_own(status):
+    proc = envdoctor_exec("--", "sh", "-c", f"exit {status}")
+    assert proc.returncode == status, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert log_lines(proc.stderr)[-1].endswith("starting sh")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV])
+def test_death_by_signal_shows_as_such_to_the_parent(sig):
+    proc = envdoctor_exec("--", "sh", "-c", f"kill -{sig.name[3:]} $$")
+    assert proc.returncode == -sig, (proc.returncode, proc.stderr)
+
+
+def test_the_job_runs_in_the_pid_that_was_started_and_nothing_stays_between():
+    job = "import os; print(os.getpid(), os.getppid(), open('/proc/self/task/%d/children' % os.getpid()).read().split())"
+    proc = start("--", sys.executable, "-c", job)
+    out, err = proc.communicate(timeout=60)
+    pid, ppid, children = out.split(" ", 2)
+    assert int(pid) == proc.pid, err  # envdoctor was replaced, not wrapped
+    assert int(ppid) == os.getpid()  # no process between the test and the job
+    assert eval(children) == [], "the pre-flight's child must be gone (reaped) before the job starts"
+
+
+def test_sigterm_to_the_started_pid_reaches_the_jobs_handler(tmp_path):
+    ready = tmp_path / "ready"
+    job = (
+        "import signal, sys, time, pathlib\n"
+        "def bye(signum, frame):\n"
+        "    print('handled', signum, flush=True); sys.exit(42)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+        "for _ in range(600): time.sleep(0.1)\n"
+        "sys.exit(3)\n"
+    )
+    proc = start("--", sys.executable, "-c", job)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 42, err
+    assert out.strip() == f"handled {int(signal.SIGTERM)}"
+
+
+def test_the_job_gets_default_signal_dispositions_and_no_extra_descriptors():
+    # Python ignores SIGPIPE and SIGXFSZ, and ignored signals survive execve: exec must undo that.
+    status = envdoctor_exec("--", "grep", "^SigIgn", "/proc/self/status")
+    ignored = int(status.stdout.split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), status.stdout
+    assert not ignored & (1 << (signal.SIGXFSZ - 1)), status.stdout
+    # Same job, started directly and through exec: the same open descriptors (nothing of envdoctor's leaks).
+    job = [sys.executable, "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"]
+    direct = subprocess.run(job, capture_output=True, text=True, timeout=60)
+    through = envdoctor_exec("--", *job)
+    assert through.stdout == direct.stdout, through.stderr
+
+
+def test_yes_into_head_ends_like_a_shell_pipeline():
+    # With SIGPIPE left ignored, `yes` would get EPIPE and print an error instead of dying quietly.
+    proc = subprocess.run(f"{sys.executable} -m envdoctor exec -- yes | head -n 2; echo \"${{PIPESTATUS[0]}}\"",
+                          shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["y", "y"]
+    assert lines[2] == str(128 + signal.SIGPIPE), proc.stderr
+    assert "Broken pipe" not in proc.stderr
+
+
+def test_a_command_that_is_not_there_is_127_in_one_line(tmp_path):
+    proc = envdoctor_exec("--", "envdoctor-no-such-command-xyz")
+    assert proc.returncode == 127
+    assert log_lines(proc.stderr) == [proc.stderr.strip()]
+    assert "envdoctor-no-such-command-xyz: command not found" in proc.stderr
+    missing = envdoctor_exec("--", str(tmp_path / "nothing-here"))
+    assert missing.returncode == 127 and "no such file" in missing.stderr
+    script = tmp_path / "bad-interpreter"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    bad = envdoctor_exec("--", str(script))
+    assert bad.returncode == 127 and "interpreter" in bad.stderr, bad.stderr
+
+
+def test_a_command_that_cannot_be_executed_is_126_in_one_line(tmp_path):
+    plain = tmp_path / "not-executable"
+    plain.write_text("echo hi\n")
+    plain.chmod(0o644)
+    proc = envdoctor_exec("--", str(plain))
+    assert proc.returncode == 126, proc.stderr
+    assert "permission denied" in proc.stderr and len(log_lines(proc.stderr)) == 1
+    directory = envdoctor_exec("--", str(tmp_path))
+    assert directory.returncode == 126 and "is a directory" in directory.stderr
+    binary = tmp_path / "garbage"
+    binary.write_bytes(b"\x00\x01\x02 not a program\n")
+    binary.chmod(0o755)
+    garbage = envdoctor_exec("--", str(binary))
+    assert garbage.returncode == 126 and "exec format error" in garbage.stderr
+
+
+def test_a_command_is_found_on_the_path_it_will_get(tmp_path):
+    tool = tmp_path / "bin" / "my-job"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho found-me\n")
+    tool.chmod(0o755)
+    proc = envdoctor_exec("--", "my-job", env={"PATH": f"{tool.parent}{os.pathsep}{os.environ['PATH']}"})
+    assert proc.returncode == 0 and proc.stdout == "found-me\n", proc.stderr
+
+
+@pytest.mark.parametrize("args, said", [
+    ((), "no command given"),
+    (("--fail-on", "loud", "--", "true"), "--fail-on must be warn or fail"),
+    (("--timeout", "0", "--", "true"), "--timeout must be a positive"),
+    (("--only", "no.such_check", "--", "true"), "unknown check id 'no.such_check'"),
+    (("--only", "onnx.opset", "--", "true"), "onnx.opset: does not run in exec"),
+    (("--only", "torch.pin_memory", "--", "true"), "torch.pin_memory: does not run in exec"),
+    (("--attach", "--", "true"), "--attach needs the live view"),
+    (("--report", "/nonexistent-dir-xyz/report.json", "--", "true"), "does not exist"),
+    (("--no-such-flag", "--", "true"), "No such option"),
+])
+def test_bad_usage_is_2_in_one_line_and_nothing_runs(tmp_path, args, said):
+    marker = tmp_path / "ran"
+    if args and args[-1] == "true":
+        args = (*args[:-1], "touch", str(marker))
+    proc = envdoctor_exec(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_a_bad_config_is_2_naming_the_file(tmp_path):
+    (tmp_path / "envdoctor.toml").write_text('[check."shm.size"]\nmin_bytez = 1\n')
+    proc = envdoctor_exec("--", "true", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "envdoctor.toml" in proc.stderr and "min_bytez" in proc.stderr
+
+
+def test_options_after_the_command_belong_to_the_command():
+    proc = envdoctor_exec("--", sys.executable, "-c", "import sys; print(sys.argv[1:])", "--strict", "--fix")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == "['--strict', '--fix']"
+
+
+def test_the_log_is_one_line_per_problem_with_its_fix_and_one_summary(tmp_path):
+    # 64 threads asked for on this machine's few CPUs: a real cpu.threads warning
+    proc = envdoctor_exec("--", "true", env={"OMP_NUM_THREADS": "64"})
+    lines = log_lines(proc.stderr)
+    assert proc.stderr.splitlines() == lines  # nothing but log lines: no table, no traceback
+    warn = [line for line in lines if line.startswith(LOG + "warn cpu.threads:")]
+    assert len(warn) == 1 and "OMP_NUM_THREADS=64" in warn[0]
+    assert "| fix: export OMP_NUM_THREADS=" in warn[0]
+    assert lines[-1].startswith(LOG + "7 checks in ") and lines[-1].endswith("; starting true")
+    assert "1 warn" in lines[-1] and "--fix would set OMP_NUM_THREADS" in lines[-1]
+    assert len(lines) == 2
+
+
+def test_the_commands_arguments_never_reach_the_log():
+    proc = envdoctor_exec("--", "sh", "-c", "exit 0", "--password=hunter2-secret")
+    assert proc.returncode == 0
+    assert "hunter2" not in proc.stderr and "exit 0" not in proc.stderr
+
+
+def test_strict_refuses_at_fail_on_with_78_and_the_command_leaves_no_trace(tmp_path):
+    marker = tmp_path / "ran"
+    proc = envdoctor_exec("--strict", "--fail-on", "warn", "--", "touch", str(marker), env={"OMP_NUM_THREADS": "64"})
+    assert proc.returncode == 78, proc.stderr
+    assert not marker.exists()
+    assert "--strict: not starting touch" in log_lines(proc.stderr)[-1]
+    # at the default level (fail) the same warning does not stop it
+    ok = envdoctor_exec("--strict", "--", "touch", str(marker), env={"OMP_NUM_THREADS": "64"})
+    assert ok.returncode == 0 and marker.exists(), ok.stderr
+
+
+def test_fix_gives_the_command_fitting_thread_counts_and_keep_protects_a_variable():
+    cpus = len(os.sched_getaffinity(0))
+    show = [sys.executable, "-c", "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if 'THREADS' in k}))"]
+    fixed = envdoctor_exec("--fix", "--", *show, env={"OMP_NUM_THREADS": str(cpus * 8)})
+    got = json.loads(fixed.stdout)
+    assert got == {name: str(cpus) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}, fixed.stderr
+    lines = log_lines(fixed.stderr)
+    assert f"{LOG}set OMP_NUM_THREADS {cpus * 8} -> {cpus} ({cpus} CPU{'s' if cpus > 1 else ''} of " in "\n".join(lines)
+    assert not [line for line in lines if line.startswith(LOG + "warn cpu.threads")], "judged again after the fix"
+
+    kept = envdoctor_exec("--fix", "--keep", "OMP_NUM_THREADS", "--", *show, env={"OMP_NUM_THREADS": str(cpus * 8)})
+    got = json.loads(kept.stdout)
+    assert got["OMP_NUM_THREADS"] == str(cpus * 8) and got["MKL_NUM_THREADS"] == str(cpus)
+    assert any(line.startswith(f"{LOG}kept OMP_NUM_THREADS={cpus * 8} (--keep)") for line in log_lines(kept.stderr))
+
+
+def test_report_file_is_the_json_report_of_the_exec_checks(tmp_path):
+    report = tmp_path / "report.json"
+    proc = envdoctor_exec("--fix", "--report", str(report), "--", "true", env={"OMP_NUM_THREADS": "999"})
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(report.read_text())
+    schema = json.loads((REPO / "envdoctor" / "schema" / "report-v1.json").read_text())
+    jsonschema.validate(document, schema)
+    rows = {r["check"]: r for r in document["results"]}
+    assert set(rows) == EXEC_IDS
+    assert rows["cpu.threads"]["facts"]["exec_fixed"]["OMP_NUM_THREADS"]["from"] == "999"
+    assert document["system"]["cpu_logical"] == os.cpu_count()
+    assert not list(tmp_path.glob(".report.json.*")), "no temporary file left"
+
+
+def test_only_and_skip_choose_among_the_exec_checks(tmp_path):
+    report = tmp_path / "r.json"
+    proc = envdoctor_exec("--only", "shm.size,cpu.threads", "--skip", "cpu.threads", "--report", str(report), "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["check"] for r in json.loads(report.read_text())["results"]] == ["shm.size"]
+    assert "1 check in" in log_lines(proc.stderr)[-1]
+
+
+def test_a_hung_check_never_holds_the_job(plugin_env, tmp_path):
+    marker = tmp_path / "ran"
+    env = {**plugin_env, "ENVDOCTOR_CHECK__EXAMPLE_SLEEPY__SECONDS": "120"}
+    started = time.monotonic()
+    proc = envdoctor_exec("--timeout", "2", "--only", "example.sleepy,shm.size", "--", "touch", str(marker), env=env)
+    assert time.monotonic() - started < 60, "exec waited for the hung check"
+    assert proc.returncode == 0 and marker.exists(), proc.stderr
+    error = [line for line in log_lines(proc.stderr) if line.startswith(LOG + "error example.sleepy")]
+    assert error and "timed out" in error[0], proc.stderr
+
+    marker.unlink()
+    strict = envdoctor_exec("--strict", "--timeout", "2", "--only", "example.sleepy", "--", "touch", str(marker), env=env)
+    assert strict.returncode == 78 and not marker.exists(), strict.stderr
+
+
+def test_a_broken_plugin_is_an_error_row_and_strict_refuses(plugin_env, tmp_path):
+    marker = tmp_path / "ran"
+    proc = envdoctor_exec("--strict", "--only", "example.broken", "--", "touch", str(marker), env=plugin_env)
+    assert proc.returncode == 78 and not marker.exists(), proc.stderr
+    assert any(line.startswith(LOG + "error example.broken") for line in log_lines(proc.stderr))
