@@ -178,8 +178,19 @@ def _clamped(plans: Sequence[Any], seconds: float) -> list[Any]:
     return [Plan(p.check, p.config, max(0.05, min(p.timeout, seconds))) for p in plans]
 
 
+def _probe(python: str, timeout: float) -> Any:
+    """The torch facts, bounded by exec's own budget (ENVDOCTOR_PROBE_TIMEOUT does not apply here)."""
+    from envdoctor.probe import TIMEOUT_VAR, ProbeError, run_probe
+
+    try:
+        return run_probe(python, timeout=timeout)
+    except ProbeError as exc:
+        raise ProbeError(str(exc).replace(f"raise the limit with {TIMEOUT_VAR}=SECONDS",
+                                          "exec's --timeout bounds it (torch facts are cached after one full run)")) from None
+
+
 def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float,
-              failures: Sequence[Any] = ()) -> dict[str, Any]:
+              failures: Sequence[Any] = (), host: Any = None) -> dict[str, Any]:
     """Run the checks on `env` (then fix and judge again), in this (forked) process.
 
     Returns JSON-able data: final results, changes made and kept, and the JSON
@@ -192,7 +203,6 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
     from envdoctor import __version__, envfix, redact, runner
     from envdoctor.context import HostSession, Session
     from envdoctor.model import Report
-    from envdoctor.probe import run_probe
 
     t0 = time.monotonic()
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -201,9 +211,8 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
     os.environ.clear()
     os.environ.update(env)
     first = budget * 0.7
-    host = HostSession()
-    session = Session(env_override=dict(env), host=host,
-                      torch_factory=lambda s: run_probe(s.python, timeout=max(0.05, first - 0.1)))
+    host = host or HostSession()
+    session = Session(env_override=dict(env), host=host, torch_factory=lambda s: _probe(s.python, max(0.05, first - 0.1)))
     gathering = None
     if options.report:
         from envdoctor import sysfacts
