@@ -43,7 +43,7 @@ EXIT_USAGE = 2
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 DEFAULT_TIMEOUT = 5.0
-LOG_PREFIX = "envdoctor exec: "
+SOURCE = "envdoctor.exec"  # the `source=` field of every line exec logs
 
 # The built-in checks exec runs, until every built-in declares its modes itself
 # (Check.modes): cheap reads of files, the environment, NVML and the torch facts,
@@ -77,11 +77,11 @@ class Stop(Exception):
         self.line = line
 
 
-def log(line: str) -> None:
-    try:
-        sys.stderr.write(LOG_PREFIX + line + "\n")
-    except (OSError, ValueError):
-        pass  # a closed stderr must not keep the job from starting
+def log(level: str, message: str, **fields: Any) -> None:
+    """One logfmt line on stderr (envdoctor.log: redacted, never raises), marked as exec's."""
+    from envdoctor import log as logger
+
+    logger.event(level, message, **{k: v for k, v in fields.items() if v is not None}, source=SOURCE)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -134,7 +134,7 @@ def become(path: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
         why = "exec format error (not a binary and no #! line)" if exc.errno == errno.ENOEXEC else (exc.strerror or str(exc))
         if exc.errno == errno.ENOENT:
             why = "no such file, or its #! interpreter does not exist"
-        log(f"cannot run {path}: {why}")
+        log("error", f"cannot run {path}: {why}", exit=code)
         return code
     raise AssertionError("unreachable: execve returned")  # pragma: no cover
 
@@ -285,26 +285,30 @@ def _shown(name: str, value: str | None) -> str:
     return value if redact.is_allowed(name) and not redact.looks_secret(name) else redact.MASK
 
 
-def _change_line(change: Mapping[str, Any]) -> str:
-    name = change["name"]
-    return f"set {name} {_shown(name, change['from'])} -> {_shown(name, change['to'])} ({change['reason']})"
-
-
-def _counts(rows: Sequence[Mapping[str, Any]]) -> str:
-    order = ("fail", "error", "warn", "ok", "skip")
-    counts = {s: sum(1 for r in rows if r["status"] == s) for s in order}
-    return ", ".join(f"{counts[s]} {s}" for s in order if counts[s]) or "nothing to check"
+def _counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    return {s: sum(1 for r in rows if r["status"] == s) for s in ("fail", "error", "warn", "ok", "skip")}
 
 
 def _log_results(rows: Sequence[Mapping[str, Any]], options: ExecOptions, fixable: set[str]) -> None:
+    """One line per warn/fail/error result, loudest first, with its fix."""
     loud = sorted((r for r in rows if _SEVERITY.get(r["status"], 0) > 0), key=lambda r: -_SEVERITY[r["status"]])
     for row in loud:
-        line = f"{row['status']} {row['check']}: {row['summary']}"
-        if row.get("remediation"):
-            inside = row["check"] in fixable
-            where = "fix" if inside or not options.fix else "cannot be fixed from inside; fix outside"
-            line += f" | {where}: {row['remediation']}"
-        log(line)
+        message = f"{row['status']} {row['check']}: {row['summary']}"
+        if options.fix and row.get("remediation") and row["check"] not in fixable:
+            message += " (cannot be fixed from inside the container)"
+        log("warn" if row["status"] == "warn" else "error", message, check=row["check"], status=row["status"],
+            fix=row.get("remediation") or None)
+
+
+def _log_changes(changes: Sequence[Mapping[str, Any]], kept: Sequence[Mapping[str, Any]]) -> None:
+    """`set OMP_NUM_THREADS 16 -> 2 (2 CPUs of cgroup quota)`, and what --keep protected."""
+    for change in changes:
+        name, old, new = change["name"], _shown(change["name"], change["from"]), _shown(change["name"], change["to"])
+        log("info", f"set {name} {old} -> {new} ({change['reason']})", var=name, old=old, new=new, check=change["check"])
+    for change in kept:
+        name, old, new = change["name"], _shown(change["name"], change["from"]), _shown(change["name"], change["to"])
+        log("info", f"kept {name}={old} (--keep); {change['check']} wanted {new} ({change['reason']})",
+            var=name, old=old, wanted=new, check=change["check"])
 
 
 def run(options: ExecOptions, argv: Sequence[str]) -> int:
@@ -313,11 +317,11 @@ def run(options: ExecOptions, argv: Sequence[str]) -> int:
     try:
         return _run(options, list(argv))
     except Stop as stop:
-        log(stop.line)
+        log("error", stop.line, exit=stop.code)
         return stop.code
 
 
-def _run(options: ExecOptions, argv: list[str]) -> int:
+def _validate(options: ExecOptions, argv: list[str]) -> None:
     if not argv:
         raise Stop(EXIT_USAGE, "no command given: envdoctor exec [OPTIONS] -- CMD ARGS...")
     if options.timeout <= 0:
@@ -337,11 +341,24 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
         if os.path.isdir(options.report):
             raise Stop(EXIT_USAGE, f"--report {options.report}: is a directory")
 
+
+def _write_report(path: str, text: str) -> None:
+    from envdoctor.atomicfile import write_atomic
+    from envdoctor.errors import OutputError
+
+    try:
+        write_atomic(path, text)
+    except OutputError as exc:  # the job still starts: a report path is not the environment
+        log("error", f"--report: {exc}")
+
+
+def _run(options: ExecOptions, argv: list[str]) -> int:
+    _validate(options, argv)
     env = dict(os.environ)
     path = resolve_command(argv[0], env.get("PATH"))
     command = os.path.basename(argv[0])  # never its arguments: they may hold secrets
 
-    from envdoctor import forked, registry as registry_module
+    from envdoctor import envfix, forked, registry as registry_module
     from envdoctor.config import load as load_config
     from envdoctor.errors import ConfigError
 
@@ -358,54 +375,37 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
     outcome = forked.call(lambda: preflight(plans, env, options, options.timeout, failures), options.timeout)
     changes: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
-    report_text = None
-    unfinished = None
     if outcome.kind == forked.DONE:
         rows = outcome.value["results"]
         changes, kept = outcome.value["changes"], outcome.value["kept"]
         report_text = outcome.value.get("report")
+        _log_results(rows, options, {c["check"] for c in [*changes, *kept]})
     else:
         unfinished = (f"the pre-flight did not finish within {options.timeout:g} s (raise --timeout)"
                       if outcome.kind == forked.TIMED_OUT else f"the pre-flight broke: {outcome.error}")
         rows = _unfinished([p.check.id for p in plans] + [f.name for f in failures], unfinished)
-        if options.report:
-            report_text = _report_without_child(rows, outcome.seconds)
-
-    from envdoctor import envfix
-
+        report_text = _report_without_child(rows, outcome.seconds) if options.report else None
+        log("error", unfinished)
+    _log_changes(changes, kept)
     final_env = envfix.apply(env, [envfix.Change(c["name"], c["from"], c["to"], c["reason"], c["check"]) for c in changes])
-    fixable = {c["check"] for c in [*changes, *kept]}
-    if unfinished:
-        log(unfinished)
-    else:
-        _log_results(rows, options, fixable)
-    for change in changes:
-        log(_change_line(change))
-    for change in kept:
-        name = change["name"]
-        log(f"kept {name}={_shown(name, change['from'])} (--keep); {change['check']} wanted "
-            f"{_shown(name, change['to'])} ({change['reason']})")
-    would = [] if options.fix or unfinished else envfix.plan(
-        sorted(rows, key=lambda r: -_SEVERITY.get(r["status"], 0)), env, options.keep).changes
-
     if report_text is not None and options.report:
-        from envdoctor.atomicfile import write_atomic
-        from envdoctor.errors import OutputError
+        _write_report(options.report, report_text)
 
-        try:
-            write_atomic(options.report, report_text)
-        except OutputError as exc:
-            log(f"--report: {exc}")
-
-    threshold = 1 if fail_on == "warn" else 2
-    at_or_above = [r for r in rows if _SEVERITY.get(r["status"], 0) >= threshold]
-    summary = f"{len(rows)} check{'s' if len(rows) != 1 else ''} in {outcome.seconds:.2f} s: {_counts(rows)}"
+    counts = _counts(rows)
+    summary = (f"{len(rows)} check{'s' if len(rows) != 1 else ''} in {outcome.seconds:.2f} s: "
+               + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to check"))
     if changes:
         summary += f"; {len(changes)} variable{'s' if len(changes) != 1 else ''} set by --fix"
+    would = [] if options.fix else envfix.plan(sorted(rows, key=lambda r: -_SEVERITY.get(r["status"], 0)), env,
+                                               options.keep).changes
     if would:
         summary += f"; --fix would set {', '.join(c.name for c in would)}"
+    fields = dict(checks=len(rows), seconds=f"{outcome.seconds:.3f}", **{k: v for k, v in counts.items() if v},
+                  fixed=len(changes) or None, command=command)
+    at_or_above = [r for r in rows if _SEVERITY.get(r["status"], 0) >= (1 if fail_on == "warn" else 2)]
     if options.strict and at_or_above:
-        log(f"{summary}; --strict: not starting {command}: {len(at_or_above)} at or above {fail_on} (exit {EX_CONFIG})")
+        log("error", f"{summary}; --strict: not starting {command}: {len(at_or_above)} at or above {fail_on}",
+            **fields, action="refuse", exit=EX_CONFIG)
         return EX_CONFIG
-    log(f"{summary}; starting {command}")
+    log("info", f"{summary}; starting {command}", **fields, action="start")
     return become(path, argv, final_env)

@@ -20,19 +20,15 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from exec_log import events, messages, one
 from helpers import cli
 
 REPO = Path(__file__).resolve().parent.parent
 EXEC_IDS = {"shm.size", "cpu.threads", "cuda.visible_devices", "dist.env", "gpu.health", "cuda.runtime", "torch.cudnn"}
-LOG = "envdoctor exec: "
 
 
 def envdoctor_exec(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     return cli("exec", *args, env=env, **kwargs)
-
-
-def log_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith(LOG)]
 
 
 def start(*args: str, env: dict | None = None) -> subprocess.Popen:
@@ -47,7 +43,8 @@ def test_exit_status_is_the_commands_own(status):
     proc = envdoctor_exec("--", "sh", "-c", f"exit {status}")
     assert proc.returncode == status, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert log_lines(proc.stderr)[-1].endswith("starting sh")
+    last = events(proc.stderr)[-1]
+    assert last["action"] == "start" and last["command"] == "sh" and last["msg"].endswith("starting sh")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV])
@@ -120,8 +117,10 @@ def test_yes_into_head_ends_like_a_shell_pipeline():
 def test_a_command_that_is_not_there_is_127_in_one_line(tmp_path):
     proc = envdoctor_exec("--", "envdoctor-no-such-command-xyz")
     assert proc.returncode == 127
-    assert log_lines(proc.stderr) == [proc.stderr.strip()]
-    assert "envdoctor-no-such-command-xyz: command not found" in proc.stderr
+    (line,) = proc.stderr.splitlines()  # one line, and nothing ran
+    (event,) = events(line)
+    assert event["level"] == "error" and event["exit"] == "127"
+    assert event["msg"].startswith("envdoctor-no-such-command-xyz: command not found")
     missing = envdoctor_exec("--", str(tmp_path / "nothing-here"))
     assert missing.returncode == 127 and "no such file" in missing.stderr
     script = tmp_path / "bad-interpreter"
@@ -137,7 +136,7 @@ def test_a_command_that_cannot_be_executed_is_126_in_one_line(tmp_path):
     plain.chmod(0o644)
     proc = envdoctor_exec("--", str(plain))
     assert proc.returncode == 126, proc.stderr
-    assert "permission denied" in proc.stderr and len(log_lines(proc.stderr)) == 1
+    assert len(proc.stderr.splitlines()) == 1 and "permission denied" in messages(proc.stderr)[0]
     directory = envdoctor_exec("--", str(tmp_path))
     assert directory.returncode == 126 and "is a directory" in directory.stderr
     binary = tmp_path / "garbage"
@@ -194,14 +193,15 @@ def test_options_after_the_command_belong_to_the_command():
 def test_the_log_is_one_line_per_problem_with_its_fix_and_one_summary(tmp_path):
     # 64 threads asked for on this machine's few CPUs: a real cpu.threads warning
     proc = envdoctor_exec("--", "true", env={"OMP_NUM_THREADS": "64"})
-    lines = log_lines(proc.stderr)
-    assert proc.stderr.splitlines() == lines  # nothing but log lines: no table, no traceback
-    warn = [line for line in lines if line.startswith(LOG + "warn cpu.threads:")]
-    assert len(warn) == 1 and "OMP_NUM_THREADS=64" in warn[0]
-    assert "| fix: export OMP_NUM_THREADS=" in warn[0]
-    assert lines[-1].startswith(LOG + "7 checks in ") and lines[-1].endswith("; starting true")
-    assert "1 warn" in lines[-1] and "--fix would set OMP_NUM_THREADS" in lines[-1]
-    assert len(lines) == 2
+    logged = events(proc.stderr)
+    assert len(logged) == len(proc.stderr.splitlines()) == 2  # nothing but log lines: no table, no traceback
+    warn, summary = logged
+    assert warn["level"] == "warn" and warn["check"] == "cpu.threads" and warn["status"] == "warn"
+    assert warn["msg"].startswith("warn cpu.threads: ") and "OMP_NUM_THREADS=64" in warn["msg"]
+    assert warn["fix"].startswith("export OMP_NUM_THREADS=")
+    assert summary["msg"].startswith("7 checks in ") and summary["msg"].endswith("; starting true")
+    assert summary["warn"] == "1" and summary["checks"] == "7" and summary["action"] == "start"
+    assert "--fix would set OMP_NUM_THREADS" in summary["msg"]
 
 
 def test_the_commands_arguments_never_reach_the_log():
@@ -215,7 +215,8 @@ def test_strict_refuses_at_fail_on_with_78_and_the_command_leaves_no_trace(tmp_p
     proc = envdoctor_exec("--strict", "--fail-on", "warn", "--", "touch", str(marker), env={"OMP_NUM_THREADS": "64"})
     assert proc.returncode == 78, proc.stderr
     assert not marker.exists()
-    assert "--strict: not starting touch" in log_lines(proc.stderr)[-1]
+    last = events(proc.stderr)[-1]
+    assert "--strict: not starting touch" in last["msg"] and last["action"] == "refuse" and last["exit"] == "78"
     # at the default level (fail) the same warning does not stop it
     ok = envdoctor_exec("--strict", "--", "touch", str(marker), env={"OMP_NUM_THREADS": "64"})
     assert ok.returncode == 0 and marker.exists(), ok.stderr
@@ -228,14 +229,16 @@ def test_fix_gives_the_command_fitting_thread_counts_and_keep_protects_a_variabl
     got = json.loads(fixed.stdout)
     assert got == {name: str(cpus) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}, fixed.stderr
-    lines = log_lines(fixed.stderr)
-    assert f"{LOG}set OMP_NUM_THREADS {cpus * 8} -> {cpus} ({cpus} CPU{'s' if cpus > 1 else ''} of " in "\n".join(lines)
-    assert not [line for line in lines if line.startswith(LOG + "warn cpu.threads")], "judged again after the fix"
+    change = one(fixed.stderr, "set OMP_NUM_THREADS")
+    assert change["msg"].startswith(f"set OMP_NUM_THREADS {cpus * 8} -> {cpus} ({cpus} CPU{'s' if cpus > 1 else ''} of ")
+    assert (change["var"], change["old"], change["new"]) == ("OMP_NUM_THREADS", str(cpus * 8), str(cpus))
+    assert not [e for e in events(fixed.stderr) if e.get("check") == "cpu.threads" and "status" in e], \
+        "judged again after the fix: no warning left"
 
     kept = envdoctor_exec("--fix", "--keep", "OMP_NUM_THREADS", "--", *show, env={"OMP_NUM_THREADS": str(cpus * 8)})
     got = json.loads(kept.stdout)
     assert got["OMP_NUM_THREADS"] == str(cpus * 8) and got["MKL_NUM_THREADS"] == str(cpus)
-    assert any(line.startswith(f"{LOG}kept OMP_NUM_THREADS={cpus * 8} (--keep)") for line in log_lines(kept.stderr))
+    assert one(kept.stderr, f"kept OMP_NUM_THREADS={cpus * 8} (--keep)")["wanted"] == str(cpus)
 
 
 def test_report_file_is_the_json_report_of_the_exec_checks(tmp_path):
@@ -257,7 +260,7 @@ def test_only_and_skip_choose_among_the_exec_checks(tmp_path):
     proc = envdoctor_exec("--only", "shm.size,cpu.threads", "--skip", "cpu.threads", "--report", str(report), "--", "true")
     assert proc.returncode == 0, proc.stderr
     assert [r["check"] for r in json.loads(report.read_text())["results"]] == ["shm.size"]
-    assert "1 check in" in log_lines(proc.stderr)[-1]
+    assert events(proc.stderr)[-1]["msg"].startswith("1 check in")
 
 
 def test_a_hung_check_never_holds_the_job(plugin_env, tmp_path):
@@ -267,8 +270,8 @@ def test_a_hung_check_never_holds_the_job(plugin_env, tmp_path):
     proc = envdoctor_exec("--timeout", "2", "--only", "example.sleepy,shm.size", "--", "touch", str(marker), env=env)
     assert time.monotonic() - started < 60, "exec waited for the hung check"
     assert proc.returncode == 0 and marker.exists(), proc.stderr
-    error = [line for line in log_lines(proc.stderr) if line.startswith(LOG + "error example.sleepy")]
-    assert error and "timed out" in error[0], proc.stderr
+    error = one(proc.stderr, "error example.sleepy")
+    assert error["level"] == "error" and "timed out" in error["msg"], proc.stderr
 
     marker.unlink()
     strict = envdoctor_exec("--strict", "--timeout", "2", "--only", "example.sleepy", "--", "touch", str(marker), env=env)
@@ -279,4 +282,4 @@ def test_a_broken_plugin_is_an_error_row_and_strict_refuses(plugin_env, tmp_path
     marker = tmp_path / "ran"
     proc = envdoctor_exec("--strict", "--only", "example.broken", "--", "touch", str(marker), env=plugin_env)
     assert proc.returncode == 78 and not marker.exists(), proc.stderr
-    assert any(line.startswith(LOG + "error example.broken") for line in log_lines(proc.stderr))
+    assert one(proc.stderr, "error example.broken")["status"] == "error"

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from exec_log import events, one
 from test_real_cgroup import _make_limited_cgroup, _remove
 
 pytestmark = pytest.mark.real
 
 PY = sys.executable
-LOG = "envdoctor exec: "
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 SHOW_THREADS = "import os, json; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (THREAD_VARS,)
 
@@ -52,20 +52,15 @@ def _in_shm_namespace(size: str, exec_args: str, tmp_path: Path, **env: str) -> 
     return proc
 
 
-def _line(proc: subprocess.CompletedProcess, start: str) -> str:
-    found = [line for line in proc.stderr.splitlines() if line.startswith(LOG + start)]
-    assert len(found) == 1, proc.stderr
-    return found[0]
-
-
 def test_strict_refuses_a_64m_shm_with_78_and_the_command_leaves_no_trace(tmp_path):
     marker = tmp_path / "job-ran"
     proc = _in_shm_namespace("64m", f"--strict -- sh -c 'touch {marker}'", tmp_path)
     assert proc.returncode == 78, proc.stderr
     assert not marker.exists()
-    fail = _line(proc, "fail shm.size:")
-    assert "/dev/shm is 64 MiB (Docker's default)" in fail and "--shm-size=" in fail and "medium: Memory" in fail
-    assert "--strict: not starting sh" in proc.stderr.splitlines()[-1]
+    fail = one(proc.stderr, "fail shm.size:")
+    assert "/dev/shm is 64 MiB (Docker's default)" in fail["msg"]
+    assert "docker run --shm-size=" in fail["fix"] and "medium: Memory" in fail["fix"]
+    assert "--strict: not starting sh" in events(proc.stderr)[-1]["msg"]
 
 
 def test_without_strict_the_job_runs_in_the_64m_namespace_and_the_log_names_the_problem(tmp_path):
@@ -75,15 +70,16 @@ def test_without_strict_the_job_runs_in_the_64m_namespace_and_the_log_names_the_
     proc = _in_shm_namespace("64m", f"--fix -- {job}", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert marker.read_text() == str(64 * 1024**2)
-    fail = _line(proc, "fail shm.size:")
+    fail = one(proc.stderr, "fail shm.size:")
     # --fix cannot grow /dev/shm from inside: the line says so and gives the outside fix
-    assert "cannot be fixed from inside; fix outside: docker run --shm-size=" in fail
+    assert fail["msg"].endswith("(cannot be fixed from inside the container)")
+    assert fail["fix"].startswith("docker run --shm-size=")
 
 
 def test_a_2g_shm_passes_strict(tmp_path):
     proc = _in_shm_namespace("2g", "--strict --only shm.size -- true", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "1 ok" in proc.stderr.splitlines()[-1]
+    assert events(proc.stderr)[-1]["ok"] == "1"
 
 
 # ----------------------------------------------------------------------------- CPU quota
@@ -107,17 +103,17 @@ def test_fix_gives_the_job_thread_counts_that_fit_half_a_cpu(half_cpu):
     proc = _in_cgroup(half_cpu, ["--fix", "--", PY, "-c", SHOW_THREADS], OMP_NUM_THREADS="16")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == dict.fromkeys(THREAD_VARS, "1")
-    assert _line(proc, "set OMP_NUM_THREADS") == f"{LOG}set OMP_NUM_THREADS 16 -> 1 (0.5 CPUs of cgroup quota)"
-    assert _line(proc, "set MKL_NUM_THREADS") == f"{LOG}set MKL_NUM_THREADS unset -> 1 (0.5 CPUs of cgroup quota)"
+    assert one(proc.stderr, "set OMP_NUM_THREADS")["msg"] == "set OMP_NUM_THREADS 16 -> 1 (0.5 CPUs of cgroup quota)"
+    assert one(proc.stderr, "set MKL_NUM_THREADS")["msg"] == "set MKL_NUM_THREADS unset -> 1 (0.5 CPUs of cgroup quota)"
     assert "warn cpu.threads" not in proc.stderr  # judged again on the fixed environment
 
 
 def test_without_fix_the_job_gets_its_environment_unchanged_and_the_log_says_what_would_help(half_cpu):
     proc = _in_cgroup(half_cpu, ["--", PY, "-c", SHOW_THREADS], OMP_NUM_THREADS="16")
     assert json.loads(proc.stdout)["OMP_NUM_THREADS"] == "16"
-    warn = _line(proc, "warn cpu.threads:")
-    assert "0.5 effective CPUs (cgroup quota" in warn and "export OMP_NUM_THREADS=1" in warn
-    assert "--fix would set OMP_NUM_THREADS" in proc.stderr.splitlines()[-1]
+    warn = one(proc.stderr, "warn cpu.threads:")
+    assert "0.5 effective CPUs (cgroup quota" in warn["msg"] and warn["fix"].startswith("export OMP_NUM_THREADS=1 ")
+    assert "--fix would set OMP_NUM_THREADS" in events(proc.stderr)[-1]["msg"]
 
 
 def test_keep_leaves_a_variable_as_it_was(half_cpu):
@@ -125,7 +121,7 @@ def test_keep_leaves_a_variable_as_it_was(half_cpu):
     got = json.loads(proc.stdout)
     assert got["OMP_NUM_THREADS"] == "16"
     assert all(got[name] == "1" for name in THREAD_VARS if name != "OMP_NUM_THREADS")
-    assert _line(proc, "kept OMP_NUM_THREADS=16 (--keep)").endswith("wanted 1 (0.5 CPUs of cgroup quota)")
+    assert one(proc.stderr, "kept OMP_NUM_THREADS=16 (--keep)")["msg"].endswith("wanted 1 (0.5 CPUs of cgroup quota)")
     assert "warn cpu.threads:" in proc.stderr  # still oversubscribed, and the log says so
 
 
