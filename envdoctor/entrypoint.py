@@ -190,7 +190,7 @@ def _probe(python: str, timeout: float) -> Any:
 
 
 def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float,
-              failures: Sequence[Any] = (), host: Any = None) -> dict[str, Any]:
+              failures: Sequence[Any] = (), host: Any = None, started: float | None = None) -> dict[str, Any]:
     """Run the checks on `env` (then fix and judge again), in this (forked) process.
 
     Returns JSON-able data: final results, changes made and kept, and the JSON
@@ -204,13 +204,13 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
     from envdoctor.context import HostSession, Session
     from envdoctor.model import Report
 
-    t0 = time.monotonic()
+    t0 = time.monotonic() if started is None else started  # the budget runs from here (monotonic is system-wide)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     # The child is disposable: give it the job's environment, so the torch probe and
     # every library it loads see what the command will see.
     os.environ.clear()
     os.environ.update(env)
-    first = budget * 0.7
+    first = max(0.05, t0 + budget * 0.7 - time.monotonic())
     host = host or HostSession()
     session = Session(env_override=dict(env), host=host, torch_factory=lambda s: _probe(s.python, max(0.05, first - 0.1)))
     gathering = None
@@ -352,38 +352,61 @@ def _write_report(path: str, text: str) -> None:
         log("error", f"--report: {exc}")
 
 
+def _in_child(options: ExecOptions, env: Mapping[str, str], started: float, send: Any) -> dict[str, Any]:
+    """The whole pre-flight, in the forked child: everything that can hang or break is
+    here, loading the checks included (a plug-in's import may hang). Bad usage or a bad
+    config comes back as {"stop": [2, line]}; before the checks run, the plan is sent
+    ahead, so a pre-flight killed at the deadline can still say what did not finish."""
+    from envdoctor import registry as registry_module
+    from envdoctor.config import load as load_config
+    from envdoctor.errors import ConfigError
+
+    os.environ.clear()  # plug-ins and the config read the environment the command will get
+    os.environ.update(env)
+    registry = registry_module.load()
+    try:
+        config = load_config(registry.checks, known_ids={f.name for f in registry.failures})
+        plans = select(registry, config, options)
+    except ConfigError as exc:
+        return {"stop": [EXIT_USAGE, f"bad config: {exc}"]}
+    except Stop as stop:
+        return {"stop": [stop.code, stop.line]}
+    fail_on = options.fail_on or config.fail_on
+    only = set(_split(options.only)) | set(config.only)
+    failures = [f for f in registry.failures if not only or f.name in only]
+    send({"plan": [p.check.id for p in plans] + [f.name for f in failures], "fail_on": fail_on})
+    answer = preflight(plans, env, options, options.timeout, failures, started=started)
+    answer["fail_on"] = fail_on
+    return answer
+
+
 def _run(options: ExecOptions, argv: list[str]) -> int:
     _validate(options, argv)
     env = dict(os.environ)
     path = resolve_command(argv[0], env.get("PATH"))
     command = os.path.basename(argv[0])  # never its arguments: they may hold secrets
 
-    from envdoctor import envfix, forked, registry as registry_module
-    from envdoctor.config import load as load_config
-    from envdoctor.errors import ConfigError
+    from envdoctor import envfix, forked
 
-    registry = registry_module.load()
-    try:
-        config = load_config(registry.checks, known_ids={f.name for f in registry.failures})
-    except ConfigError as exc:
-        raise Stop(EXIT_USAGE, f"bad config: {exc}") from None
-    fail_on = options.fail_on or config.fail_on
-    plans = select(registry, config, options)
-    only = set(_split(options.only)) | set(config.only)
-    failures = [f for f in registry.failures if not only or f.name in only]
-
-    outcome = forked.call(lambda: preflight(plans, env, options, options.timeout, failures), options.timeout)
+    started = time.monotonic()
+    outcome = forked.call(lambda send: _in_child(options, env, started, send), options.timeout)
+    if outcome.kind == forked.DONE and "stop" in outcome.value:
+        raise Stop(*outcome.value["stop"])
+    plan = next((m for m in outcome.messages if isinstance(m, dict) and "plan" in m), {})
+    fail_on = plan.get("fail_on") or options.fail_on or "fail"
     changes: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
+    unfinished = None
     if outcome.kind == forked.DONE:
         rows = outcome.value["results"]
         changes, kept = outcome.value["changes"], outcome.value["kept"]
         report_text = outcome.value.get("report")
         _log_results(rows, options, {c["check"] for c in [*changes, *kept]})
     else:
-        unfinished = (f"the pre-flight did not finish within {options.timeout:g} s (raise --timeout)"
+        unfinished = (f"the pre-flight did not finish within {options.timeout:g} s"
+                      + ("" if plan else " (it was still loading the checks and the config)") + "; raise --timeout"
                       if outcome.kind == forked.TIMED_OUT else f"the pre-flight broke: {outcome.error}")
-        rows = _unfinished([p.check.id for p in plans] + [f.name for f in failures], unfinished)
+        rows = _unfinished(plan.get("plan", []), unfinished)
         report_text = _report_without_child(rows, outcome.seconds) if options.report else None
         log("error", unfinished)
     _log_changes(changes, kept)
@@ -403,9 +426,9 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
     fields = dict(checks=len(rows), seconds=f"{outcome.seconds:.3f}", **{k: v for k, v in counts.items() if v},
                   fixed=len(changes) or None, command=command)
     at_or_above = [r for r in rows if _SEVERITY.get(r["status"], 0) >= (1 if fail_on == "warn" else 2)]
-    if options.strict and at_or_above:
-        log("error", f"{summary}; --strict: not starting {command}: {len(at_or_above)} at or above {fail_on}",
-            **fields, action="refuse", exit=EX_CONFIG)
+    if options.strict and (at_or_above or unfinished):
+        why = f"{len(at_or_above)} at or above {fail_on}" if at_or_above else "the environment was not verified"
+        log("error", f"{summary}; --strict: not starting {command}: {why}", **fields, action="refuse", exit=EX_CONFIG)
         return EX_CONFIG
     log("info", f"{summary}; starting {command}", **fields, action="start")
     return become(path, argv, final_env)

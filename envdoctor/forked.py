@@ -9,10 +9,13 @@ Here the checks run in a child; the process that will become the job never
 starts a thread, waits for the child's answer only until the deadline, and then
 kills the child and goes on without it.
 
-The child writes one JSON line to a pipe and leaves with os._exit (no atexit
-handlers, no flush of buffers copied from the parent). Before leaving, it kills
-what it started itself (a probe subprocess still running) and reaps it, so no
-stray process outlives the pre-flight and none is reparented to the job.
+The child writes JSON lines to a pipe (early messages, then its answer) and
+leaves with os._exit (no atexit handlers, no flush of buffers copied from the
+parent). Before leaving, it kills what it started itself (a probe subprocess
+still running) and reaps it, so no stray process outlives the pre-flight and
+none is reparented to the job. A child that cannot be reaped within half a
+second (a thread of it stuck in the kernel) is left behind: it becomes the
+command's child, and a zombie of the command's once it finally exits.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 DONE, RAISED, TIMED_OUT = "done", "raised", "timed_out"
@@ -35,6 +38,7 @@ class ChildOutcome:
     value: Any = None
     error: str = ""
     seconds: float = 0.0
+    messages: list[Any] = field(default_factory=list)  # sent by the child before its answer
 
 
 def children_of(pid: int) -> list[int]:
@@ -83,20 +87,24 @@ def _reap(pids: list[int], seconds: float) -> list[int]:
     return left
 
 
-def _child(fn: Callable[[], Any], fd: int) -> None:
-    """In the child: run fn, write one JSON line, clean up after ourselves, _exit."""
+def _write_line(fd: int, payload: dict[str, Any]) -> None:
+    data = (json.dumps(payload, default=str) + "\n").encode("utf-8", "surrogateescape")
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _child(fn: Callable[[Callable[[Any], None]], Any], fd: int) -> None:
+    """In the child: run fn, write its messages and its answer as JSON lines, clean up, _exit."""
     code = 0
     try:
         try:
-            payload = {"value": fn()}
+            payload = {"value": fn(lambda message: _write_line(fd, {"message": message}))}
         except BaseException as exc:  # noqa: B036 - anything the pre-flight raises is an answer
             from envdoctor.watchdog import describe_exception
 
             payload = {"error": describe_exception(exc)}
             code = 1
-        data = (json.dumps(payload, default=str) + "\n").encode("utf-8", "surrogateescape")
-        while data:
-            data = data[os.write(fd, data):]
+        _write_line(fd, payload)
     except BaseException:  # noqa: B036 - a closed pipe: the parent gave up on us
         code = 2
     finally:
@@ -108,57 +116,67 @@ def _child(fn: Callable[[], Any], fd: int) -> None:
             os._exit(code)
 
 
-def call(fn: Callable[[], Any], timeout: float) -> ChildOutcome:
-    """Run `fn` in a forked child; its return value must be JSON-serialisable.
+def _read_lines(r: int, deadline: float) -> tuple[list[Any], dict[str, Any] | None, str]:
+    """(messages, the final payload or None, why there is none) read from the child by `deadline`."""
+    buffer = b""
+    messages: list[Any] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return messages, None, "timed out"
+        ready, _, _ = select.select([r], [], [], left)
+        if not ready:
+            return messages, None, "timed out"
+        chunk = os.read(r, 65536)
+        if not chunk:
+            return messages, None, "the pre-flight process died without an answer"
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                payload = json.loads(line.decode("utf-8", "surrogateescape"))
+            except ValueError as exc:
+                return messages, None, f"unreadable answer from the pre-flight process: {exc}"
+            if "message" in payload:
+                messages.append(payload["message"])
+            else:
+                return messages, payload, ""
+
+
+def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOutcome:
+    """Run `fn(send)` in a forked child. `send(obj)` passes an early message to the
+    parent (what it is about to do, in case it never finishes); the return value is
+    the answer. Both must be JSON-serialisable.
 
     Returns within `timeout` seconds (plus at most half a second to reap a killed
     child): done with the value, raised with a one-line description, or timed_out
-    (the child and whatever it started were killed)."""
+    (the child and whatever it started were killed). `messages` holds what the
+    child sent either way."""
     started = time.monotonic()
-    deadline = started + timeout
     r, w = os.pipe()  # not inheritable (PEP 446): the command never sees them
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         os.close(r)
         _child(fn, w)
     os.close(w)
-    chunks: list[bytes] = []
-    answered = False
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _, _ = select.select([r], [], [], left)
-            if not ready:
-                break
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break  # the child closed the pipe: it exited, with or without an answer
-            chunks.append(chunk)
-            if chunk.endswith(b"\n"):
-                answered = True
-                break
+        messages, payload, why = _read_lines(r, started + timeout)
     finally:
         os.close(r)
     seconds = time.monotonic() - started
-    if not answered:
+    if payload is None:
         strays = children_of(pid)
         _kill_tree([pid, *strays])
         _reap([pid], _REAP_SECONDS)
         if os.getpid() == 1:  # orphans of the killed child come to PID 1: reap the ones that went
             _reap_any(_REAP_SECONDS)
-        if seconds < timeout:
-            return ChildOutcome(RAISED, error="the pre-flight process died without an answer", seconds=seconds)
-        return ChildOutcome(TIMED_OUT, seconds=seconds)
+        if why == "timed out":
+            return ChildOutcome(TIMED_OUT, seconds=seconds, messages=messages)
+        return ChildOutcome(RAISED, error=why, seconds=seconds, messages=messages)
     _reap([pid], _REAP_SECONDS)
-    try:
-        payload = json.loads(b"".join(chunks).decode("utf-8", "surrogateescape"))
-    except ValueError as exc:
-        return ChildOutcome(RAISED, error=f"unreadable answer from the pre-flight process: {exc}", seconds=seconds)
     if "error" in payload:
-        return ChildOutcome(RAISED, error=str(payload["error"]), seconds=seconds)
-    return ChildOutcome(DONE, value=payload.get("value"), seconds=seconds)
+        return ChildOutcome(RAISED, error=str(payload["error"]), seconds=seconds, messages=messages)
+    return ChildOutcome(DONE, value=payload.get("value"), seconds=seconds, messages=messages)
 
 
 def _reap_any(seconds: float) -> None:

@@ -283,3 +283,30 @@ def test_a_broken_plugin_is_an_error_row_and_strict_refuses(plugin_env, tmp_path
     proc = envdoctor_exec("--strict", "--only", "example.broken", "--", "touch", str(marker), env=plugin_env)
     assert proc.returncode == 78 and not marker.exists(), proc.stderr
     assert one(proc.stderr, "error example.broken")["status"] == "error"
+
+
+def _plugin_that_hangs_on_import(tmp_path: Path) -> dict:
+    """A third-party check registered as an installed distribution is (a dist-info with
+    an entry point), whose module never finishes importing."""
+    site = tmp_path / "site"
+    dist = site / "envdoctor_hangs-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: envdoctor-hangs\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[envdoctor.checks]\nhangs.on_import = envdoctor_hangs_mod:CHECK\n")
+    (site / "envdoctor_hangs_mod.py").write_text("import time\ntime.sleep(120)\n")
+    return {"PYTHONPATH": str(site)}
+
+
+def test_a_plugin_whose_import_hangs_never_holds_the_job(tmp_path):
+    env = _plugin_that_hangs_on_import(tmp_path)
+    marker = tmp_path / "ran"
+    started = time.monotonic()
+    proc = envdoctor_exec("--timeout", "2", "--", "touch", str(marker), env=env)
+    assert time.monotonic() - started < 60, "exec waited for the plug-in's import"
+    assert proc.returncode == 0 and marker.exists(), proc.stderr
+    assert "did not finish within 2 s (it was still loading the checks and the config)" in messages(proc.stderr)[0]
+
+    marker.unlink()
+    strict = envdoctor_exec("--strict", "--timeout", "2", "--", "touch", str(marker), env=env)
+    assert strict.returncode == 78 and not marker.exists(), strict.stderr
+    assert "the environment was not verified" in messages(strict.stderr)[-1]

@@ -99,14 +99,16 @@ def test_deterministic_algorithms_get_a_deterministic_cublas_workspace():
 
 # ----------------------------------------------------------------------------- forked
 def test_forked_call_returns_the_value_or_the_exception():
-    assert forked.call(lambda: {"pid": os.getpid()}, 30).value["pid"] != os.getpid()
+    assert forked.call(lambda send: {"pid": os.getpid()}, 30).value["pid"] != os.getpid()
 
-    def broken():
+    def broken(send):
+        send({"about to": "raise"})
         raise ValueError("on purpose")
 
     outcome = forked.call(broken, 30)
     assert outcome.kind == forked.RAISED and "ValueError: on purpose" in outcome.error
-    died = forked.call(lambda: os._exit(3), 30)
+    assert outcome.messages == [{"about to": "raise"}]
+    died = forked.call(lambda send: os._exit(3), 30)
     assert died.kind == forked.RAISED and "died without an answer" in died.error
 
 
@@ -118,14 +120,15 @@ def _gone(pid: int) -> bool:
 def test_a_child_past_its_deadline_is_killed_with_what_it_started(tmp_path):
     pid_file = tmp_path / "grandchild"
 
-    def hang():
+    def hang(send):
         stray = subprocess.Popen(["sleep", "120"], start_new_session=True)
         pid_file.write_text(str(stray.pid))
+        send("started a stray")
         time.sleep(120)
 
     started = time.monotonic()
     outcome = forked.call(hang, 1.0)
-    assert outcome.kind == forked.TIMED_OUT
+    assert outcome.kind == forked.TIMED_OUT and outcome.messages == ["started a stray"]
     assert time.monotonic() - started < 30
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 10
@@ -135,7 +138,7 @@ def test_a_child_past_its_deadline_is_killed_with_what_it_started(tmp_path):
 
 
 def test_a_child_that_answers_kills_and_reaps_what_it_left_running(tmp_path):
-    def leave_a_stray():
+    def leave_a_stray(send):
         stray = subprocess.Popen(["sleep", "120"], start_new_session=True)
         return stray.pid
 
@@ -155,7 +158,7 @@ def test_preflight_fixes_device_order_on_mixed_gpus_and_judges_again():
                              FakeDevice(name="Tesla T4", uuid="GPU-b", pci_bus_id="00000000:02:00.0")])
     env = {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "1"}
 
-    def run():
+    def run(send):
         host = HostSession(nvml_factory=lambda: nvml.connect(lib=fake, timeout=2))
         return entrypoint.preflight(_plans("cuda.visible_devices"), env, entrypoint.ExecOptions(fix=True), 10.0, host=host)
 
@@ -170,7 +173,7 @@ def test_preflight_fixes_device_order_on_mixed_gpus_and_judges_again():
 def test_preflight_ends_within_its_budget_when_a_gpu_hangs():
     fake = FakeNvml(devices=[FakeDevice(hang="memory")])
 
-    def run():
+    def run(send):
         host = HostSession(nvml_factory=lambda: nvml.connect(lib=fake, timeout=30))
         return entrypoint.preflight(_plans("gpu.health", "shm.size"), dict(os.environ), entrypoint.ExecOptions(), 2.0,
                                     host=host)
