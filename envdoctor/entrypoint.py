@@ -9,10 +9,13 @@ line in the container log before the first import.
 The order of things:
 1. The command is resolved on the PATH it will get; not found is 127, found but
    not executable 126, as a shell says (one line, nothing else runs).
-2. The checks that may run in exec run in a forked child (envdoctor.forked), on
-   the environment the command will inherit, bounded as a whole by --timeout.
-   With --fix, the changes the findings carry (envfix) are made to that
-   environment and the checks they came from are judged again on it.
+2. Everything that can hang or break runs in a forked child (envdoctor.forked),
+   bounded as a whole by --timeout: loading the checks (a plug-in's import) and
+   the config, then the checks that may run in exec, on the environment the
+   command will inherit. With --fix, the changes the findings carry (envfix) are
+   made to that environment and the checks they came from are judged again on it.
+   Past the bound the child and what it started are killed, and the job starts
+   (with --strict it does not: nothing was verified).
 3. One line per warn/fail/error result with its fix goes to stderr, then one
    summary line: this is a log, not a table. --report FILE gets the JSON report.
 4. --strict: a result at --fail-on or above (error counts as fail, a pre-flight
@@ -35,7 +38,7 @@ import signal
 import stat
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 EX_CONFIG = 78  # sysexits.h: the environment (configuration) is not fit to start the job
@@ -189,6 +192,31 @@ def _probe(python: str, timeout: float) -> Any:
                                           "exec's --timeout bounds it (torch facts are cached after one full run)")) from None
 
 
+def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[str, str], keep: Sequence[str],
+                         session: Any, deadline: float) -> tuple[Any, dict[str, str], list[Any]]:
+    """--fix: work out the changes, make them, and judge the checks they came from again
+    on the fixed environment (by `deadline`). Returns (the plan, the fixed env, results)."""
+    from envdoctor import envfix, runner
+    from envdoctor.context import Session
+
+    fix = envfix.plan([r.to_dict() for r in sorted(results, key=lambda r: -r.status.severity)], env, keep)
+    fixed_env = envfix.apply(env, fix.changes)
+    if fix.changes:
+        os.environ.update(fixed_env)
+        again = {c.check for c in fix.changes}
+        fixed = Session(env_override=fixed_env, host=session.host, torch_factory=lambda s: session.need("torch"))
+        plans = _clamped([p for p in plans if p.check.id in again], deadline - time.monotonic())
+        rejudged = {r.check: r for r in runner.run(plans, fixed)}
+        for result in rejudged.values():
+            result.facts["exec_fixed"] = {c.name: {"from": c.old, "to": c.new} for c in fix.changes if c.check == result.check}
+        results = [rejudged.get(r.check, r) for r in results]
+    for change in fix.kept:
+        for result in results:
+            if result.check == change.check:
+                result.facts.setdefault("exec_kept", {})[change.name] = {"value": change.old, "wanted": change.new}
+    return fix, fixed_env, results
+
+
 def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float,
               failures: Sequence[Any] = (), host: Any = None, started: float | None = None) -> dict[str, Any]:
     """Run the checks on `env` (then fix and judge again), in this (forked) process.
@@ -220,26 +248,10 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
         gathering = sysfacts.Gathering(session)
     results = runner.load_failure_results(failures, session) + runner.run(_clamped(plans, first), session)
 
-    fixed_env = dict(env)
     fix = envfix.FixPlan([], [])
+    fixed_env = dict(env)
     if options.fix:
-        loudest = sorted(results, key=lambda r: -r.status.severity)
-        fix = envfix.plan([r.to_dict() for r in loudest], env, options.keep)
-        if fix.changes:
-            fixed_env = envfix.apply(env, fix.changes)
-            os.environ.update(fixed_env)
-            again = {c.check for c in fix.changes}
-            session2 = Session(env_override=fixed_env, host=host, torch_factory=lambda s: session.need("torch"))
-            left = budget * 0.9 - (time.monotonic() - t0)
-            rejudged = {r.check: r for r in runner.run(_clamped([p for p in plans if p.check.id in again], left), session2)}
-            for result in rejudged.values():
-                result.facts["exec_fixed"] = {c.name: {"from": c.old, "to": c.new}
-                                              for c in fix.changes if c.check == result.check}
-            results = [rejudged.get(r.check, r) for r in results]
-    for change in fix.kept:
-        for result in results:
-            if result.check == change.check:
-                result.facts.setdefault("exec_kept", {})[change.name] = {"value": change.old, "wanted": change.new}
+        fix, fixed_env, results = _fix_and_judge_again(results, plans, env, options.keep, session, t0 + budget * 0.9)
     results.sort(key=lambda r: r.check)
     system = gathering.finish(t0 + budget * 0.9) if gathering is not None else {}
     report = Report(host=socket.gethostname(), version=__version__, started_at=started_at, target="self",

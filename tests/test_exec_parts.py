@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
-import pytest
 
 from envdoctor import entrypoint, envfix, forked, nvml
 from envdoctor.cgroup import CpuLimit, EffectiveCpus
