@@ -8,7 +8,6 @@ import os
 import subprocess
 import time
 
-
 from envdoctor import entrypoint, envfix, forked, nvml
 from envdoctor.cgroup import CpuLimit, EffectiveCpus
 from envdoctor.checks import cpu_threads, cuda_visible_devices, torch_cudnn
