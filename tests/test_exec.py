@@ -316,3 +316,14 @@ def test_a_plugin_whose_import_hangs_never_holds_the_job(tmp_path):
     strict = envdoctor_exec("--strict", "--timeout", "2", "--", "touch", str(marker), env=env)
     assert strict.returncode == 78 and not marker.exists(), strict.stderr
     assert "the environment was not verified" in messages(strict.stderr)[-1]
+
+
+def test_without_fix_the_job_gets_exactly_the_environment_it_was_given():
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    env.update({"OMP_NUM_THREADS": TOO_MANY, "SOME_TOKEN": "s3cr3t-value-123", "EMPTY": ""})
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--", sys.executable, "-c",
+                           "import os, json; print(json.dumps(dict(os.environ)))"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == env
+    assert "s3cr3t-value-123" not in proc.stderr
