@@ -128,8 +128,8 @@ def become(path: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()  # execve discards Python's buffers
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError, AttributeError):
+            pass  # closed, or None: Python started with that descriptor closed
     try:
         os.execve(path, list(argv), dict(env))
     except OSError as exc:

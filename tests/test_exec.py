@@ -327,3 +327,13 @@ def test_without_fix_the_job_gets_exactly_the_environment_it_was_given():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == env
     assert "s3cr3t-value-123" not in proc.stderr
+
+
+@pytest.mark.parametrize("closed", ["2>&-", ">&- 2>&-"])
+def test_the_job_starts_with_closed_output_descriptors(tmp_path, closed):
+    # Python starts with sys.stderr = None when descriptor 2 is closed; nothing may trip on it
+    marker = tmp_path / "ran"
+    proc = subprocess.run(f"{sys.executable} -m envdoctor exec -- sh -c 'touch {marker}; exit 3' {closed}",
+                          shell=True, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert marker.exists()
