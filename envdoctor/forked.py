@@ -20,6 +20,7 @@ command's child, and a zombie of the command's once it finally exits.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
@@ -153,7 +154,7 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOut
     (the child and whatever it started were killed). `messages` holds what the
     child sent either way."""
     started = time.monotonic()
-    r, w = os.pipe()  # not inheritable (PEP 446): the command never sees them
+    r, w = (_above_stdio(fd) for fd in os.pipe())  # not inheritable (PEP 446): the command never sees them
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         os.close(r)
@@ -177,6 +178,17 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOut
     if "error" in payload:
         return ChildOutcome(RAISED, error=str(payload["error"]), seconds=seconds, messages=messages)
     return ChildOutcome(DONE, value=payload.get("value"), seconds=seconds, messages=messages)
+
+
+def _above_stdio(fd: int) -> int:
+    """The same pipe end at descriptor 3 or above. Started with stderr closed, os.pipe()
+    would hand out descriptor 2, and whatever the child then printed as an error would
+    land in the answer."""
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
 
 
 def _reap_any(seconds: float) -> None:

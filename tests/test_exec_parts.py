@@ -182,3 +182,24 @@ def test_preflight_ends_within_its_budget_when_a_gpu_hangs():
     rows = {r["check"]: r for r in outcome.value["results"]}
     assert rows["gpu.health"]["status"] == "error" and "timed out" in rows["gpu.health"]["summary"]
     assert rows["shm.size"]["status"] in ("ok", "warn", "fail")
+
+
+def _complain_then_answer(send):
+    try:
+        os.write(2, b"a library's warning\n")  # fails: stderr is closed, and must not be our pipe
+    except OSError:
+        pass
+    return "answer"
+
+
+def test_the_answer_survives_a_child_that_writes_to_closed_stdio():
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    for fd in saved:
+        os.close(fd)  # as when envdoctor is started with >&- 2>&-: os.pipe() would hand out 1 and 2
+    try:
+        outcome = forked.call(_complain_then_answer, 30)
+    finally:
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+    assert outcome.kind == forked.DONE and outcome.value == "answer", outcome
