@@ -174,6 +174,36 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     return chosen
 
 
+# ----------------------------------------------------------------------------- a launcher as the command
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+
+
+def launcher_ranks(argv: Sequence[str]) -> int | None:
+    """Processes per node when the command is torchrun (or `python -m torch.distributed.run`)
+    with a numeric --nproc-per-node: the ranks the thread budget is shared between.
+
+    `envdoctor exec -- torchrun --nproc-per-node 4 train.py` runs before torchrun has
+    set LOCAL_WORLD_SIZE for its workers, and torchrun passes OMP_NUM_THREADS on to
+    every worker: sized for the whole container, it would oversubscribe it 4 times."""
+    if not argv:
+        return None
+    args = list(argv[1:])
+    if os.path.basename(argv[0]) != "torchrun":
+        if not (os.path.basename(argv[0]).startswith("python") and len(args) >= 2 and args[0] == "-m"
+                and args[1] in _LAUNCHER_MODULES):
+            return None
+        args = args[2:]
+    for i, arg in enumerate(args):
+        if not arg.startswith("-"):
+            break  # the training script: what follows is its own
+        name, eq, value = arg.partition("=")
+        if name in _NPROC_FLAGS:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
+    return None
+
+
 # ----------------------------------------------------------------------------- the pre-flight (in the child)
 def _clamped(plans: Sequence[Any], seconds: float) -> list[Any]:
     from envdoctor.runner import Plan
@@ -364,7 +394,8 @@ def _write_report(path: str, text: str) -> None:
         log("error", f"--report: {exc}")
 
 
-def _in_child(options: ExecOptions, env: Mapping[str, str], started: float, send: Any) -> dict[str, Any]:
+def _in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], started: float,
+              send: Any) -> dict[str, Any]:
     """The whole pre-flight, in the forked child: everything that can hang or break is
     here, loading the checks included (a plug-in's import may hang). Bad usage or a bad
     config comes back as {"stop": [2, line]}; before the checks run, the plan is sent
@@ -378,6 +409,10 @@ def _in_child(options: ExecOptions, env: Mapping[str, str], started: float, send
     registry = registry_module.load()
     try:
         config = load_config(registry.checks, known_ids={f.name for f in registry.failures})
+        ranks = launcher_ranks(argv)
+        threads = config.checks.setdefault("cpu.threads", {})
+        if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):
+            threads["processes_per_node"] = ranks  # as if configured: the ranks share the CPUs
         plans = select(registry, config, options)
     except ConfigError as exc:
         return {"stop": [EXIT_USAGE, f"bad config: {exc}"]}
@@ -401,7 +436,7 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
     from envdoctor import envfix, forked
 
     started = time.monotonic()
-    outcome = forked.call(lambda send: _in_child(options, env, started, send), options.timeout)
+    outcome = forked.call(lambda send: _in_child(options, env, argv, started, send), options.timeout)
     if outcome.kind == forked.DONE and "stop" in outcome.value:
         raise Stop(*outcome.value["stop"])
     plan = next((m for m in outcome.messages if isinstance(m, dict) and "plan" in m), {})

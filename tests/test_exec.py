@@ -337,3 +337,20 @@ def test_the_job_starts_with_closed_output_descriptors(tmp_path, closed):
                           shell=True, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3
     assert marker.exists()
+
+
+def test_fix_under_torchrun_shares_the_cpus_between_its_ranks(tmp_path):
+    # torchrun passes OMP_NUM_THREADS on to every worker: sized for the whole machine it
+    # would oversubscribe it once per rank. A real torchrun, two workers printing theirs.
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this interpreter")
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os\nprint(os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'], "
+                      "os.environ['OMP_NUM_THREADS'], os.environ['MKL_NUM_THREADS'], flush=True)\n")
+    proc = envdoctor_exec("--fix", "--", str(torchrun), "--nproc-per-node", "2", "--master-port", "0", str(worker),
+                          env={"OMP_NUM_THREADS": TOO_MANY}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert sorted(proc.stdout.split("\n")[:2]) == [f"0 2 {share} {share}", f"1 2 {share} {share}"], proc.stdout
+    assert one(proc.stderr, "set OMP_NUM_THREADS")["msg"].endswith(" / 2 local ranks)")
