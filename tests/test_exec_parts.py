@@ -8,7 +8,7 @@ import os
 import subprocess
 import time
 
-from envdoctor import entrypoint, envfix, forked, nvml
+from envdoctor import envfix, exec_preflight, forked, nvml
 from envdoctor.cgroup import CpuLimit, EffectiveCpus
 from envdoctor.checks import cpu_threads, cuda_visible_devices, torch_cudnn
 from envdoctor.config import Config
@@ -147,7 +147,7 @@ def test_a_child_that_answers_kills_and_reaps_what_it_left_running(tmp_path):
 # ----------------------------------------------------------------------------- the pre-flight, with the fake NVML
 def _plans(*ids):
     registry = load_registry(autoload_plugins=False)
-    return entrypoint.select(registry, Config(), entrypoint.ExecOptions(only=ids))
+    return exec_preflight.select(registry, Config(), exec_preflight.ExecOptions(only=ids))
 
 
 def test_preflight_fixes_device_order_on_mixed_gpus_and_judges_again():
@@ -157,7 +157,7 @@ def test_preflight_fixes_device_order_on_mixed_gpus_and_judges_again():
 
     def run(send):
         host = HostSession(nvml_factory=lambda: nvml.connect(lib=fake, timeout=2))
-        return entrypoint.preflight(_plans("cuda.visible_devices"), env, entrypoint.ExecOptions(fix=True), 10.0, host=host)
+        return exec_preflight.preflight(_plans("cuda.visible_devices"), env, exec_preflight.ExecOptions(fix=True), 10.0, host=host)
 
     outcome = forked.call(run, 30)
     assert outcome.kind == forked.DONE, outcome.error
@@ -172,7 +172,7 @@ def test_preflight_ends_within_its_budget_when_a_gpu_hangs():
 
     def run(send):
         host = HostSession(nvml_factory=lambda: nvml.connect(lib=fake, timeout=30))
-        return entrypoint.preflight(_plans("gpu.health", "shm.size"), dict(os.environ), entrypoint.ExecOptions(), 2.0,
+        return exec_preflight.preflight(_plans("gpu.health", "shm.size"), dict(os.environ), exec_preflight.ExecOptions(), 2.0,
                                     host=host)
 
     started = time.monotonic()
@@ -207,7 +207,7 @@ def test_the_answer_survives_a_child_that_writes_to_closed_stdio():
 
 # ----------------------------------------------------------------------------- a launcher as the command
 def test_launcher_ranks_reads_torchruns_nproc_per_node():
-    ranks = entrypoint.launcher_ranks
+    ranks = exec_preflight.launcher_ranks
     assert ranks(["torchrun", "--nproc-per-node", "4", "train.py"]) == 4
     assert ranks(["/opt/venv/bin/torchrun", "--nnodes=2", "--nproc_per_node=8", "train.py", "--lr", "1"]) == 8
     assert ranks(["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"]) == 2
