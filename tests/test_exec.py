@@ -354,3 +354,21 @@ def test_fix_under_torchrun_shares_the_cpus_between_its_ranks(tmp_path):
     share = str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert sorted(proc.stdout.split("\n")[:2]) == [f"0 2 {share} {share}", f"1 2 {share} {share}"], proc.stdout
     assert one(proc.stderr, "set OMP_NUM_THREADS")["msg"].endswith(" / 2 local ranks)")
+
+
+def test_exec_never_imports_torch_itself(tmp_path):
+    # A guard refuses any torch import in envdoctor's process (and, by fork, in its
+    # pre-flight child); the torch probe is a separate interpreter and may. With
+    # --strict, a refused import would be an error row and the command would not start.
+    from test_no_torch_import import GUARD
+
+    report = tmp_path / "report.json"
+    code = GUARD + (f"sys.argv = ['envdoctor', 'exec', '--strict', '--report', {str(report)!r}, '--', 'true']\n"
+                    "from envdoctor.cli import main\nmain()\n")
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    proc = subprocess.run([sys.executable, "-c", code], env={**env, "ENVDOCTOR_NO_CACHE": "1"}, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert not [r for r in rows.values() if r["status"] == "error"], rows
+    assert rows["torch.cudnn"]["status"] != "error" and "torch" in rows["torch.cudnn"]["summary"]
