@@ -306,11 +306,15 @@ def _plugin_that_hangs_on_import(tmp_path: Path) -> dict:
 def test_a_plugin_whose_import_hangs_never_holds_the_job(tmp_path):
     env = _plugin_that_hangs_on_import(tmp_path)
     marker = tmp_path / "ran"
+    report = tmp_path / "report.json"
     started = time.monotonic()
-    proc = envdoctor_exec("--timeout", "2", "--", "touch", str(marker), env=env)
+    proc = envdoctor_exec("--timeout", "2", "--report", str(report), "--", "touch", str(marker), env=env)
     assert time.monotonic() - started < 60, "exec waited for the plug-in's import"
     assert proc.returncode == 0 and marker.exists(), proc.stderr
     assert "did not finish within 2 s (it was still loading the checks and the config)" in messages(proc.stderr)[0]
+    document = json.loads(report.read_text())  # still a report, saying nothing was checked
+    jsonschema.validate(document, json.loads((REPO / "envdoctor" / "schema" / "report-v1.json").read_text()))
+    assert document["results"] == []
 
     marker.unlink()
     strict = envdoctor_exec("--strict", "--timeout", "2", "--", "touch", str(marker), env=env)
