@@ -65,14 +65,16 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     refused = [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in only]
     if refused:
         raise UsageError(f"--only {', '.join(refused)}: does not run in exec (too slow or intrusive for every "
-                               f"container start; it runs in `envdoctor check`). exec runs: "
-                               f"{', '.join(sorted(p.check.id for p in chosen)) or 'nothing else selected'}")
+                         f"container start; it runs in `envdoctor check`). exec runs: "
+                         f"{', '.join(sorted(p.check.id for p in chosen)) or 'nothing else selected'}")
     return chosen
 
 
 # ----------------------------------------------------------------------------- a launcher as the command
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+_LAUNCHER_SWITCHES = frozenset({"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m",
+                                "--module", "--use-env", "--use_env"})  # options that take no value
 
 
 def launcher_ranks(argv: Sequence[str]) -> int | None:
@@ -90,13 +92,16 @@ def launcher_ranks(argv: Sequence[str]) -> int | None:
                 and args[1] in _LAUNCHER_MODULES):
             return None
         args = args[2:]
-    for i, arg in enumerate(args):
+    i = 0
+    while i < len(args):
+        arg = args[i]
         if not arg.startswith("-"):
             break  # the training script: what follows is its own
         name, eq, value = arg.partition("=")
         if name in _NPROC_FLAGS:
             value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
             return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
+        i += 1 if eq or name in _LAUNCHER_SWITCHES else 2  # skip an option's separate value
     return None
 
 

@@ -211,6 +211,8 @@ def test_launcher_ranks_reads_torchruns_nproc_per_node():
     assert ranks(["torchrun", "--nproc-per-node", "4", "train.py"]) == 4
     assert ranks(["/opt/venv/bin/torchrun", "--nnodes=2", "--nproc_per_node=8", "train.py", "--lr", "1"]) == 8
     assert ranks(["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"]) == 2
+    assert ranks(["torchrun", "--nnodes", "1", "--standalone", "--nproc-per-node", "2", "train.py"]) == 2
+    assert ranks(["torchrun", "--standalone", "train.py", "--nproc-per-node", "4"]) is None
     assert ranks(["torchrun", "--nproc-per-node", "gpu", "train.py"]) is None  # not a number: nothing assumed
     assert ranks(["torchrun", "train.py", "--nproc-per-node", "4"]) is None  # the script's own argument
     assert ranks(["python", "train.py", "--nproc-per-node", "4"]) is None
