@@ -73,8 +73,9 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
 # ----------------------------------------------------------------------------- a launcher as the command
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+# torchrun's options that take no value (torch 2.13: the nargs=0 actions of its parser; launch's --use-env too)
 _LAUNCHER_SWITCHES = frozenset({"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m",
-                                "--module", "--use-env", "--use_env"})  # options that take no value
+                                "--module", "--virtual-local-rank", "--virtual_local_rank", "--use-env", "--use_env"})
 
 
 def launcher_ranks(argv: Sequence[str]) -> int | None:
