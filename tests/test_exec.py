@@ -218,13 +218,16 @@ def test_the_commands_arguments_never_reach_the_log():
 
 def test_strict_refuses_at_fail_on_with_78_and_the_command_leaves_no_trace(tmp_path):
     marker = tmp_path / "ran"
-    proc = envdoctor_exec("--strict", "--fail-on", "warn", "--", "touch", str(marker), env={"OMP_NUM_THREADS": TOO_MANY})
+    # (only cpu.threads: what else this machine has to say must not decide these exit codes)
+    proc = envdoctor_exec("--strict", "--fail-on", "warn", "--only", "cpu.threads", "--", "touch", str(marker),
+                          env={"OMP_NUM_THREADS": TOO_MANY})
     assert proc.returncode == 78, proc.stderr
     assert not marker.exists()
     last = events(proc.stderr)[-1]
-    assert "--strict: not starting touch" in last["msg"] and last["action"] == "refuse" and last["exit"] == "78"
+    assert "--strict: not starting touch: 1 at or above warn" in last["msg"]
+    assert last["action"] == "refuse" and last["exit"] == "78" and last["warn"] == "1"
     # at the default level (fail) the same warning does not stop it
-    ok = envdoctor_exec("--strict", "--", "touch", str(marker), env={"OMP_NUM_THREADS": TOO_MANY})
+    ok = envdoctor_exec("--strict", "--only", "cpu.threads", "--", "touch", str(marker), env={"OMP_NUM_THREADS": TOO_MANY})
     assert ok.returncode == 0 and marker.exists(), ok.stderr
 
 
@@ -367,7 +370,8 @@ def test_exec_never_imports_torch_itself(tmp_path):
     from test_no_torch_import import GUARD
 
     report = tmp_path / "report.json"
-    code = GUARD + (f"sys.argv = ['envdoctor', 'exec', '--strict', '--report', {str(report)!r}, '--', 'true']\n"
+    code = GUARD + (f"sys.argv = ['envdoctor', 'exec', '--strict', '--timeout', '120', '--report', {str(report)!r}, "
+                    "'--', 'true']\n"
                     "from envdoctor.cli import main\nmain()\n")
     env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
     proc = subprocess.run([sys.executable, "-c", code], env={**env, "ENVDOCTOR_NO_CACHE": "1"}, capture_output=True,
