@@ -349,3 +349,31 @@ class _window_progress:
             self.progress.stop()
             self.session.progress = None
         return False
+
+
+@app.command("exec", context_settings={"allow_interspersed_args": False})
+def exec_command(
+    strict: bool = typer.Option(False, "--strict", help="Do not start the command when a result is at or above --fail-on: exit 78."),
+    fix: bool = typer.Option(False, "--fix", help="Set the variables the findings say would fix them (thread counts, "
+                                                  "CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG) for the command."),
+    keep: List[str] = typer.Option([], "--keep", metavar="VAR", help="Never change this variable with --fix (repeatable)."),
+    report: Optional[str] = typer.Option(None, "--report", metavar="FILE", help="Also write the JSON report to FILE (atomically)."),
+    only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
+    skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
+    fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL", help="What --strict refuses: warn or fail (default fail; error counts as fail)."),
+    timeout: float = typer.Option(5.0, "--timeout", metavar="SECONDS", help="Bound on the whole pre-flight; past it the command starts anyway (not with --strict)."),
+    attach: bool = typer.Option(False, "--attach", help="Make the command publish its live torch settings (as envdoctor.attach() would), for check --pid and serve."),
+    command: Optional[List[str]] = typer.Argument(None, metavar="-- CMD [ARGS]...", help="The command to become."),
+) -> None:
+    """Check the environment, fix what can be fixed from inside (--fix), then become CMD.
+
+    Runs the cheap checks on the environment CMD will inherit, logs one line per problem
+    to stderr, then execs CMD in the same process (same PID, signals and exit status).
+    Exit codes when CMD does not start: 78 --strict refused; 2 bad usage; 126/127 CMD
+    cannot be run or is not found.
+    """
+    from envdoctor import entrypoint
+
+    options = entrypoint.ExecOptions(strict=strict, fix=fix, keep=keep, report=report, only=only, skip=skip,
+                                     fail_on=fail_on, timeout=timeout, attach=attach)
+    raise typer.Exit(entrypoint.run(options, command or []))

@@ -7,7 +7,8 @@
 # What it installs: a virtual environment in .venv with envdoctor (editable) and
 # its test, torch and onnx extras. torch is pinned to 2.13.0 and installed first,
 # so nothing later can resolve another torch (which would pull gigabytes of CUDA
-# wheels). promtool comes from Debian's `prometheus` package when missing.
+# wheels). promtool comes from Debian's `prometheus` package when missing, tini
+# (the init `envdoctor exec` is tested under) from Debian's `tini`.
 # The real-environment tests (unshare + tmpfs /dev/shm, cgroup v1 CPU quotas,
 # running as another user) need root, as CI has.
 set -euo pipefail
@@ -20,6 +21,16 @@ if ! command -v promtool >/dev/null 2>&1; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     else
         echo "!! promtool is missing and this is not root: the promtool tests will skip" >&2
+    fi
+fi
+
+if ! command -v tini >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "== installing tini (Debian package tini), the init the exec tests run the job under"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tini >/dev/null
+    else
+        echo "!! tini is missing and this is not root: the exec-under-tini tests will skip" >&2
     fi
 fi
 

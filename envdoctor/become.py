@@ -1,0 +1,85 @@
+"""Find the command as a shell would, then become it with execve.
+
+`envdoctor exec` ends here: the command replaces envdoctor in the same process,
+so its PID, its signals, its exit status and its place in the process tree are
+its own, and no wrapper stays behind. What a shell would refuse is refused the
+same way, with its exit code: 127 for a command that is not there, 126 for one
+that is there but cannot be executed.
+
+Python ignores SIGPIPE and SIGXFSZ for itself, and an ignored signal stays
+ignored across execve; both go back to their defaults first, as subprocess does
+for its children, so `envdoctor exec -- yes | head` behaves as `yes | head`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import sys
+from typing import Mapping, NoReturn, Sequence
+
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+
+
+class CannotRun(Exception):
+    """The command cannot be run: exit with `code` (126/127) after saying `line`."""
+
+    def __init__(self, code: int, line: str):
+        super().__init__(line)
+        self.code = code
+        self.line = line
+
+
+def resolve_command(name: str, path_var: str | None) -> str:
+    """The file execve will run for `name`, searched as a shell does on `path_var`
+    (the PATH the command gets); CannotRun(127) when there is none, CannotRun(126)
+    when the only match cannot be executed."""
+    if not name:
+        raise CannotRun(EXIT_NOT_FOUND, "no command: the command name is empty")
+    if "/" in name:
+        candidates = [name]
+    else:
+        dirs = (path_var if path_var is not None else os.defpath).split(os.pathsep)
+        candidates = [os.path.join(d or ".", name) for d in dirs]
+    refused = None
+    for candidate in candidates:
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if "/" in name:
+                raise CannotRun(EXIT_CANNOT_EXECUTE, f"{name}: is a directory")
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(candidate, os.X_OK):
+            return candidate
+        refused = refused or candidate
+    if refused is not None:
+        raise CannotRun(EXIT_CANNOT_EXECUTE, f"{refused}: permission denied (not an executable file)")
+    if "/" in name:
+        raise CannotRun(EXIT_NOT_FOUND, f"{name}: no such file")
+    raise CannotRun(EXIT_NOT_FOUND, f"{name}: command not found (PATH={path_var if path_var is not None else os.defpath})")
+
+
+def become(path: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
+    """execve the command. Returns never: CannotRun (126/127) when execve fails."""
+    for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # execve discards Python's buffers
+        except (OSError, ValueError, AttributeError):
+            pass  # closed, or None: Python started with that descriptor closed
+    try:
+        os.execve(path, list(argv), dict(env))
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise CannotRun(EXIT_NOT_FOUND, f"cannot run {path}: no such file, or its #! interpreter does not exist") from None
+        why = "exec format error (not a binary and no #! line)" if exc.errno == errno.ENOEXEC else (exc.strerror or str(exc))
+        raise CannotRun(EXIT_CANNOT_EXECUTE, f"cannot run {path}: {why}") from None
+    raise AssertionError("unreachable: execve returned")  # pragma: no cover

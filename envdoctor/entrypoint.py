@@ -1,0 +1,219 @@
+"""`envdoctor exec`: check the environment a job is about to get, fix what can be
+fixed from inside, then become the job.
+
+For image builders: `ENTRYPOINT ["tini", "--", "envdoctor", "exec", "--"]`, or
+`envdoctor exec -- python train.py` in a Slurm script. A 64 MiB /dev/shm or 128
+OpenMP threads on a 2-CPU quota surfaces an hour into a run as a bus error or a
+crawl; here it is one line in the container log before the first import.
+
+The order of things (this module is the process that becomes the job; it never
+starts a thread and never imports a check):
+1. The command is resolved on the PATH it will get (envdoctor.become); not found
+   is 127, found but not executable 126, as a shell says (one line, nothing runs).
+2. The pre-flight (envdoctor.exec_preflight) runs in a forked child
+   (envdoctor.forked), bounded as a whole by --timeout: loading the checks and the
+   config, the checks that may run in exec on the environment the command will
+   inherit, and with --fix the changes their findings carry, judged again. Past
+   the bound the child and what it started are killed and the job starts (with
+   --strict it does not: nothing was verified).
+3. One logfmt line (envdoctor.log) per warn/fail/error result with its fix, one
+   per variable --fix set, then one summary line: a log, not a table. --report
+   FILE gets the JSON report, written atomically.
+4. --strict: a result at --fail-on or above (error counts as fail) stops here
+   with 78 (EX_CONFIG); the command never runs.
+5. Otherwise execve (envdoctor.become): same PID, signals, exit status and
+   process tree as the command's own; no wrapper stays. envdoctor does not reap
+   zombies: where the container has no init, run it under one (`docker run
+   --init`, tini).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+from envdoctor.become import CannotRun, become, resolve_command
+from envdoctor.exec_preflight import DEFAULT_TIMEOUT, ExecOptions, in_child
+
+__all__ = ["ExecOptions", "run", "EX_CONFIG", "EXIT_USAGE", "DEFAULT_TIMEOUT"]
+
+EX_CONFIG = 78  # sysexits.h: the environment (configuration) is not fit to start the job
+EXIT_USAGE = 2
+SOURCE = "envdoctor.exec"  # the `source=` field of every line exec logs
+_SEVERITY = {"ok": 0, "skip": 0, "warn": 1, "fail": 2, "error": 2}
+
+
+class Stop(Exception):
+    """Leave with `code` after saying `line` (bad usage, or bad config found by the child)."""
+
+    def __init__(self, code: int, line: str):
+        super().__init__(line)
+        self.code = code
+        self.line = line
+
+
+def log(level: str, message: str, **fields: Any) -> None:
+    """One logfmt line on stderr (envdoctor.log: redacted, never raises), marked as exec's."""
+    from envdoctor import log as logger
+
+    logger.event(level, message, **{k: v for k, v in fields.items() if v is not None}, source=SOURCE)
+
+
+def _unfinished(check_ids: Sequence[str], why: str) -> list[dict[str, Any]]:
+    return [{"check": check_id, "target": "self", "status": "error", "summary": why, "remediation": "",
+             "facts": {}, "duration_seconds": 0.0} for check_id in check_ids]
+
+
+def _report_without_child(rows: list[dict[str, Any]], seconds: float) -> str:
+    import json
+    import socket
+    from datetime import datetime, timezone
+
+    from envdoctor import __version__
+    from envdoctor.model import SCHEMA
+
+    return json.dumps({"schema": SCHEMA, "host": socket.gethostname(), "version": __version__,
+                       "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "target": "self",
+                       "duration_seconds": round(seconds, 6), "system": {}, "results": rows}, indent=2) + "\n"
+
+
+def _shown(name: str, value: str | None) -> str:
+    """A variable's value for the log: only names on the allow-list, never secret-looking ones."""
+    from envdoctor import redact
+
+    if value is None:
+        return "unset"
+    return value if redact.is_allowed(name) and not redact.looks_secret(name) else redact.MASK
+
+
+def _counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    return {s: sum(1 for r in rows if r["status"] == s) for s in ("fail", "error", "warn", "ok", "skip")}
+
+
+def _log_results(rows: Sequence[Mapping[str, Any]], options: ExecOptions, fixable: set[str]) -> None:
+    """One line per warn/fail/error result, loudest first, with its fix."""
+    loud = sorted((r for r in rows if _SEVERITY.get(r["status"], 0) > 0), key=lambda r: -_SEVERITY[r["status"]])
+    for row in loud:
+        message = f"{row['status']} {row['check']}: {row['summary']}"
+        if options.fix and row.get("remediation") and row["check"] not in fixable:
+            message += " (cannot be fixed from inside the container)"
+        log("warn" if row["status"] == "warn" else "error", message, check=row["check"], status=row["status"],
+            fix=row.get("remediation") or None)
+
+
+def _log_changes(changes: Sequence[Mapping[str, Any]], kept: Sequence[Mapping[str, Any]]) -> None:
+    """`set OMP_NUM_THREADS 16 -> 2 (2 CPUs of cgroup quota)`, and what --keep protected."""
+    for change in changes:
+        name, old, new = change["name"], _shown(change["name"], change["from"]), _shown(change["name"], change["to"])
+        log("info", f"set {name} {old} -> {new} ({change['reason']})", var=name, old=old, new=new, check=change["check"])
+    for change in kept:
+        name, old, new = change["name"], _shown(change["name"], change["from"]), _shown(change["name"], change["to"])
+        log("info", f"kept {name}={old} (--keep); {change['check']} wanted {new} ({change['reason']})",
+            var=name, old=old, wanted=new, check=change["check"])
+
+
+def run(options: ExecOptions, argv: Sequence[str]) -> int:
+    """Check, fix, report, then execve `argv`. Returns only when the command was not
+    started: the exit status to leave with (2, 78, 126, 127)."""
+    try:
+        return _run(options, list(argv))
+    except (Stop, CannotRun) as stop:
+        log("error", stop.line, exit=stop.code)
+        return stop.code
+
+
+def _validate(options: ExecOptions, argv: list[str]) -> None:
+    if not argv:
+        raise Stop(EXIT_USAGE, "no command given: envdoctor exec [OPTIONS] -- CMD ARGS...")
+    if options.timeout <= 0:
+        raise Stop(EXIT_USAGE, "--timeout must be a positive number of seconds")
+    if options.fail_on is not None and options.fail_on not in ("warn", "fail"):
+        raise Stop(EXIT_USAGE, f"--fail-on must be warn or fail, not {options.fail_on!r}")
+    if options.report:
+        directory = os.path.dirname(os.path.abspath(options.report))
+        if not os.path.isdir(directory):
+            raise Stop(EXIT_USAGE, f"--report {options.report}: directory {directory} does not exist")
+        if os.path.isdir(options.report):
+            raise Stop(EXIT_USAGE, f"--report {options.report}: is a directory")
+
+
+def _attach_hook(env: Mapping[str, str]) -> dict[str, str]:
+    """PYTHONPATH with a private sitecustomize.py first, which calls envdoctor.attach() in
+    the command's interpreter (and in any Python it starts). The directory stays for the
+    job's life: after execve nothing of envdoctor is left to remove it (a few hundred
+    bytes under $TMPDIR)."""
+    import tempfile
+
+    from envdoctor.attach import startup_hook
+
+    directory = tempfile.mkdtemp(prefix="envdoctor-attach-")
+    changes = startup_hook(directory, env)
+    log("info", f"--attach: the command publishes its live settings (hook in {directory})", hook=directory)
+    return changes
+
+
+def _write_report(path: str, text: str) -> None:
+    from envdoctor.atomicfile import write_atomic
+    from envdoctor.errors import OutputError
+
+    try:
+        write_atomic(path, text)
+    except OutputError as exc:  # the job still starts: a report path is not the environment
+        log("error", f"--report: {exc}")
+
+
+def _run(options: ExecOptions, argv: list[str]) -> int:
+    _validate(options, argv)
+    env = dict(os.environ)
+    path = resolve_command(argv[0], env.get("PATH"))
+    command = os.path.basename(argv[0])  # never its arguments: they may hold secrets
+
+    from envdoctor import envfix, forked
+
+    started = time.monotonic()
+    outcome = forked.call(lambda send: in_child(options, env, argv, started, send), options.timeout)
+    if outcome.kind == forked.DONE and "stop" in outcome.value:
+        raise Stop(*outcome.value["stop"])
+    plan = next((m for m in outcome.messages if isinstance(m, dict) and "plan" in m), {})
+    fail_on = plan.get("fail_on") or options.fail_on or "fail"
+    changes: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    unfinished = None
+    if outcome.kind == forked.DONE:
+        rows = outcome.value["results"]
+        changes, kept = outcome.value["changes"], outcome.value["kept"]
+        report_text = outcome.value.get("report")
+        _log_results(rows, options, {c["check"] for c in [*changes, *kept]})
+    else:
+        unfinished = (f"the pre-flight did not finish within {options.timeout:g} s"
+                      + ("" if plan else " (it was still loading the checks and the config)") + "; raise --timeout"
+                      if outcome.kind == forked.TIMED_OUT else f"the pre-flight broke: {outcome.error}")
+        rows = _unfinished(plan.get("plan", []), unfinished)
+        report_text = _report_without_child(rows, outcome.seconds) if options.report else None
+        log("error", unfinished)
+    _log_changes(changes, kept)
+    final_env = envfix.apply(env, [envfix.Change(c["name"], c["from"], c["to"], c["reason"], c["check"]) for c in changes])
+    if options.attach:
+        final_env.update(_attach_hook(final_env))
+    if report_text is not None and options.report:
+        _write_report(options.report, report_text)
+
+    counts = _counts(rows)
+    summary = (f"{len(rows)} check{'s' if len(rows) != 1 else ''} in {outcome.seconds:.2f} s: "
+               + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to check"))
+    if changes:
+        summary += f"; {len(changes)} variable{'s' if len(changes) != 1 else ''} set by --fix"
+    would = [] if options.fix else envfix.plan(sorted(rows, key=lambda r: -_SEVERITY.get(r["status"], 0)), env,
+                                               options.keep).changes
+    if would:
+        summary += f"; --fix would set {', '.join(c.name for c in would)}"
+    fields = dict(checks=len(rows), seconds=f"{outcome.seconds:.3f}", **{k: v for k, v in counts.items() if v},
+                  fixed=len(changes) or None, command=command)
+    at_or_above = [r for r in rows if _SEVERITY.get(r["status"], 0) >= (1 if fail_on == "warn" else 2)]
+    if options.strict and (at_or_above or unfinished):
+        why = f"{len(at_or_above)} at or above {fail_on}" if at_or_above else "the environment was not verified"
+        log("error", f"{summary}; --strict: not starting {command}: {why}", **fields, action="refuse", exit=EX_CONFIG)
+        return EX_CONFIG
+    log("info", f"{summary}; starting {command}", **fields, action="start")
+    become(path, argv, final_env)  # returns never: the job runs here now, or CannotRun

@@ -1,0 +1,226 @@
+"""The pre-flight of `envdoctor exec`: what runs in the forked child.
+
+Everything that can hang or break is here, so that the process that will become
+the job (envdoctor.entrypoint) only waits, bounded, for an answer: loading the
+checks (a plug-in's import can hang) and the config, choosing the checks that
+may run in exec, running them on the environment the command will inherit,
+and with --fix making the changes their findings carry (envfix) and judging
+those checks again on the fixed environment. The answer is JSON: the final
+results, the changes made and kept, and the JSON report when one was asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+EXIT_USAGE = 2
+DEFAULT_TIMEOUT = 5.0
+
+@dataclass
+class ExecOptions:
+    strict: bool = False
+    fix: bool = False
+    keep: Sequence[str] = ()
+    report: str | None = None
+    only: Sequence[str] = ()
+    skip: Sequence[str] = ()
+    fail_on: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    attach: bool = False
+
+
+# ----------------------------------------------------------------------------- choosing checks
+def _split(items: Sequence[str]) -> list[str]:
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
+
+
+def runs_in_exec(check: Any) -> bool:
+    """What each check declares (Check.modes): cheap reads of files, the environment, NVML and
+    the torch facts, paid on every container start; never an intrusive check (onnx.opset,
+    torch.pin_memory, dist.master_port, dist.consistency)."""
+    return check.runs_in("exec") and not check.intrusive
+
+
+def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
+    """The runner plans for exec; unknown ids, or --only naming a check that does not
+    run in exec, are bad usage (UsageError)."""
+    from envdoctor import pipeline
+    from envdoctor.errors import UsageError
+
+    only, skip = _split(options.only), _split(options.skip)
+    plans = pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
+    chosen = [p for p in plans if runs_in_exec(p.check)]
+    chosen_ids = {p.check.id for p in chosen}
+    refused = [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in only]
+    if refused:
+        raise UsageError(f"--only {', '.join(refused)}: does not run in exec (too slow or intrusive for every "
+                         f"container start; it runs in `envdoctor check`). exec runs: "
+                         f"{', '.join(sorted(p.check.id for p in chosen)) or 'nothing else selected'}")
+    return chosen
+
+
+# ----------------------------------------------------------------------------- a launcher as the command
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+# torchrun's options that take no value (torch 2.13: the nargs=0 actions of its parser; launch's --use-env too)
+_LAUNCHER_SWITCHES = frozenset({"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m",
+                                "--module", "--virtual-local-rank", "--virtual_local_rank", "--use-env", "--use_env"})
+
+
+def launcher_ranks(argv: Sequence[str]) -> int | None:
+    """Processes per node when the command is torchrun (or `python -m torch.distributed.run`)
+    with a numeric --nproc-per-node: the ranks the thread budget is shared between.
+
+    `envdoctor exec -- torchrun --nproc-per-node 4 train.py` runs before torchrun has
+    set LOCAL_WORLD_SIZE for its workers, and torchrun passes OMP_NUM_THREADS on to
+    every worker: sized for the whole container, it would oversubscribe it 4 times."""
+    if not argv:
+        return None
+    args = list(argv[1:])
+    if os.path.basename(argv[0]) != "torchrun":
+        if not (os.path.basename(argv[0]).startswith("python") and len(args) >= 2 and args[0] == "-m"
+                and args[1] in _LAUNCHER_MODULES):
+            return None
+        args = args[2:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-"):
+            break  # the training script: what follows is its own
+        name, eq, value = arg.partition("=")
+        if name in _NPROC_FLAGS:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
+        i += 1 if eq or name in _LAUNCHER_SWITCHES else 2  # skip an option's separate value
+    return None
+
+
+# ----------------------------------------------------------------------------- the pre-flight (in the child)
+def _clamped(plans: Sequence[Any], seconds: float) -> list[Any]:
+    from envdoctor.runner import Plan
+
+    return [Plan(p.check, p.config, max(0.05, min(p.timeout, seconds))) for p in plans]
+
+
+def _probe(python: str, timeout: float) -> Any:
+    """The torch facts, bounded by exec's own budget (ENVDOCTOR_PROBE_TIMEOUT does not apply here)."""
+    from envdoctor.probe import TIMEOUT_VAR, ProbeError, run_probe
+
+    try:
+        return run_probe(python, timeout=timeout)
+    except ProbeError as exc:
+        raise ProbeError(str(exc).replace(f"raise the limit with {TIMEOUT_VAR}=SECONDS",
+                                          "exec's --timeout bounds it (torch facts are cached after one full run)")) from None
+
+
+def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[str, str], keep: Sequence[str],
+                         session: Any, deadline: float) -> tuple[Any, dict[str, str], list[Any]]:
+    """--fix: work out the changes, make them, and judge the checks they came from again
+    on the fixed environment (by `deadline`). Returns (the plan, the fixed env, results)."""
+    from envdoctor import envfix, runner
+    from envdoctor.context import Session
+
+    fix = envfix.plan([r.to_dict() for r in sorted(results, key=lambda r: -r.status.severity)], env, keep)
+    fixed_env = envfix.apply(env, fix.changes)
+    if fix.changes:
+        os.environ.update(fixed_env)
+        again = {c.check for c in fix.changes}
+        fixed = Session(env_override=fixed_env, host=session.host, torch_factory=lambda s: session.need("torch"))
+        plans = _clamped([p for p in plans if p.check.id in again], deadline - time.monotonic())
+        rejudged = {r.check: r for r in runner.run(plans, fixed)}
+        for result in rejudged.values():
+            result.facts["exec_fixed"] = {c.name: {"from": c.old, "to": c.new} for c in fix.changes if c.check == result.check}
+        results = [rejudged.get(r.check, r) for r in results]
+    for change in fix.kept:
+        for result in results:
+            if result.check == change.check:
+                result.facts.setdefault("exec_kept", {})[change.name] = {"value": change.old, "wanted": change.new}
+    return fix, fixed_env, results
+
+
+def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float,
+              failures: Sequence[Any] = (), host: Any = None, started: float | None = None) -> dict[str, Any]:
+    """Run the checks on `env` (then fix and judge again), in this (forked) process.
+
+    Returns JSON-able data: final results, changes made and kept, and the JSON
+    report text when asked for. Leaves 10% of the budget for the answer to travel.
+    Plug-ins that failed to load (`failures`) are error rows, as in `check`.
+    """
+    import socket
+    from datetime import datetime, timezone
+
+    from envdoctor import __version__, envfix, redact, runner
+    from envdoctor.context import HostSession, Session
+    from envdoctor.model import Report
+
+    t0 = time.monotonic() if started is None else started  # the budget runs from here (monotonic is system-wide)
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # The child is disposable: give it the job's environment, so the torch probe and
+    # every library it loads see what the command will see.
+    os.environ.clear()
+    os.environ.update(env)
+    first = max(0.05, t0 + budget * 0.7 - time.monotonic())
+    host = host or HostSession()
+    session = Session(env_override=dict(env), host=host, torch_factory=lambda s: _probe(s.python, max(0.05, first - 0.1)))
+    gathering = None
+    if options.report:
+        from envdoctor import sysfacts
+
+        gathering = sysfacts.Gathering(session)
+    results = runner.load_failure_results(failures, session) + runner.run(_clamped(plans, first), session)
+
+    fix = envfix.FixPlan([], [])
+    fixed_env = dict(env)
+    if options.fix:
+        fix, fixed_env, results = _fix_and_judge_again(results, plans, env, options.keep, session, t0 + budget * 0.9)
+    results.sort(key=lambda r: r.check)
+    system = gathering.finish(t0 + budget * 0.9) if gathering is not None else {}
+    report = Report(host=socket.gethostname(), version=__version__, started_at=started_at, target="self",
+                    results=results, system=system, duration_seconds=time.monotonic() - t0)
+    report = redact.redact_report(report, [env, fixed_env])
+    out: dict[str, Any] = {
+        "results": [r.to_dict() for r in report.results],
+        "changes": [c.to_dict() for c in fix.changes],
+        "kept": [c.to_dict() for c in fix.kept],
+    }
+    if options.report:
+        from envdoctor import export
+
+        out["report"] = export.render("json", report)
+    return out
+
+
+def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], started: float,
+              send: Any) -> dict[str, Any]:
+    """The whole pre-flight, in the forked child: everything that can hang or break is
+    here, loading the checks included (a plug-in's import may hang). Bad usage or a bad
+    config comes back as {"stop": [2, line]}; before the checks run, the plan is sent
+    ahead, so a pre-flight killed at the deadline can still say what did not finish."""
+    from envdoctor import registry as registry_module
+    from envdoctor.config import load as load_config
+    from envdoctor.errors import ConfigError, UsageError
+
+    os.environ.clear()  # plug-ins and the config read the environment the command will get
+    os.environ.update(env)
+    registry = registry_module.load()
+    try:
+        config = load_config(registry.checks, known_ids={f.name for f in registry.failures})
+        ranks = launcher_ranks(argv)
+        threads = config.checks.setdefault("cpu.threads", {})
+        if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):
+            threads["processes_per_node"] = ranks  # as if configured: the ranks share the CPUs
+        plans = select(registry, config, options)
+    except ConfigError as exc:
+        return {"stop": [EXIT_USAGE, f"bad config: {exc}"]}
+    except UsageError as exc:
+        return {"stop": [EXIT_USAGE, str(exc)]}
+    fail_on = options.fail_on or config.fail_on
+    only = set(_split(options.only)) | set(config.only)
+    failures = [f for f in registry.failures if not only or f.name in only]
+    send({"plan": [p.check.id for p in plans] + [f.name for f in failures], "fail_on": fail_on})
+    answer = preflight(plans, env, options, options.timeout, failures, started=started)
+    answer["fail_on"] = fail_on
+    return answer

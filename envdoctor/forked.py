@@ -1,0 +1,202 @@
+"""Run a function in a forked child under a hard deadline; get its JSON answer back.
+
+Why not the watchdog's threads, as everywhere else: `envdoctor exec` ends in
+execve(), and execve must first end every other thread of the process. A thread
+stuck in the kernel (an NVML ioctl to a GPU that fell off the bus, a statfs on a
+dead mount) cannot be ended until its call returns, so a process that ran its
+checks on threads could hang in execve itself, and the job would never start.
+Here the checks run in a child; the process that will become the job never
+starts a thread, waits for the child's answer only until the deadline, and then
+kills the child and goes on without it.
+
+The child writes JSON lines to a pipe (early messages, then its answer) and
+leaves with os._exit (no atexit handlers, no flush of buffers copied from the
+parent). Before leaving, it kills what it started itself (a probe subprocess
+still running) and reaps it, so no stray process outlives the pre-flight and
+none is reparented to the job. A child that cannot be reaped within half a
+second (a thread of it stuck in the kernel) is left behind: it becomes the
+command's child, and a zombie of the command's once it finally exits.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+DONE, RAISED, TIMED_OUT = "done", "raised", "timed_out"
+_REAP_SECONDS = 0.5
+
+
+@dataclass
+class ChildOutcome:
+    kind: str  # done | raised | timed_out
+    value: Any = None
+    error: str = ""
+    seconds: float = 0.0
+    messages: list[Any] = field(default_factory=list)  # sent by the child before its answer
+
+
+def children_of(pid: int) -> list[int]:
+    """The live children of `pid`, from /proc/PID/task/*/children (empty when unreadable)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _kill_tree(pids: list[int]) -> None:
+    """SIGKILL each pid and, where it leads a process group (the torch probe does), its group."""
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _reap(pids: list[int], seconds: float) -> list[int]:
+    """waitpid each pid for at most `seconds` in all; returns those that did not go."""
+    left = list(pids)
+    deadline = time.monotonic() + seconds
+    while left:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                left.remove(pid)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)
+    return left
+
+
+def _write_line(fd: int, payload: dict[str, Any]) -> None:
+    data = (json.dumps(payload, default=str) + "\n").encode("utf-8", "surrogateescape")
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _child(fn: Callable[[Callable[[Any], None]], Any], fd: int) -> None:
+    """In the child: run fn, write its messages and its answer as JSON lines, clean up, _exit."""
+    code = 0
+    try:
+        try:
+            payload = {"value": fn(lambda message: _write_line(fd, {"message": message}))}
+        except BaseException as exc:  # noqa: B036 - anything the pre-flight raises is an answer
+            from envdoctor.watchdog import describe_exception
+
+            payload = {"error": describe_exception(exc)}
+            code = 1
+        _write_line(fd, payload)
+    except BaseException:  # noqa: B036 - a closed pipe: the parent gave up on us
+        code = 2
+    finally:
+        try:
+            strays = children_of(os.getpid())
+            _kill_tree(strays)
+            _reap(strays, _REAP_SECONDS)
+        finally:
+            os._exit(code)
+
+
+def _read_lines(r: int, deadline: float) -> tuple[list[Any], dict[str, Any] | None, str]:
+    """(messages, the final payload or None, why there is none) read from the child by `deadline`."""
+    buffer = b""
+    messages: list[Any] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return messages, None, "timed out"
+        ready, _, _ = select.select([r], [], [], left)
+        if not ready:
+            return messages, None, "timed out"
+        chunk = os.read(r, 65536)
+        if not chunk:
+            return messages, None, "the pre-flight process died without an answer"
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                payload = json.loads(line.decode("utf-8", "surrogateescape"))
+            except ValueError as exc:
+                return messages, None, f"unreadable answer from the pre-flight process: {exc}"
+            if "message" in payload:
+                messages.append(payload["message"])
+            else:
+                return messages, payload, ""
+
+
+def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOutcome:
+    """Run `fn(send)` in a forked child. `send(obj)` passes an early message to the
+    parent (what it is about to do, in case it never finishes); the return value is
+    the answer. Both must be JSON-serialisable.
+
+    Returns within `timeout` seconds (plus at most half a second to reap a killed
+    child): done with the value, raised with a one-line description, or timed_out
+    (the child and whatever it started were killed). `messages` holds what the
+    child sent either way."""
+    started = time.monotonic()
+    r, w = (_above_stdio(fd) for fd in os.pipe())  # not inheritable (PEP 446): the command never sees them
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        os.close(r)
+        _child(fn, w)
+    os.close(w)
+    try:
+        messages, payload, why = _read_lines(r, started + timeout)
+    finally:
+        os.close(r)
+    seconds = time.monotonic() - started
+    if payload is None:
+        strays = children_of(pid)
+        _kill_tree([pid, *strays])
+        _reap([pid], _REAP_SECONDS)
+        if os.getpid() == 1:  # orphans of the killed child come to PID 1: reap the ones that went
+            _reap_any(_REAP_SECONDS)
+        if why == "timed out":
+            return ChildOutcome(TIMED_OUT, seconds=seconds, messages=messages)
+        return ChildOutcome(RAISED, error=why, seconds=seconds, messages=messages)
+    _reap([pid], _REAP_SECONDS)
+    if "error" in payload:
+        return ChildOutcome(RAISED, error=str(payload["error"]), seconds=seconds, messages=messages)
+    return ChildOutcome(DONE, value=payload.get("value"), seconds=seconds, messages=messages)
+
+
+def _above_stdio(fd: int) -> int:
+    """The same pipe end at descriptor 3 or above. Started with stderr closed, os.pipe()
+    would hand out descriptor 2, and whatever the child then printed as an error would
+    land in the answer."""
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
+def _reap_any(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.005)

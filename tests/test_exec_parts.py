@@ -1,0 +1,219 @@
+"""The parts of `envdoctor exec`: which variables --fix sets (from the real judges'
+results), the forked, bounded pre-flight (real fork, real stray processes), and the
+pre-flight itself with the fake NVML (the only fake allowed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from envdoctor import envfix, exec_preflight, forked, nvml
+from envdoctor.cgroup import CpuLimit, EffectiveCpus
+from envdoctor.checks import cpu_threads, cuda_visible_devices, torch_cudnn
+from envdoctor.config import Config
+from envdoctor.context import HostSession
+from envdoctor.registry import load as load_registry
+from fake_pynvml import FakeDevice, FakeNvml
+
+FIVE = envfix.THREAD_VARS
+
+
+def _threads_result(variables, cpus=2.0, limited_by="cgroup quota", **config):
+    quota = CpuLimit(cpus if limited_by == "cgroup quota" else None, "cgroup v1", "/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us")
+    facts = cpu_threads.ThreadFacts(variables, None, EffectiveCpus(cpus, 64, 64, quota, limited_by, ()))
+    result = cpu_threads.judge(facts, {**cpu_threads.CHECK.config, **config})
+    result.check = "cpu.threads"
+    return result.to_dict()
+
+
+# ----------------------------------------------------------------------------- envfix
+def test_threads_are_set_to_the_cpus_of_the_quota():
+    result = _threads_result({"OMP_NUM_THREADS": "16"})
+    assert result["status"] == "warn"
+    plan = envfix.plan([result], {"OMP_NUM_THREADS": "16"})
+    assert [c.describe() for c in plan.changes][:2] == [
+        "OMP_NUM_THREADS 16 -> 2 (2 CPUs of cgroup quota)",
+        "MKL_NUM_THREADS unset -> 2 (2 CPUs of cgroup quota)",
+    ]
+    assert {c.name: c.new for c in plan.changes} == dict.fromkeys(FIVE, "2")
+
+
+def test_threads_are_shared_between_local_ranks():
+    result = _threads_result({}, cpus=8.0, processes_per_node=4)
+    plan = envfix.plan([result], {})
+    assert plan.changes[0].describe() == "OMP_NUM_THREADS unset -> 2 (8 CPUs of cgroup quota / 4 local ranks)"
+
+
+def test_a_variable_already_right_is_not_touched_and_keep_is_honoured():
+    result = _threads_result({"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "9"})
+    env = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "9"}
+    plan = envfix.plan([result], env, keep=["MKL_NUM_THREADS"])
+    assert "OMP_NUM_THREADS" not in {c.name for c in plan.changes}
+    assert [c.name for c in plan.kept] == ["MKL_NUM_THREADS"]
+    fixed = envfix.apply(env, plan.changes)
+    assert fixed["MKL_NUM_THREADS"] == "9" and fixed["NUMEXPR_NUM_THREADS"] == "2"
+
+
+def test_results_that_are_ok_or_unfixable_want_nothing():
+    fitting = _threads_result(dict.fromkeys(FIVE, "1"))
+    assert fitting["status"] == "ok" and envfix.wanted(fitting) == {}
+    shm = {"check": "shm.size", "status": "fail", "summary": "/dev/shm is 64 MiB", "remediation": "docker run --shm-size=1g",
+           "facts": {}}
+    assert envfix.wanted(shm) == {}
+
+
+def test_fix_env_given_by_a_check_wins_over_the_rule():
+    result = _threads_result({"OMP_NUM_THREADS": "16"})
+    result["fix_env"] = {"OMP_NUM_THREADS": "3"}
+    plan = envfix.plan([result], {"OMP_NUM_THREADS": "16"})
+    assert [(c.name, c.new) for c in plan.changes] == [("OMP_NUM_THREADS", "3")]
+    assert plan.changes[0].reason == "2 CPUs of cgroup quota"
+
+
+def test_mixed_gpus_get_pci_bus_order():
+    gpus = (cuda_visible_devices.Gpu(0, "NVIDIA A100", "GPU-0", ()), cuda_visible_devices.Gpu(1, "NVIDIA T4", "GPU-1", ()))
+    result = cuda_visible_devices.judge(cuda_visible_devices.VisibleFacts("1", None, None, None, gpus), {})
+    result.check = "cuda.visible_devices"
+    assert envfix.wanted(result.to_dict()) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    same = cuda_visible_devices.judge(cuda_visible_devices.VisibleFacts("1", "PCI_BUS_ID", None, None, gpus), {})
+    same.check = "cuda.visible_devices"
+    assert envfix.wanted(same.to_dict()) == {}
+
+
+def test_deterministic_algorithms_get_a_deterministic_cublas_workspace():
+    torch = {"torch_version": "2.4.0+cu121", "torch_cuda_version": "12.1", "cuda_available": True, "cudnn_enabled": True,
+             "cudnn_benchmark": False, "cudnn_deterministic": True, "deterministic_algorithms": True,
+             "deterministic_warn_only": False}
+    result = torch_cudnn.judge(torch_cudnn.CudnnFacts(torch, None), {})
+    result.check = "torch.cudnn"
+    assert result.status.value == "fail"
+    assert envfix.wanted(result.to_dict()) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    good = torch_cudnn.judge(torch_cudnn.CudnnFacts(torch, ":16:8"), {})
+    good.check = "torch.cudnn"
+    assert envfix.wanted(good.to_dict()) == {}
+
+
+# ----------------------------------------------------------------------------- forked
+def test_forked_call_returns_the_value_or_the_exception():
+    assert forked.call(lambda send: {"pid": os.getpid()}, 30).value["pid"] != os.getpid()
+
+    def broken(send):
+        send({"about to": "raise"})
+        raise ValueError("on purpose")
+
+    outcome = forked.call(broken, 30)
+    assert outcome.kind == forked.RAISED and "ValueError: on purpose" in outcome.error
+    assert outcome.messages == [{"about to": "raise"}]
+    died = forked.call(lambda send: os._exit(3), 30)
+    assert died.kind == forked.RAISED and "died without an answer" in died.error
+
+
+def _gone(pid: int) -> bool:
+    """No such process any more: killed and reaped (a zombie still has its /proc entry)."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_child_past_its_deadline_is_killed_with_what_it_started(tmp_path):
+    pid_file = tmp_path / "grandchild"
+
+    def hang(send):
+        stray = subprocess.Popen(["sleep", "120"], start_new_session=True)
+        pid_file.write_text(str(stray.pid))
+        send("started a stray")
+        time.sleep(120)
+
+    started = time.monotonic()
+    outcome = forked.call(hang, 1.0)
+    assert outcome.kind == forked.TIMED_OUT and outcome.messages == ["started a stray"]
+    assert time.monotonic() - started < 30
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(grandchild) and time.monotonic() < deadline:  # killed; reaped by whoever inherited it
+        time.sleep(0.05)
+    assert _gone(grandchild), "what the pre-flight started outlived it"
+
+
+def test_a_child_that_answers_kills_and_reaps_what_it_left_running(tmp_path):
+    def leave_a_stray(send):
+        stray = subprocess.Popen(["sleep", "120"], start_new_session=True)
+        return stray.pid
+
+    outcome = forked.call(leave_a_stray, 30)
+    assert outcome.kind == forked.DONE
+    assert _gone(outcome.value), "a process started by the pre-flight outlived it"
+
+
+# ----------------------------------------------------------------------------- the pre-flight, with the fake NVML
+def _plans(*ids):
+    registry = load_registry(autoload_plugins=False)
+    return exec_preflight.select(registry, Config(), exec_preflight.ExecOptions(only=ids))
+
+
+def test_preflight_fixes_device_order_on_mixed_gpus_and_judges_again():
+    fake = FakeNvml(devices=[FakeDevice(name="NVIDIA A100-SXM4-80GB", uuid="GPU-a", pci_bus_id="00000000:01:00.0"),
+                             FakeDevice(name="Tesla T4", uuid="GPU-b", pci_bus_id="00000000:02:00.0")])
+    env = {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "1"}
+
+    def run(send):
+        host = HostSession(nvml_factory=lambda: nvml.connect(lib=fake, timeout=2))
+        return exec_preflight.preflight(_plans("cuda.visible_devices"), env, exec_preflight.ExecOptions(fix=True), 10.0, host=host)
+
+    outcome = forked.call(run, 30)
+    assert outcome.kind == forked.DONE, outcome.error
+    (row,) = outcome.value["results"]
+    assert row["status"] == "ok", row  # judged again with CUDA_DEVICE_ORDER=PCI_BUS_ID
+    assert row["facts"]["exec_fixed"] == {"CUDA_DEVICE_ORDER": {"from": None, "to": "PCI_BUS_ID"}}
+    assert outcome.value["changes"][0]["name"] == "CUDA_DEVICE_ORDER"
+
+
+def test_preflight_ends_within_its_budget_when_a_gpu_hangs():
+    fake = FakeNvml(devices=[FakeDevice(hang="memory")])
+
+    def run(send):
+        host = HostSession(nvml_factory=lambda: nvml.connect(lib=fake, timeout=30))
+        return exec_preflight.preflight(_plans("gpu.health", "shm.size"), dict(os.environ), exec_preflight.ExecOptions(), 2.0,
+                                    host=host)
+
+    started = time.monotonic()
+    outcome = forked.call(run, 2.0)
+    assert time.monotonic() - started < 20
+    assert outcome.kind == forked.DONE, outcome.error
+    rows = {r["check"]: r for r in outcome.value["results"]}
+    assert rows["gpu.health"]["status"] == "error" and "timed out" in rows["gpu.health"]["summary"]
+    assert rows["shm.size"]["status"] in ("ok", "warn", "fail")
+
+
+def _complain_then_answer(send):
+    try:
+        os.write(2, b"a library's warning\n")  # fails: stderr is closed, and must not be our pipe
+    except OSError:
+        pass
+    return "answer"
+
+
+def test_the_answer_survives_a_child_that_writes_to_closed_stdio():
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    for fd in saved:
+        os.close(fd)  # as when envdoctor is started with >&- 2>&-: os.pipe() would hand out 1 and 2
+    try:
+        outcome = forked.call(_complain_then_answer, 30)
+    finally:
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+    assert outcome.kind == forked.DONE and outcome.value == "answer", outcome
+
+
+# ----------------------------------------------------------------------------- a launcher as the command
+def test_launcher_ranks_reads_torchruns_nproc_per_node():
+    ranks = exec_preflight.launcher_ranks
+    assert ranks(["torchrun", "--nproc-per-node", "4", "train.py"]) == 4
+    assert ranks(["/opt/venv/bin/torchrun", "--nnodes=2", "--nproc_per_node=8", "train.py", "--lr", "1"]) == 8
+    assert ranks(["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"]) == 2
+    assert ranks(["torchrun", "--nnodes", "1", "--standalone", "--nproc-per-node", "2", "train.py"]) == 2
+    assert ranks(["torchrun", "--standalone", "train.py", "--nproc-per-node", "4"]) is None
+    assert ranks(["torchrun", "--nproc-per-node", "gpu", "train.py"]) is None  # not a number: nothing assumed
+    assert ranks(["torchrun", "train.py", "--nproc-per-node", "4"]) is None  # the script's own argument
+    assert ranks(["python", "train.py", "--nproc-per-node", "4"]) is None
+    assert ranks(["torchrun"]) is None and ranks([]) is None

@@ -1,0 +1,216 @@
+"""`envdoctor exec` in the situations a container puts it in, made for real (root only):
+a 64 MiB /dev/shm in a private mount namespace, a 0.5-CPU cgroup, the job as PID 1
+of its own PID namespace, and tini as that PID 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exec_log import events, one
+from test_real_cgroup import _make_limited_cgroup, _remove
+
+pytestmark = pytest.mark.real
+
+PY = sys.executable
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+SHOW_THREADS = "import os, json; print(json.dumps({k: os.environ.get(k) for k in %r}))" % (THREAD_VARS,)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    env.update(extra)
+    return env
+
+
+def _need_root_and(tool: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (namespaces, mounts, cgroups)")
+    if shutil.which(tool) is None:
+        pytest.skip(f"needs {tool}")
+
+
+# ----------------------------------------------------------------------------- /dev/shm
+def _in_shm_namespace(size: str, exec_args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    _need_root_and("unshare")
+    script = (f"mount --make-rprivate / && mount -t tmpfs -o size={size} tmpfs /dev/shm || exit 97; "
+              f"exec {PY} -m envdoctor exec {exec_args}")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=tmp_path, env=_env(**env), capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode == 97:
+        pytest.skip(f"cannot mount a tmpfs in a new mount namespace here: {proc.stderr.strip()}")
+    return proc
+
+
+def test_strict_refuses_a_64m_shm_with_78_and_the_command_leaves_no_trace(tmp_path):
+    marker = tmp_path / "job-ran"
+    proc = _in_shm_namespace("64m", f"--strict -- sh -c 'touch {marker}'", tmp_path)
+    assert proc.returncode == 78, proc.stderr
+    assert not marker.exists()
+    fail = one(proc.stderr, "fail shm.size:")
+    assert "/dev/shm is 64 MiB (Docker's default)" in fail["msg"]
+    assert "docker run --shm-size=" in fail["fix"] and "medium: Memory" in fail["fix"]
+    assert "--strict: not starting sh" in events(proc.stderr)[-1]["msg"]
+
+
+def test_without_strict_the_job_runs_in_the_64m_namespace_and_the_log_names_the_problem(tmp_path):
+    marker = tmp_path / "job-ran"
+    # the job reports the size it got, proving it ran inside the namespace that was judged
+    job = f"{PY} -c \"import os; s = os.statvfs('/dev/shm'); open('{marker}', 'w').write(str(s.f_blocks * s.f_frsize))\""
+    proc = _in_shm_namespace("64m", f"--fix -- {job}", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert marker.read_text() == str(64 * 1024**2)
+    fail = one(proc.stderr, "fail shm.size:")
+    # --fix cannot grow /dev/shm from inside: the line says so and gives the outside fix
+    assert fail["msg"].endswith("(cannot be fixed from inside the container)")
+    assert fail["fix"].startswith("docker run --shm-size=")
+
+
+def test_a_2g_shm_passes_strict(tmp_path):
+    proc = _in_shm_namespace("2g", "--strict --only shm.size -- true", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert events(proc.stderr)[-1]["ok"] == "1"
+
+
+# ----------------------------------------------------------------------------- CPU quota
+@pytest.fixture(scope="module")
+def half_cpu():
+    cgroup = _make_limited_cgroup()
+    try:
+        yield cgroup
+    finally:
+        _remove(cgroup)
+
+
+def _in_cgroup(cgroup, exec_args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """Move a shell into the cgroup, then exec envdoctor exec there (so the job is judged and run inside it)."""
+    quoted = " ".join(shlex.quote(a) for a in exec_args)
+    script = f"echo $$ > {cgroup.path}/cgroup.procs && exec {PY} -m envdoctor exec {quoted}"
+    return subprocess.run(["sh", "-c", script], env=_env(**env), capture_output=True, text=True, timeout=120)
+
+
+def test_fix_gives_the_job_thread_counts_that_fit_half_a_cpu(half_cpu):
+    proc = _in_cgroup(half_cpu, ["--fix", "--", PY, "-c", SHOW_THREADS], OMP_NUM_THREADS="16")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == dict.fromkeys(THREAD_VARS, "1")
+    assert one(proc.stderr, "set OMP_NUM_THREADS")["msg"] == "set OMP_NUM_THREADS 16 -> 1 (0.5 CPUs of cgroup quota)"
+    assert one(proc.stderr, "set MKL_NUM_THREADS")["msg"] == "set MKL_NUM_THREADS unset -> 1 (0.5 CPUs of cgroup quota)"
+    assert "warn cpu.threads" not in proc.stderr  # judged again on the fixed environment
+
+
+def test_without_fix_the_job_gets_its_environment_unchanged_and_the_log_says_what_would_help(half_cpu):
+    proc = _in_cgroup(half_cpu, ["--", PY, "-c", SHOW_THREADS], OMP_NUM_THREADS="16")
+    assert json.loads(proc.stdout)["OMP_NUM_THREADS"] == "16"
+    warn = one(proc.stderr, "warn cpu.threads:")
+    assert "0.5 effective CPUs (cgroup quota" in warn["msg"] and warn["fix"].startswith("export OMP_NUM_THREADS=1 ")
+    assert "--fix would set OMP_NUM_THREADS" in events(proc.stderr)[-1]["msg"]
+
+
+def test_keep_leaves_a_variable_as_it_was(half_cpu):
+    proc = _in_cgroup(half_cpu, ["--fix", "--keep", "OMP_NUM_THREADS", "--", PY, "-c", SHOW_THREADS], OMP_NUM_THREADS="16")
+    got = json.loads(proc.stdout)
+    assert got["OMP_NUM_THREADS"] == "16"
+    assert all(got[name] == "1" for name in THREAD_VARS if name != "OMP_NUM_THREADS")
+    assert one(proc.stderr, "kept OMP_NUM_THREADS=16 (--keep)")["msg"].endswith("wanted 1 (0.5 CPUs of cgroup quota)")
+    assert "warn cpu.threads:" in proc.stderr  # still oversubscribed, and the log says so
+
+
+# ----------------------------------------------------------------------------- PID 1
+def _pid1(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    _need_root_and("unshare")
+    proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *args], env=_env(**env), capture_output=True,
+                          text=True, timeout=120)
+    if proc.returncode != 0 and "unshare:" in proc.stderr and "Operation not permitted" in proc.stderr:
+        pytest.skip(f"cannot make a PID namespace here: {proc.stderr.strip()}")
+    return proc
+
+
+LIST_PROCS = "import os; print(os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+
+
+def test_as_pid_1_the_job_is_pid_1_and_alone(tmp_path):
+    # no probe cache, so the torch probe really runs as a grandchild; it must be gone, reaped
+    proc = _pid1([PY, "-m", "envdoctor", "exec", "--", PY, "-c", LIST_PROCS], ENVDOCTOR_NO_CACHE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1 [1]", proc.stderr
+
+
+def test_as_pid_1_a_probe_killed_at_the_timeout_leaves_no_zombie():
+    proc = _pid1([PY, "-m", "envdoctor", "exec", "--timeout", "0.5", "--", PY, "-c", LIST_PROCS], ENVDOCTOR_NO_CACHE="1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1 [1]", proc.stderr
+
+
+@pytest.mark.parametrize("status", [0, 7, 255])
+def test_as_pid_1_the_exit_status_passes_through(status):
+    proc = _pid1([PY, "-m", "envdoctor", "exec", "--", "sh", "-c", f"exit {status}"])
+    assert proc.returncode == status, proc.stderr
+
+
+def _wait_for(path: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.05)
+
+
+def _handler_job(ready: Path) -> str:
+    return ("import os, signal, sys, time, pathlib\n"
+            "def bye(signum, frame):\n"
+            "    print('handled', signum, 'as pid', os.getpid(), flush=True); sys.exit(42)\n"
+            "signal.signal(signal.SIGTERM, bye)\n"
+            f"pathlib.Path({str(ready)!r}).write_text(str(os.getpid()))\n"
+            "for _ in range(600): time.sleep(0.1)\n")
+
+
+def _ns_init(unshare_pid: int) -> int:
+    """The host PID of the namespace's PID 1: unshare --fork's only child."""
+    with open(f"/proc/{unshare_pid}/task/{unshare_pid}/children") as f:
+        (child,) = f.read().split()
+    return int(child)
+
+
+@pytest.mark.parametrize("init", [[], ["tini", "--"]], ids=["job-as-pid-1", "under-tini"])
+def test_sigterm_reaches_the_jobs_handler(tmp_path, init):
+    _need_root_and("unshare")
+    if init:
+        _need_root_and("tini")
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *init, PY, "-m", "envdoctor", "exec", "--",
+                             PY, "-c", _handler_job(ready)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _wait_for(ready, proc)
+        # What a container runtime does on `docker stop`: SIGTERM to the container's PID 1.
+        os.kill(_ns_init(proc.pid), signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    expected_pid = 2 if init else 1  # under tini the job is tini's first child; without it the job is PID 1
+    assert ready.read_text() == str(expected_pid)
+    assert out.strip() == f"handled {int(signal.SIGTERM)} as pid {expected_pid}", err
+    assert proc.returncode == 42, err
+
+
+def test_under_tini_exit_status_and_strict_pass_through(tmp_path):
+    _need_root_and("tini")
+    proc = _pid1(["tini", "--", PY, "-m", "envdoctor", "exec", "--", "sh", "-c", "exit 7"])
+    assert proc.returncode == 7, proc.stderr
+    marker = tmp_path / "ran"
+    refused = _pid1(["tini", "--", PY, "-m", "envdoctor", "exec", "--strict", "--fail-on", "warn", "--only", "cpu.threads",
+                     "--", "touch", str(marker)], OMP_NUM_THREADS="4096")
+    assert refused.returncode == 78, refused.stderr
+    assert not marker.exists()
