@@ -7,19 +7,30 @@
 # What it installs: a virtual environment in .venv with envdoctor (editable) and
 # its test, torch and onnx extras. torch is pinned to 2.13.0 and installed first,
 # so nothing later can resolve another torch (which would pull gigabytes of CUDA
-# wheels). promtool comes from Debian's `prometheus` package when missing.
+# wheels). prometheus and promtool come from Debian's `prometheus` package and
+# systemd-analyze from `systemd` when missing (deploy/ is tested against them).
 # The real-environment tests (unshare + tmpfs /dev/shm, cgroup v1 CPU quotas,
 # running as another user) need root, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1; then
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then
-        echo "== installing promtool (Debian package prometheus)"
+        echo "== installing prometheus and promtool (Debian package prometheus)"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     else
-        echo "!! promtool is missing and this is not root: the promtool tests will skip" >&2
+        echo "!! prometheus/promtool are missing and this is not root: the promtool and Prometheus tests will skip" >&2
+    fi
+fi
+# deploy/systemd is checked with systemd-analyze (verify, security --offline).
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "== installing systemd-analyze (Debian package systemd)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
+    else
+        echo "!! systemd-analyze is missing and this is not root: the systemd unit tests will skip" >&2
     fi
 fi
 
