@@ -54,12 +54,12 @@ import errno
 import ipaddress
 import re
 import socket
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from envdoctor.check import Check
 from envdoctor.errors import ParseError
+from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, default_watchdog
 from envdoctor.model import Result, Status, join_fixes, skip, worst
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -173,22 +173,22 @@ def _interfaces(ctx) -> tuple[tuple[str, ...] | None, str | None]:
 
 
 def _resolve(host: str, port: int | None, timeout: float) -> tuple[tuple[str, ...] | None, str | None, bool]:
-    """getaddrinfo in a daemon thread, so a dead DNS server cannot hang the run."""
-    box: dict[str, Any] = {}
+    """getaddrinfo on the watchdog, so a dead DNS server cannot hang the run (nor, in
+    serve, pile up a thread per interval: a lookup still stuck is not started again)."""
 
-    def work() -> None:
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            box["addrs"] = tuple(dict.fromkeys(info[4][0] for info in infos))
-        except (OSError, UnicodeError) as exc:
-            box["error"] = getattr(exc, "strerror", None) or str(exc)
+    def lookup() -> tuple[str, ...]:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return tuple(dict.fromkeys(info[4][0] for info in infos))
 
-    thread = threading.Thread(target=work, name="envdoctor-resolve", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    outcome = default_watchdog().call(("resolve", host, port), lookup, timeout)
+    if outcome.kind in (TIMED_OUT, STUCK):
         return None, None, True
-    return box.get("addrs"), box.get("error"), False
+    if outcome.kind == RAISED:
+        exc = outcome.error
+        if isinstance(exc, (OSError, UnicodeError)):
+            return None, getattr(exc, "strerror", None) or str(exc), False
+        raise exc  # type: ignore[misc]
+    return outcome.value, None, False
 
 
 def _local_addresses() -> set[str]:

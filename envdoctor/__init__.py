@@ -6,9 +6,29 @@ checks a training script's live settings from inside the script.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+
+def _serve_checks_and_exporters_from_a_source_checkout() -> None:
+    """In a source checkout, `checks/` and `exporters/` sit beside this package at the
+    top of the repository; installed, they are `envdoctor.checks` and
+    `envdoctor.exporters`. Adding the repository root to this package's search path
+    makes `python -m envdoctor` and `import envdoctor` from the checkout find them
+    exactly as an install does. Only where the root really is envdoctor's checkout.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if (os.path.isfile(os.path.join(root, "checks", "__init__.py"))
+            and os.path.isfile(os.path.join(root, "exporters", "__init__.py"))
+            and os.path.isfile(os.path.join(root, "pyproject.toml"))
+            and root not in __path__):
+        __path__.append(root)
+
+
+_serve_checks_and_exporters_from_a_source_checkout()
 
 __all__ = ["__version__", "preflight", "PreflightError"]
 

@@ -18,7 +18,7 @@ import typer
 from envdoctor import __version__
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-FORMATS = ("text", "json", "markdown", "junit", "prometheus")
+EXIT_IO = 74  # EX_IOERR: the report could not be written (a full disk, a closed stdout); not bad usage
 
 app = typer.Typer(
     name="envdoctor",
@@ -56,7 +56,7 @@ def check(
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
     skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", metavar="FORMAT",
-                                      help="text (default), json, markdown, junit or prometheus."),
+                                      help="text (default), json, markdown, junit, prometheus, or a plug-in's format."),
     pid: Optional[int] = typer.Option(None, "--pid", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
     python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is probed (default: this one)."),
     onnx: List[str] = typer.Option([], "--onnx", metavar="FILE", help="ONNX model to audit (repeatable)."),
@@ -80,8 +80,11 @@ def check(
     from envdoctor.errors import ConfigError, UsageError
     from envdoctor.model import Status
 
-    if fmt is not None and fmt not in FORMATS:
-        _die(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    from envdoctor import export
+
+    formats = export.names()
+    if fmt is not None and fmt not in formats:
+        _die(f"--format must be one of {', '.join(formats)}, not {fmt!r}")
     if fail_on is not None and fail_on not in FAIL_ON:
         _die(f"--fail-on must be warn or fail, not {fail_on!r}")
     if timeout is not None and timeout <= 0:
@@ -109,8 +112,8 @@ def check(
     if timeout:
         config.timeout = timeout
     fmt = fmt or os.environ.get("ENVDOCTOR_FORMAT") or "text"
-    if fmt not in FORMATS:
-        _die(f"ENVDOCTOR_FORMAT must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt not in formats:
+        _die(f"ENVDOCTOR_FORMAT must be one of {', '.join(formats)}, not {fmt!r}")
 
     roots = Roots(procfs=procfs, sysfs=sysfs, rootfs=rootfs)
     try:
@@ -128,22 +131,45 @@ def check(
 def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> None:
     import shutil
 
-    from envdoctor.exporters import ExportOptions, render
+    from envdoctor import export
+    from envdoctor.atomicfile import write_atomic
+    from envdoctor.errors import OutputError
 
     to_terminal = output is None and sys.stdout.isatty()
     color = to_terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
     width = shutil.get_terminal_size((120, 24)).columns  # the terminal's, or $COLUMNS, or 120 in a pipe
-    text = render(fmt, report, ExportOptions(catalog=registry.checks, fail_on=fail_on, color=color, width=width))
+    try:
+        text = export.render(fmt, report, export.ExportOptions(catalog=registry.checks, fail_on=fail_on,
+                                                               color=color, width=width))
+    except export.UnknownFormat as exc:
+        _die(str(exc))
     if output is None:
+        write_stdout(text)
+        return
+    try:
+        write_atomic(output, text)  # a reader never sees half a report; nothing else is touched
+    except OutputError as exc:
+        typer.echo(f"envdoctor: {exc}", err=True)
+        raise typer.Exit(EXIT_IO)
+
+
+def write_stdout(text: str) -> None:
+    """Standard output, or one line and exit 74 when it is closed or full (never a traceback)."""
+    try:
         sys.stdout.write(text)
         sys.stdout.flush()
-        return
-    tmp = output.with_name(output.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, output)  # atomic: a reader never sees half a report
-    except OSError as exc:
-        _die(f"cannot write {output}: {exc.strerror or exc}")
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
+        except (OSError, ValueError):
+            pass
+        try:
+            sys.stderr.write(f"envdoctor: cannot write the report to standard output: {reason}\n")
+        except (OSError, ValueError):
+            pass
+        raise typer.Exit(EXIT_IO)
 
 
 @app.command("checks")

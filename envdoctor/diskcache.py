@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
+
+from envdoctor.atomicfile import write_atomic
+from envdoctor.errors import OutputError
 
 NO_CACHE_VAR = "ENVDOCTOR_NO_CACHE"
 MAX_AGE_SECONDS = 24 * 3600  # a safety net for whatever a fingerprint misses
@@ -64,18 +66,10 @@ def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None)
 
 def write(path: Path, schema: str, fingerprint: Any, facts: dict[str, Any]) -> bool:
     entry = {"schema": schema, "created": time.time(), "fingerprint": fingerprint, "facts": facts}
-    tmp = None
     try:
+        text = json.dumps(entry, sort_keys=True, allow_nan=False)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(entry, f, sort_keys=True)
-        os.replace(tmp, path)
+        write_atomic(path, text, mode=0o600)
         return True
-    except (OSError, TypeError, ValueError):
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    except (OSError, OutputError, TypeError, ValueError):
         return False

@@ -45,3 +45,8 @@ class ConfigError(EnvdoctorError):
 
 class UsageError(EnvdoctorError):
     """Bad command-line usage (a --pid that does not exist, an unknown check id)."""
+
+
+class OutputError(EnvdoctorError):
+    """A report or file could not be written (a full disk, no such directory, a FIFO
+    with no reader): one line naming the file and why. Not bad usage: exit 74."""

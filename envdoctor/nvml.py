@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from envdoctor.errors import Unavailable
+from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, Pending, default_watchdog
 
 DEFAULT_TIMEOUT = 5.0  # seconds one device (or one system call) may take to answer
 
@@ -120,30 +121,17 @@ class GpuInfo:
 
 
 class _TimedOut(Exception):
-    def __init__(self, what: str, thread: threading.Thread):
+    def __init__(self, what: str):
         super().__init__(what)
         self.what = what
-        self.thread = thread
 
 
-def _bounded(fn: Callable[..., Any], args: tuple, timeout: float, what: str) -> Any:
-    """Run fn(*args) in a daemon thread; raise _TimedOut if it has not returned in time."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:  # handed to the caller below
-            box["error"] = exc
-
-    thread = threading.Thread(target=work, name=f"envdoctor-nvml-{what}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise _TimedOut(what, thread)
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+def _bounded(state: "_Library", key: str, fn: Callable[[], Any], timeout: float) -> Any:
+    """fn() on the watchdog under (library, key); raise _TimedOut when it is or stays stuck."""
+    outcome = default_watchdog().call((id(state.lib), key), fn, timeout)
+    if outcome.kind in (TIMED_OUT, STUCK):
+        raise _TimedOut(key)
+    return outcome.unwrap()
 
 
 # -- process-wide library state -------------------------------------------------------
@@ -151,31 +139,21 @@ def _bounded(fn: Callable[..., Any], args: tuple, timeout: float, what: str) -> 
 
 class _Library:
     """What is shared by every connect() on one library object: whether it is
-    initialised, and which calls are stuck (so they are not repeated)."""
+    initialised, and the identity of each GPU last read (for hung devices).
+    Which calls are stuck is the watchdog's to know (keys (id(lib), what))."""
 
     def __init__(self, lib: Any):
         self.lib = lib
         self.lock = threading.Lock()
         self.initialised = False
-        self.stuck: dict[str, tuple[threading.Thread, float]] = {}  # key -> (thread, since)
         self.identity: dict[int, dict[str, Any]] = {}  # index -> name/uuid/pci last read, for hung devices
-        self.stuck_lock = threading.Lock()
 
     def stuck_since(self, key: str) -> float | None:
-        """When the call under `key` got stuck, if it is still stuck."""
-        with self.stuck_lock:
-            entry = self.stuck.get(key)
-            if entry is None:
-                return None
-            thread, since = entry
-            if thread.is_alive():
-                return since
-            del self.stuck[key]  # it came back after all: query it again
+        """When the call under `key` got stuck (time.time()), if it is still stuck."""
+        stuck = default_watchdog().stuck()
+        if (id(self.lib), key) not in stuck:
             return None
-
-    def mark_stuck(self, key: str, thread: threading.Thread) -> None:
-        with self.stuck_lock:
-            self.stuck[key] = (thread, time.monotonic())
+        return stuck[(id(self.lib), key)] or time.time()
 
 
 _LIBRARIES: dict[int, _Library] = {}
@@ -260,12 +238,11 @@ def connect(lib: Any = None, timeout: float = DEFAULT_TIMEOUT) -> "Nvml":
             return nvml
         since = state.stuck_since("init")
         if since is not None:
-            nvml.hung = f"nvmlInit has not returned for {time.monotonic() - since:.0f} s: the NVIDIA driver is hung"
+            nvml.hung = f"nvmlInit has not returned for {time.time() - since:.0f} s: the NVIDIA driver is hung"
             return nvml
         try:
-            _bounded(lib.nvmlInit, (), timeout, "init")
-        except _TimedOut as t:
-            state.mark_stuck("init", t.thread)
+            _bounded(state, "init", lib.nvmlInit, timeout)
+        except _TimedOut:
             nvml.hung = f"nvmlInit did not return within {timeout:g} s: the NVIDIA driver is hung"
             return nvml
         except Exception as exc:
@@ -349,12 +326,11 @@ class Nvml:
             raise NvmlHung(self.hung)
         since = self._state.stuck_since(key)
         if since is not None:
-            raise NvmlHung(f"NVML {key} has not returned for {time.monotonic() - since:.0f} s: the NVIDIA driver is hung")
+            raise NvmlHung(f"NVML {key} has not returned for {time.time() - since:.0f} s: the NVIDIA driver is hung")
         for i, fn in enumerate(fns):
             try:
-                return _bounded(fn, (), self.timeout, key)
-            except _TimedOut as t:
-                self._state.mark_stuck(key, t.thread)
+                return _bounded(self._state, key, fn, self.timeout)
+            except _TimedOut:
                 raise NvmlHung(f"NVML {key} did not return within {self.timeout:g} s: the NVIDIA driver is hung") from None
             except (self._FunctionNotFound, self._Mismatch, AttributeError) as exc:
                 if i + 1 < len(fns):
@@ -408,7 +384,8 @@ class Nvml:
     def _read_devices(self) -> list[GpuInfo]:
         count = self.device_count()
         records: list[_Record] = []
-        threads: list[threading.Thread | None] = []
+        calls: list[Pending | None] = []
+        watchdog = default_watchdog()
         for index in range(count):
             record = _Record(index)
             records.append(record)
@@ -418,25 +395,24 @@ class Nvml:
                     setattr(record.info, key, value)
                 record.info.timed_out = True
                 record.info.errors["device"] = (
-                    f"not queried: an earlier NVML call on this GPU has not returned for {time.monotonic() - since:.1f} s"
+                    f"not queried: an earlier NVML call on this GPU has not returned for {time.time() - since:.1f} s"
                 )
-                threads.append(None)
+                calls.append(None)
                 continue
-            thread = threading.Thread(target=self._read_one, args=(record,), name=f"envdoctor-nvml-gpu{index}", daemon=True)
-            thread.start()
-            threads.append(thread)
+            calls.append(watchdog.start((id(self._lib), f"device{index}"), lambda record=record: self._read_one(record)))
         deadline = time.monotonic() + self.timeout
         out: list[GpuInfo] = []
-        for record, thread in zip(records, threads):
-            if thread is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
-                if thread.is_alive():
+        for record, call in zip(records, calls):
+            if call is not None:
+                outcome = call.wait(deadline)
+                if outcome.kind in (TIMED_OUT, STUCK):
                     with record.lock:
                         record.abandoned = True
                         stuck_in = record.current or "device"
                         record.info.timed_out = True
                         record.info.errors[stuck_in] = f"timed out: no answer within {self.timeout:g} s"
-                    self._state.mark_stuck(f"device{record.info.index}", thread)
+                elif outcome.kind == RAISED and record.fatal is None and not isinstance(outcome.error, _Abandoned):
+                    record.fatal = outcome.error
             if record.fatal is not None:
                 raise record.fatal
             info = record.snapshot()

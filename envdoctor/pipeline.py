@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,7 +18,7 @@ from envdoctor import __version__, redact, registry as registry_module, runner, 
 from envdoctor.config import Config
 from envdoctor.context import Roots, Session, Target
 from envdoctor.errors import Unavailable, UsageError
-from envdoctor.model import Report
+from envdoctor.model import Report, Result
 from envdoctor.registry import Registry
 
 SYSFACTS_TIMEOUT = 10.0
@@ -67,14 +66,16 @@ def make_target(pid: int | None, roots: Roots) -> Target:
     return Target(pid)
 
 
-def _gather_sysfacts(session: Session, timeout: float) -> dict[str, Any]:
-    """System facts under a watchdog: a hung statfs or NVML call cannot hold the report."""
-    box: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: box.update(facts=sysfacts.gather(session)), daemon=True,
-                              name="envdoctor-sysfacts")
-    thread.start()
-    thread.join(timeout)
-    return box.get("facts") or {"unavailable": {"system": f"gathering system facts timed out after {timeout:g} s"}}
+def run_checks(registry: Registry, config: Config, session: Session, selection: Selection = Selection(),
+               mode: str = "check") -> list[Result]:
+    """The selected checks that may run in `mode`, on one target; rows sorted by check id.
+    Not yet redacted: redact before anything leaves (execute() does)."""
+    plans = [p for p in plan(registry, config, selection) if p.check.runs_in(mode)]
+    only = set(selection.only) | set(config.only)
+    failures = [f for f in registry.failures if not only or f.name in only]
+    results = runner.load_failure_results(failures, session) + runner.run(plans, session)
+    results.sort(key=lambda r: r.check)
+    return results
 
 
 def execute(
@@ -84,16 +85,19 @@ def execute(
     selection: Selection = Selection(),
     *,
     with_sysfacts: bool = True,
+    mode: str = "check",
 ) -> Report:
-    """Run the selected checks on `session` and return the redacted report."""
+    """Run the selected checks on `session` and return the redacted report.
+
+    System facts are gathered beside the checks, each item bounded, so the whole
+    run ends within the checks' timeout (plus the interpreter's own start).
+    """
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    plans = plan(registry, config, selection)
-    only = set(selection.only) | set(config.only)
-    failures = [f for f in registry.failures if not only or f.name in only]
-    results = runner.load_failure_results(failures, session) + runner.run(plans, session)
-    results.sort(key=lambda r: r.check)
-    system = _gather_sysfacts(session, SYSFACTS_TIMEOUT) if with_sysfacts else {}
+    deadline = time.monotonic() + min(config.timeout, SYSFACTS_TIMEOUT)
+    gathering = sysfacts.Gathering(session) if with_sysfacts else None
+    results = run_checks(registry, config, session, selection, mode)
+    system = gathering.finish(deadline) if gathering is not None else {}
     report = Report(host=socket.gethostname(), version=__version__, started_at=started_at,
                     target=session.target.label, results=results, system=system,
                     duration_seconds=time.perf_counter() - t0)

@@ -98,7 +98,13 @@ class Scrubber:
 
     def result(self, result: Result) -> Result:
         return replace(result, summary=self.text(result.summary), remediation=self.text(result.remediation),
-                       facts=self.any(result.facts), target=self.text(result.target))
+                       facts=self.any(result.facts), target=self.text(result.target), fix_env=self.any(result.fix_env))
+
+
+def redact_results(results: Iterable[Result], envs: Iterable[Mapping[str, str]]) -> list[Result]:
+    """Copies of `results` with every secret value masked (serve: many targets, one scrub each)."""
+    scrub = Scrubber(secret_values(envs))
+    return [scrub.result(r) for r in results]
 
 
 def redact_report(report: Report, envs: Iterable[Mapping[str, str]]) -> Report:

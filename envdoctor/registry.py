@@ -11,12 +11,15 @@ for when a broken plug-in must be ruled out.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 from envdoctor.check import Check
 
 GROUP = "envdoctor.checks"
+BUILTIN_PREFIX = "envdoctor."
 BUILTIN_MODULE_PREFIX = "envdoctor.checks."
 DISABLE_AUTOLOAD_VAR = "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD"
 
@@ -51,17 +54,61 @@ def _is_builtin(ep: EntryPoint) -> bool:
 
 def _distribution_name(ep: EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
-    return getattr(dist, "name", None) or "unknown"
+    name = getattr(dist, "name", None)
+    if name is None and _is_builtin(ep):
+        return "envdoctor"  # declared in the source checkout's pyproject.toml
+    return name or "unknown"
+
+
+def _source_checkout_entry_points(group: str) -> list[EntryPoint]:
+    """Built-in entry points declared in pyproject.toml, when envdoctor runs from its
+    source checkout (installed or not): the same declarations an install registers,
+    read where they are written, so a checkout needs no install to find its checks."""
+    import envdoctor
+
+    here = Path(envdoctor.__file__).resolve().parent
+    pyproject = here.parent / "pyproject.toml"
+    if not (here.parent / "checks" / "__init__.py").is_file() or not pyproject.is_file():
+        return []
+    try:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        if data.get("project", {}).get("name") != "envdoctor":
+            return []
+        table = data["project"]["entry-points"].get(group, {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [EntryPoint(name, value, group) for name, value in table.items()
+            if isinstance(value, str) and value.startswith(BUILTIN_PREFIX)]
+
+
+def entry_points_of(group: str) -> list[EntryPoint]:
+    """Every entry point of `group`, built-ins first then by name, each value once."""
+    seen: set[str] = set()
+    out: list[EntryPoint] = []
+    for ep in sorted([*_source_checkout_entry_points(group), *entry_points(group=group)],
+                     key=lambda e: (not e.value.startswith(BUILTIN_PREFIX), e.name)):
+        if ep.value not in seen:  # the same distribution found twice on sys.path, or installed and checked out
+            seen.add(ep.value)
+            out.append(ep)
+    return out
+
+
+def plugins_enabled() -> bool:
+    return os.environ.get(DISABLE_AUTOLOAD_VAR, "") in ("", "0")
 
 
 def load(autoload_plugins: bool | None = None) -> Registry:
     if autoload_plugins is None:
-        autoload_plugins = os.environ.get(DISABLE_AUTOLOAD_VAR, "") in ("", "0")
+        autoload_plugins = plugins_enabled()
     checks: dict[str, Check] = {}
     origins: dict[str, str] = {}
     failures: list[LoadFailure] = []
     seen_values: set[str] = set()
-    for ep in sorted(entry_points(group=GROUP), key=lambda e: (not _is_builtin(e), e.name)):
+    for ep in entry_points_of(GROUP):
         if ep.value in seen_values:  # the same distribution found twice on sys.path
             continue
         seen_values.add(ep.value)

@@ -12,10 +12,12 @@ import os
 import platform
 import re
 import sys
+import time
 from typing import Any, Callable
 
 from envdoctor.context import Session
 from envdoctor.errors import Unavailable
+from envdoctor.watchdog import DONE, RAISED
 
 
 def _os_name(session: Session) -> str | None:
@@ -92,29 +94,50 @@ def _torch(session: Session) -> dict[str, Any]:
     return {key: facts.get(key) for key in ("torch_version", "torch_cuda_version", "cudnn_version") if key in facts}
 
 
-def gather(session: Session) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "os": None, "kernel": None, "python_version": platform.python_version(),
-        "python_executable": session.python, "envdoctor_python": sys.executable,
-        "cpu_model": None, "cpu_logical": os.cpu_count(),
-    }
-    errors: dict[str, str] = {}
-    items: list[tuple[str, Callable[[Session], Any]]] = [
-        ("os", _os_name), ("kernel", _kernel), ("cpu_model", _cpu_model), ("cpu_affinity", _affinity),
-        ("cpu_quota", _cpu_quota), ("memory", _memory), ("shm", _shm), ("gpus", _gpus), ("torch", _torch),
-    ]
-    for name, gatherer in items:
-        try:
-            value = gatherer(session)
-        except Unavailable as exc:
-            errors[name] = str(exc)
-            continue
-        except Exception as exc:  # a fact we could not read is a reason, not a crash
-            errors[name] = f"{type(exc).__name__}: {exc}"
-            continue
-        if isinstance(value, dict):
-            facts.update(value)
-        else:
-            facts[name] = value
-    facts["unavailable"] = errors
-    return facts
+_ITEMS: tuple[tuple[str, Callable[[Session], Any]], ...] = (
+    ("os", _os_name), ("kernel", _kernel), ("cpu_model", _cpu_model), ("cpu_affinity", _affinity),
+    ("cpu_quota", _cpu_quota), ("memory", _memory), ("shm", _shm), ("gpus", _gpus),
+)
+
+
+class Gathering:
+    """System facts being gathered on the watchdog, item by item, beside the checks."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        label = session.target.label
+        self.calls = [(name, session.watchdog.start(("sysfacts", name, label), lambda fn=fn: fn(session)))
+                      for name, fn in _ITEMS]
+
+    def finish(self, deadline: float) -> dict[str, Any]:
+        """Every item that answered by `deadline` (time.monotonic()); the others are named
+        under `unavailable` with the reason. One stuck read costs its own item, not all."""
+        session = self.session
+        facts: dict[str, Any] = {
+            "os": None, "kernel": None, "python_version": platform.python_version(),
+            "python_executable": session.python, "envdoctor_python": sys.executable,
+            "cpu_model": None, "cpu_logical": os.cpu_count(),
+        }
+        errors: dict[str, str] = {}
+        for name, call in self.calls:
+            outcome = call.wait(deadline)
+            if outcome.kind == DONE:
+                value = outcome.value
+                if isinstance(value, dict):
+                    facts.update(value)
+                else:
+                    facts[name] = value
+            elif outcome.kind == RAISED and isinstance(outcome.error, Unavailable):
+                errors[name] = str(outcome.error)
+            elif outcome.kind == RAISED:
+                errors[name] = f"{type(outcome.error).__name__}: {outcome.error}"
+            else:
+                errors[name] = outcome.describe()
+        facts.update(_torch(session))
+        facts["unavailable"] = errors
+        return facts
+
+
+def gather(session: Session, timeout: float = 10.0) -> dict[str, Any]:
+    """All system facts, each item bounded; at most `timeout` seconds in all."""
+    return Gathering(session).finish(time.monotonic() + timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
+from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
 
@@ -45,3 +46,7 @@ def render(report: Report, options) -> str:
             ET.SubElement(case, "system-out").text = f"WARN: {details}"
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+EXPORTER = Exporter(name="junit", render=render, content_type="application/xml", extension="xml",
+                    help="JUnit XML, one testcase per result (CI dashboards)")

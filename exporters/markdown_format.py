@@ -4,6 +4,7 @@ fix for every warn/fail under it."""
 
 from __future__ import annotations
 
+from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
 from .common import system_rows
@@ -42,3 +43,7 @@ def render(report: Report, options) -> str:
             steps = [step.strip() for line in r.remediation.splitlines() for step in line.split("; ") if step.strip()]
             lines += [f"- `{r.check}` ({r.status.value}):", "", "  ```", *(f"  {step}" for step in steps), "  ```"]
     return "\n".join(lines) + "\n"
+
+
+EXPORTER = Exporter(name="markdown", render=render, content_type="text/markdown; charset=utf-8", extension="md",
+                    help="Markdown for a bug report")

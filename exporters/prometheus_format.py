@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric as PromMetric
 
 from envdoctor.check import Check
+from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
 PREFIX = "envdoctor_"
@@ -96,3 +97,7 @@ def render(report: Report, options) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReportCollector(report, options.catalog))
     return generate_latest(registry).decode("utf-8")
+
+
+EXPORTER = Exporter(name="prometheus", render=render, content_type="text/plain; version=0.0.4; charset=utf-8", extension="prom",
+                    help="Prometheus text exposition (what serve answers on /metrics)")

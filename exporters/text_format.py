@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from envdoctor.export import Exporter
 from envdoctor.model import Report, Status
 
 from .common import system_rows
@@ -46,3 +47,7 @@ def render(report: Report, options) -> str:
     line = ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.OK, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP))
     console.print(f"{line} in {report.duration_seconds:.2f} s. `envdoctor explain ID` says more about a check.")
     return buffer.getvalue()
+
+
+EXPORTER = Exporter(name="text", render=render, content_type="text/plain; charset=utf-8", extension="txt",
+                    help="a table for a terminal (the default)")

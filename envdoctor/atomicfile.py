@@ -1,0 +1,115 @@
+"""Write a file so that a reader sees the old content or the new, never half, and
+so that nothing but the named file is ever changed.
+
+Used by `check -o`, `exec --report`, the caches and serve's textfile. The rules:
+- the temporary file is created exclusively (O_EXCL, a random name beside the
+  target), so a link planted at a predictable name cannot redirect the write;
+- a symlink as the target is followed, as a shell's `>` follows it: the file it
+  points to is replaced, the link stays;
+- a character device or a FIFO (`-o /dev/null`, `-o /dev/stdout`, a pipe) is
+  written directly, never replaced by a regular file; a FIFO with no reader is
+  refused rather than waited on; a block device, a socket or a directory is refused;
+- a regular file keeps its permission bits; a new one gets 0644 less the umask;
+- every failure (no such directory, permission, a full disk) removes the
+  temporary file and raises OutputError with one line naming the file and why.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+
+from envdoctor.errors import OutputError
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _write_special(path: str, mode: int, data: bytes) -> None:
+    """A character device or FIFO: write into it as it is."""
+    flags = os.O_WRONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    if stat.S_ISFIFO(mode):
+        flags |= os.O_NONBLOCK  # no reader: fail at once (ENXIO) instead of blocking forever
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OutputError(f"cannot write {path}: it is a FIFO with no reader") from None
+        raise OutputError(f"cannot write {path}: {_reason(exc)}") from None
+    try:
+        if stat.S_ISFIFO(mode):
+            os.set_blocking(fd, True)
+        _write_all(fd, data)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None = None) -> None:
+    """Replace `path` with `data` atomically (see the module docstring for the rules)."""
+    name = os.fspath(path)
+    if not name:
+        raise OutputError("no file name given (an empty path)")
+    payload = data.encode("utf-8", errors="surrogateescape") if isinstance(data, str) else bytes(data)
+    real = os.path.realpath(name)  # follows a symlink; a dangling one names the file to create
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
+    if st is not None:
+        kind = st.st_mode
+        if stat.S_ISDIR(kind):
+            raise OutputError(f"cannot write {name}: it is a directory")
+        if stat.S_ISCHR(kind) or stat.S_ISFIFO(kind):
+            _write_special(real, kind, payload)
+            return
+        if not stat.S_ISREG(kind):
+            what = "a block device" if stat.S_ISBLK(kind) else "a socket" if stat.S_ISSOCK(kind) else "not a regular file"
+            raise OutputError(f"cannot write {name}: it is {what}; refusing to replace it")
+    directory = os.path.dirname(real) or "."
+    if not os.path.isdir(directory):
+        raise OutputError(f"cannot write {name}: directory {directory} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
+    try:
+        try:
+            _write_all(fd, payload)
+            os.fsync(fd)
+            if mode is not None:
+                os.fchmod(fd, mode)
+            elif st is not None:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            else:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o644 & ~umask)
+        finally:
+            os.close(fd)
+        os.replace(tmp, real)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

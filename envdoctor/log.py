@@ -1,0 +1,76 @@
+"""One logger for the long-running modes: one logfmt line per event on stderr.
+
+`serve` and `exec` log events (a run finished, a target appeared, a config was
+reloaded, a fix was applied) as `ts=... level=info msg="..." key=value`, the form
+node_exporter and most log pipelines read. Every line passes through redaction
+first: a value of a secret-looking or unknown variable, of envdoctor's own
+environment or of any target's the caller registers, never reaches a log.
+A closed or broken stderr drops the line; logging never takes the process down.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from typing import IO, Any, Iterable, Mapping
+
+from envdoctor import redact
+
+_LOCK = threading.Lock()
+_BARE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
+_extra_secrets: set[str] = set()
+_stream: IO[str] | None = None
+_min_level = "info"
+LEVELS = ("debug", "info", "warn", "error")
+
+
+def configure(level: str = "info", stream: IO[str] | None = None) -> None:
+    global _min_level, _stream
+    if level not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, not {level!r}")
+    _min_level, _stream = level, stream
+
+
+def protect(envs: Iterable[Mapping[str, str]]) -> None:
+    """Also keep the secret values of these environments (a target's) out of every line."""
+    values = redact.secret_values(envs)
+    with _LOCK:
+        _extra_secrets.update(values)
+
+
+def _quote(value: Any) -> str:
+    text = "" if value is None else str(value)
+    text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+    if text and _BARE.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def format_line(level: str, message: str, fields: Mapping[str, Any], now: float | None = None) -> str:
+    """`ts=... level=... msg="..." k=v ...`, every value redacted and quoted as logfmt needs."""
+    with _LOCK:
+        secrets = set(_extra_secrets)
+    scrub = redact.Scrubber(sorted(secrets | set(redact.secret_values([os.environ])), key=len, reverse=True))
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now if now is not None else time.time()))
+    parts = [f"ts={stamp}Z", f"level={level}", f"msg={_quote(scrub.text(message))}"]
+    for key, value in fields.items():
+        key = re.sub(r"[^A-Za-z0-9_]", "_", str(key)) or "_"
+        parts.append(f"{key}={_quote(scrub.text('' if value is None else str(value)))}")
+    return " ".join(parts)
+
+
+def event(level: str, message: str, **fields: Any) -> None:
+    """Log one event, if `level` is at or above the configured level."""
+    if level not in LEVELS or LEVELS.index(level) < LEVELS.index(_min_level):
+        return
+    line = format_line(level, message, fields)
+    stream = _stream or sys.stderr
+    try:
+        with _LOCK:
+            stream.write(line + "\n")
+            stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # a closed stderr must not take a daemon or a job down
