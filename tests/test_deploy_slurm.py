@@ -100,3 +100,66 @@ def test_envdoctor_that_cannot_run_or_overruns_drains_nothing(slurm):
     proc, updates = slurm("health.sh", "/no/such/READY", ENVDOCTOR_HEALTH_TIMEOUT="0.05")
     assert proc.returncode == 0 and updates == []
     assert "could not run (exit 124)" in proc.stderr
+
+
+def _epilog(tmp_path, textfile, timeout="60"):
+    envdoctor = tmp_path / "envdoctor-bin"
+    envdoctor.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m envdoctor "$@"\n')
+    envdoctor.chmod(0o755)
+    env = {**os.environ, "ENVDOCTOR": str(envdoctor), "ENVDOCTOR_TEXTFILE": str(textfile),
+           "ENVDOCTOR_EPILOG_TIMEOUT": timeout, "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return subprocess.run(["bash", str(SLURM / "epilog.sh")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=180)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.real
+def test_epilog_textfile_is_served_by_the_real_node_exporter(tmp_path):
+    import shutil
+    import time
+    import urllib.request
+
+    exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if exporter is None:
+        pytest.skip("prometheus-node-exporter not installed (Debian package prometheus-node-exporter)")
+    textdir = tmp_path / "textfile"
+    textdir.mkdir()
+    proc = _epilog(tmp_path, textdir / "envdoctor.prom")
+    assert proc.returncode == 0, proc.stderr
+    port = _free_port()
+    node_exporter = subprocess.Popen([exporter, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+                                      "--collector.textfile", f"--collector.textfile.directory={textdir}"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "node_exporter did not answer"
+                time.sleep(0.2)
+    finally:
+        node_exporter.terminate()
+        node_exporter.wait(timeout=10)
+    import re
+
+    assert re.search(r'envdoctor_check_status\{check="shm.size",status="\w+",target="node"\} 1', body)
+    assert 'node_textfile_scrape_error 0' in body  # node_exporter parsed it without complaint
+
+
+def test_epilog_never_fails_the_job_even_when_envdoctor_cannot_write(tmp_path):
+    proc = _epilog(tmp_path, tmp_path / "no/such/dir/envdoctor.prom")
+    assert proc.returncode == 0
+    assert "serve --once exited 2" in proc.stderr and "does not exist" in proc.stderr
+    proc = _epilog(tmp_path, tmp_path / "envdoctor.prom", timeout="0.05")
+    assert proc.returncode == 0 and "serve --once exited 124" in proc.stderr
+    assert not (tmp_path / "envdoctor.prom").exists()
