@@ -221,3 +221,38 @@ class Fleet:
                 except ProcessLookupError:
                     pass
                 proc.wait(timeout=10)
+
+
+def serve_answers_healthz(args: list[str], timeout: float = 60) -> tuple[int, str, str]:
+    """Start the real `envdoctor serve ARGS` (its listen address forced onto
+    127.0.0.1:0), wait for /healthz to say 200, stop it with SIGTERM.
+    Returns (exit code, the /healthz body, the log)."""
+    args = [a for a in args if not a.startswith("--web.listen-address")]
+    proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "serve", *args, "--web.listen-address=127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    log, body, end = [], "", time.monotonic() + timeout
+    try:
+        address = None
+        while address is None and time.monotonic() < end and proc.poll() is None:
+            line = proc.stdout.readline()
+            log.append(line)
+            match = _LISTENING.search(line)
+            address = match.group(1) if match else None
+        while address and time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(f"http://{address}/healthz", timeout=5) as r:
+                    body = r.read().decode()
+                    break
+            except OSError:
+                time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        log.append(out)
+    return proc.returncode, body, "".join(log)

@@ -109,3 +109,22 @@ def test_probes_service_and_podmonitor_point_at_the_same_port():
     assert monitor["selector"]["matchLabels"].items() <= labels.items()
     assert monitor["podMetricsEndpoints"][0]["port"] == "metrics"
     assert labels[monitor["jobLabel"]] == "envdoctor"  # the rules' up{job="envdoctor"}
+
+
+@pytest.mark.real
+def test_the_containers_arguments_run_the_real_serve_to_a_healthy_healthz():
+    """The DaemonSet's args as they are, each /host path mapped back to the host path
+    it mounts (this test runs on the host), the listen address onto the loopback."""
+    import fleet
+
+    spec = _pod()["spec"]
+    mount_of = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    host_of = {mount_of[v["name"]]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    args = []
+    for arg in spec["containers"][0]["args"]:
+        flag, _, value = arg.partition("=")
+        args.append(f"{flag}={host_of[value]}" if value in host_of else arg)
+    assert args[0] == "serve"
+    code, body, log = fleet.serve_answers_healthz(args[1:])
+    assert body.startswith("ok"), log
+    assert code == 0, log

@@ -65,3 +65,16 @@ def test_unprivileged_with_exactly_the_two_capabilities():
     assert service["DynamicUser"] == "yes" and service["NoNewPrivileges"] == "yes"
     assert service["ProtectSystem"] == "strict"
     assert "ProtectProc" not in service and "PrivateDevices" not in service  # other users' jobs; /dev/nvidia*
+
+
+@pytest.mark.real
+def test_the_units_command_line_runs_the_real_serve_to_a_healthy_healthz():
+    import shlex
+
+    import fleet
+
+    argv = shlex.split(_service()["ExecStart"])
+    assert argv[:2] == [INSTALLED_AT, "serve"]
+    code, body, log = fleet.serve_answers_healthz(argv[2:])
+    assert body.startswith("ok"), log
+    assert code == 0, log
