@@ -37,10 +37,11 @@ import psutil  # noqa: E402
 GIB = 1024**3
 CLEAN = {"env": {}, "gpu": 0}
 
-# node index -> (what is planted, spec change, expected alerts as (alertname, check, target or workload index))
+# node index -> (what is planted, spec change, expected alerts as (alertname, check, target)),
+# target: "node", a workload's index, or "*" for every workload of the node.
 PLANTED = {
     3: ("/dev/shm is Docker's 64 MiB", {"shm": "64m"},
-        [("EnvdoctorCheckFailing", "shm.size", "node"), ("EnvdoctorCheckFailing", "shm.size", 0)]),
+        [("EnvdoctorCheckFailing", "shm.size", "node"), ("EnvdoctorCheckFailing", "shm.size", "*")]),
     7: ("GPU 1 has uncorrectable ECC errors", {"gpus": [{}, {"ecc_uncorrected": 2}]},
         [("EnvdoctorCheckFailing", "gpu.health", "node")]),
     11: ("a job's CUDA_VISIBLE_DEVICES=0,x,1", {"workloads": [{"env": {"CUDA_VISIBLE_DEVICES": "0,x,1"}, "gpu": 0}]},
@@ -73,9 +74,11 @@ def expected(f: fleet.Fleet) -> set[tuple[str, str, str, str]]:
         name = f"node-{i:02d}"
         if name not in f.nodes:
             continue
+        workloads = f.nodes[name].workloads
         for alertname, check, target in alerts:
-            label = target if target == "node" else f"pid:{f.nodes[name].workloads[target]}"
-            want.add((alertname, name, check, label))
+            pids = workloads if target == "*" else [] if target == "node" else [workloads[target]]
+            labels = ["node"] if target == "node" else [f"pid:{pid}" for pid in pids]
+            want.update((alertname, name, check, label) for label in labels)
     return want
 
 
@@ -110,6 +113,15 @@ def memory(pids: list[int]) -> tuple[float, float]:
 
 def per_target(f: fleet.Fleet, expr: str) -> dict[str, float]:
     return {r["metric"]["instance"]: float(r["value"][1]) for r in f.query(expr)}
+
+
+def prometheus_head_series(f: fleet.Fleet) -> float:
+    """From Prometheus' own /metrics (it does not scrape itself here)."""
+    with urllib.request.urlopen(f.prometheus_url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("prometheus_tsdb_head_series "):
+                return float(line.split()[1])
+    return float("nan")
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
@@ -165,7 +177,7 @@ def main() -> int:
             scrape_avg = per_target(f, f'avg_over_time(scrape_duration_seconds{{job="envdoctor"}}[{window}])')
             samples = per_target(f, 'scrape_samples_scraped{job="envdoctor"}')
             targets = per_target(f, "envdoctor_targets")
-            head_series = float(f.query("prometheus_tsdb_head_series")[0]["value"][1]) if f.query("prometheus_tsdb_head_series") else None
+            head_series = prometheus_head_series(f)
             node = next(iter(f.nodes.values()))
             with urllib.request.urlopen(f"http://{node.address}/metrics", timeout=10) as r:
                 metrics_bytes = len(r.read())
