@@ -110,9 +110,9 @@ class Fleet:
         config = self.workdir / "envdoctor.toml"
         config.write_text('[serve]\nselect_comm = ["train*"]\n')
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir),
-               "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1",
-               "XDG_CACHE_HOME": str(self.workdir / "cache")}
+               "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
         for name, spec in self.specs.items():
+            env["XDG_CACHE_HOME"] = str(self.workdir / name / "cache")  # each node its own, cold, as on a fresh node
             spec = {**spec, "serve_args": ["--interval", str(self.interval), "--config", str(config)]}
             log = self.workdir / f"{name}.log"
             cmd = ["timeout", "--kill-after=5", str(int(self.deadline) + 15),
@@ -121,7 +121,7 @@ class Fleet:
                    str(self.workdir / name)]
             with open(log, "wb") as out:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=env, start_new_session=True)
+                                        env=dict(env), start_new_session=True)
             self.nodes[name] = Node(name, spec, proc, log)
         end = time.monotonic() + timeout
         for node in self.nodes.values():
