@@ -159,7 +159,8 @@ def test_pin_memory_measurement_gives_bandwidth_and_cpu_figures(gpu):
     facts = row["facts"]
     print("torch.pin_memory:", row["status"], row["summary"])
     print("pinned B/s", facts.get("pinned_bytes_per_second"), "pageable B/s", facts.get("pageable_bytes_per_second"),
-          "cpu s/GiB", facts.get("cpu_seconds_per_gib"))
+          "cpu s/GiB", facts.get("pin_cpu_seconds_per_gib"))
     if row["status"] == "skip":
         pytest.skip(f"torch.pin_memory does not measure in this mode: {row['summary']}")
     assert facts.get("pinned_bytes_per_second", 0) > 0 and facts.get("pageable_bytes_per_second", 0) > 0
+    assert facts.get("pin_cpu_seconds_per_gib", 0) > 0
