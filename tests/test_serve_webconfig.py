@@ -86,7 +86,6 @@ def test_same_file_same_answers_as_node_exporter(tmp_path):
     serve = None
     try:
         serve = Serve("--web.config.file", str(path), "--interval", "5")
-        serve.wait_for("one run complete" if False else "listening")
         got = {}
         for name, (scheme, args) in cases.items():
             theirs = curl(f"{scheme}://127.0.0.1:{node.port}/metrics", *args)
