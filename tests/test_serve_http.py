@@ -48,6 +48,19 @@ def test_endpoints(serve):
     assert out.stdout == "405"
 
 
+def test_gzip_for_scrapers_that_ask(serve):
+    import gzip
+    import urllib.request
+
+    plain = first_run(serve)
+    request = urllib.request.Request(serve.url + "/metrics", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        body = gzip.decompress(r.read())
+    assert body.startswith(b"# HELP envdoctor_") and b"envdoctor_target_info" in body and len(body) > 0
+    assert plain.split(b"\n")[0] == body.split(b"\n")[0]
+
+
 def test_metrics_lint_clean(serve):
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -119,7 +132,7 @@ def test_bad_serve_table_exits_2_naming_file_line_and_key(tmp_path):
 def test_healthz_tells_the_truth():
     health = httpd.Health(lambda: 10.0, lambda: ["gpu.health:node for 40 s"])
     assert httpd.healthz(empty(), health)[0] == 503
-    fresh = Snapshot(b"x", b"{}", completed_at=1.0, completed_monotonic=100.0, run_seconds=0.1)
+    fresh = Snapshot(b"x", b"", b"{}", completed_at=1.0, completed_monotonic=100.0, run_seconds=0.1)
     assert httpd.healthz(fresh, health, now=125.0)[0] == 200
     code, text = httpd.healthz(fresh, health, now=131.0)
     assert code == 503 and "gpu.health:node" in text and "three intervals" in text

@@ -139,8 +139,10 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             if not snap.metrics:
                 self._send(503, b"no run has completed yet\n", "text/plain; charset=utf-8", head)
+            elif "gzip" in self.headers.get("Accept-Encoding", ""):
+                self._send(200, snap.metrics_gzip, METRICS_TYPE, head, {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
             else:
-                self._send(200, snap.metrics, METRICS_TYPE, head)
+                self._send(200, snap.metrics, METRICS_TYPE, head, {"Vary": "Accept-Encoding"})
         elif path == "/report":
             if not snap.report:
                 self._send(503, b'{"error": "no run has completed yet"}\n', "application/json", head)
