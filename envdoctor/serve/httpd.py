@@ -60,10 +60,7 @@ class Server(ThreadingHTTPServer):
     def get_request(self):
         sock, addr = self.socket.accept()
         sock.settimeout(REQUEST_TIMEOUT)
-        if self.web.tls is not None:
-            # the handshake runs in the request's thread (Handler.setup), not here
-            sock = self.web.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, addr
+        return sock, addr  # with TLS, Handler.setup wraps it: the handshake runs in the request's thread
 
     def handle_error(self, request, client_address) -> None:
         pass  # a client that hangs up or fails its handshake is not an event worth a traceback
@@ -81,9 +78,24 @@ class Handler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT
 
     def setup(self) -> None:
-        if isinstance(self.request, ssl.SSLSocket):
-            self.request.do_handshake()  # raises on a bad or missing client certificate: the connection is dropped
+        tls = self.server.web.tls
+        if tls is not None:
+            raw = self.request
+            first = raw.recv(8, socket.MSG_PEEK)
+            if first[:1].isalpha():  # plain HTTP to the TLS port: answer as Go's server does, not a reset
+                raw.sendall(b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                            b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+                raise ConnectionAbortedError("plain HTTP on the TLS port")
+            # raises on a bad or missing client certificate: the connection is dropped
+            self.request = tls.wrap_socket(raw, server_side=True)
         super().setup()
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.close()
 
     def log_message(self, format: str, *args) -> None:
         pass
@@ -127,8 +139,10 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             if not snap.metrics:
                 self._send(503, b"no run has completed yet\n", "text/plain; charset=utf-8", head)
+            elif "gzip" in self.headers.get("Accept-Encoding", ""):
+                self._send(200, snap.metrics_gzip, METRICS_TYPE, head, {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
             else:
-                self._send(200, snap.metrics, METRICS_TYPE, head)
+                self._send(200, snap.metrics, METRICS_TYPE, head, {"Vary": "Accept-Encoding"})
         elif path == "/report":
             if not snap.report:
                 self._send(503, b'{"error": "no run has completed yet"}\n', "application/json", head)

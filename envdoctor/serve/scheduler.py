@@ -15,6 +15,7 @@ the probe subprocess is never started by the daemon.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -40,7 +41,7 @@ from envdoctor.watchdog import Watchdog
 
 # Node-wide checks: run once on the node target, not repeated per process.
 NODE_ONLY = ("gpu.health", "onnx.opset")
-TARGETS_AT_ONCE = 4
+TARGETS_AT_ONCE = 8
 JITTER = 0.1
 
 
@@ -114,7 +115,7 @@ class Scheduler:
         }
         body = metrics.render(report, self.registry.checks,
                               metrics.ServeCollector(found.targets, serve_stats, self.stats.check_timeouts))
-        snap = Snapshot(metrics=body, report=(json.dumps(report.to_dict(), default=str) + "\n").encode(),
+        snap = Snapshot(metrics=body, metrics_gzip=gzip.compress(body, compresslevel=6, mtime=0), report=(json.dumps(report.to_dict(), default=str) + "\n").encode(),
                         completed_at=time.time(), completed_monotonic=time.monotonic(), run_seconds=seconds,
                         targets=tuple(t.label for t in found.targets))
         self._log_changes(found, seconds)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Snapshot:
     metrics: bytes  # Prometheus text exposition, no timestamps
+    metrics_gzip: bytes  # the same, compressed once per run for scrapers that accept gzip (Prometheus does)
     report: bytes  # the JSON report of every target (schema envdoctor.report/v1)
     completed_at: float  # Unix time the run finished
     completed_monotonic: float  # the same, on the monotonic clock (for /healthz)
@@ -23,7 +24,7 @@ class Snapshot:
 
 def empty() -> Snapshot:
     """Before the first run completes: /metrics answers 503, /healthz says why."""
-    return Snapshot(metrics=b"", report=b"", completed_at=0.0, completed_monotonic=float("-inf"), run_seconds=0.0)
+    return Snapshot(metrics=b"", metrics_gzip=b"", report=b"", completed_at=0.0, completed_monotonic=float("-inf"), run_seconds=0.0)
 
 
 def age(snapshot: Snapshot, now: float | None = None) -> float:
