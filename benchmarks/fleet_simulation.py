@@ -181,6 +181,9 @@ def main() -> int:
             node = next(iter(f.nodes.values()))
             with urllib.request.urlopen(f"http://{node.address}/metrics", timeout=10) as r:
                 metrics_bytes = len(r.read())
+            ask_gzip = urllib.request.Request(f"http://{node.address}/metrics", headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(ask_gzip, timeout=10) as r:
+                gzip_bytes = len(r.read())  # what Prometheus transfers (it asks for gzip)
 
     n = args.nodes
     scrape_s = float(args.scrape_interval.rstrip("s"))
@@ -194,7 +197,7 @@ def main() -> int:
         "missed": sorted(want - firing), "unexpected": sorted((firing | pending) - want),
         "scrape_duration_max_s": quantiles(list(scrape.values())), "scrape_duration_avg_s": quantiles(list(scrape_avg.values())),
         "samples_per_node": quantiles(list(samples.values())), "samples_per_target": round(per_target_samples, 1),
-        "targets_per_node": quantiles(list(targets.values())), "metrics_bytes_one_node": metrics_bytes,
+        "targets_per_node": quantiles(list(targets.values())), "metrics_bytes_one_node": metrics_bytes, "metrics_gzip_bytes_one_node": gzip_bytes,
         "daemons_cpu_cores": round(cores, 4), "daemon_cpu_percent_of_core": round(100 * cores / n, 3),
         "daemons_rss_bytes": rss, "daemons_pss_bytes": pss, "daemon_rss_mib_each": round(rss / n / 2**20, 1),
         "prometheus_cpu_cores": round((prom1 - prom0) / (t1 - t0), 4), "prometheus_rss_bytes": prom_rss,
@@ -205,7 +208,7 @@ def main() -> int:
             "series": round(per_node * fleet_size),
             "scrapes_per_second_at_15s": round(fleet_size / 15, 1),
             "samples_per_second_at_15s": round(per_node * fleet_size / 15),
-            "scrape_bytes_per_second_at_15s": round(metrics_bytes * fleet_size / 15),
+            "scrape_bytes_per_second_at_15s": round(gzip_bytes * fleet_size / 15),
         }
     report(figures)
     if args.json:
@@ -232,7 +235,8 @@ def report(fg: dict) -> None:
     print(f"scrape duration per target, worst over the run: {q(fg['scrape_duration_max_s'], 1000, ' ms')}")
     print(f"scrape duration per target, mean over the run:  {q(fg['scrape_duration_avg_s'], 1000, ' ms')}")
     print(f"samples per node: {q(fg['samples_per_node'])}; targets per node: {q(fg['targets_per_node'])}; "
-          f"{fg['samples_per_target']} samples per target; /metrics of one node {fg['metrics_bytes_one_node']} bytes")
+          f"{fg['samples_per_target']} samples per target; /metrics of one node {fg['metrics_bytes_one_node']} bytes, "
+          f"{fg['metrics_gzip_bytes_one_node']} gzipped")
     print(f"{fg['nodes']} daemons: {fg['daemons_cpu_cores']:.3f} cores together ({fg['daemon_cpu_percent_of_core']:.3f} % "
           f"of a core each), RSS {fg['daemons_rss_bytes'] / mib:.0f} MiB together ({fg['daemon_rss_mib_each']} MiB each), "
           f"PSS {fg['daemons_pss_bytes'] / mib:.0f} MiB")
@@ -241,7 +245,7 @@ def report(fg: dict) -> None:
     for size in (1_000, 10_000):
         s = fg[f"at_{size}_nodes"]
         print(f"at {size} nodes (same mix, 15 s scrapes): {s['series']} series, {s['scrapes_per_second_at_15s']} scrapes/s, "
-              f"{s['samples_per_second_at_15s']} samples/s, {s['scrape_bytes_per_second_at_15s'] / mib:.1f} MiB/s of /metrics")
+              f"{s['samples_per_second_at_15s']} samples/s, {s['scrape_bytes_per_second_at_15s'] / mib:.2f} MiB/s of gzipped /metrics")
 
 
 if __name__ == "__main__":
