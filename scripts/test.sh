@@ -23,6 +23,16 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
         echo "!! prometheus/promtool are missing and this is not root: the promtool and Prometheus tests will skip" >&2
     fi
 fi
+# deploy/slurm's epilog is read back by the real node_exporter; deploy/README's commands use curl.
+if ! command -v prometheus-node-exporter >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "== installing prometheus-node-exporter and curl (Debian packages)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-node-exporter curl >/dev/null
+    else
+        echo "!! prometheus-node-exporter or curl is missing and this is not root: the tests that use them will skip" >&2
+    fi
+fi
 # deploy/systemd is checked with systemd-analyze (verify, security --offline).
 if ! command -v systemd-analyze >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then
