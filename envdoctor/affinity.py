@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from envdoctor.errors import ParseError
+from envdoctor.paths import read_text
 
 # Linux builds with at most 8192 CPUs (NR_CPUS); anything far beyond is not a cpu list.
 MAX_CPU = 1 << 16
@@ -82,13 +83,13 @@ def affinity(procfs: Path, pid: int | None) -> frozenset[int]:
     if _is_live_procfs(procfs):
         return frozenset(os.sched_getaffinity(0 if pid is None else pid))
     who = "self" if pid is None else str(pid)
-    return parse_status_cpus_allowed((Path(procfs) / who / "status").read_text(errors="replace"))
+    return parse_status_cpus_allowed(read_text(Path(procfs) / who / "status"))
 
 
 def online_cpus(sysfs: Path) -> int | None:
     """How many CPUs the machine has online (sysfs devices/system/cpu/online); None when unknown."""
     try:
-        text = (Path(sysfs) / "devices" / "system" / "cpu" / "online").read_text(errors="replace")
+        text = read_text(Path(sysfs) / "devices" / "system" / "cpu" / "online")
         count = len(parse_cpulist(text))
     except (OSError, ParseError):
         return None

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from envdoctor.affinity import affinity, online_cpus
-from envdoctor.paths import Roots
+from envdoctor.paths import Roots, read_text
 from envdoctor.errors import ParseError
 
 # The kernel prints at most 20 digits for a u64; refusing longer runs keeps int()
@@ -219,7 +219,7 @@ def _who(pid: int | None) -> str:
 
 
 def _read(path: Path) -> str:
-    return path.read_text(errors="replace")
+    return read_text(path)
 
 
 def _relative(cgroup_path: str, mount_root: str) -> tuple[str, ...] | None:

@@ -15,6 +15,13 @@ The file is `--config FILE`, else $ENVDOCTOR_CONFIG, else ./envdoctor.toml, else
 Every key is validated against the checks' own declarations (check.Check.config), so
 a typo or a wrong type is caught at start, reported with file, line and key, and the
 CLI exits 2. Nothing here exits: errors are ConfigError, the CLI decides.
+
+Three words, one meaning each:
+- a check's *defaults*: what it declares (`Check(config={...})`, `Check.defaults`);
+- the *config*: what one run settled on from file, environment and command line
+  (`Config`, loaded here);
+- a check's *settings*: its defaults overlaid with the config (`Config.settings_for`),
+  what the check reads as `ctx.settings` and its judge receives.
 """
 
 from __future__ import annotations
@@ -63,13 +70,15 @@ class Config:
     source: str | None = None  # the file that was read, if any
     serve: dict[str, Any] = field(default_factory=dict)  # the [serve] table as given; envdoctor.serve.settings checks it
 
-    def check_config(self, check: Check) -> dict[str, Any]:
-        """The check's declared defaults overlaid with what was configured."""
-        values = dict(check.config)
+    def settings_for(self, check: Check) -> dict[str, Any]:
+        """The check's settings: its declared defaults overlaid with what was configured."""
+        values = dict(check.defaults)
         for key, value in self.checks.get(check.id, {}).items():
             if key not in CHECK_RESERVED:
                 values[key] = value
         return values
+
+    check_config = settings_for  # the older name, kept for callers outside envdoctor
 
     def enabled(self, check: Check) -> bool:
         return bool(self.checks.get(check.id, {}).get("enabled", check.enabled))

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from envdoctor.errors import Unavailable
-from envdoctor.paths import Roots
+from envdoctor.paths import Roots, read_bytes
 from envdoctor.procfs import parse_environ
 from envdoctor.watchdog import Watchdog, default_watchdog
 
@@ -149,7 +149,6 @@ class Session:
     env_override: Mapping[str, str] | None = None  # tests and preflight() give the env directly
     nvml_factory: Callable[[], Any] = _default_nvml
     torch_factory: Callable[["Session"], Any] = _default_torch
-    check_config: dict[str, dict[str, Any]] = field(default_factory=dict)
     host: HostSession | None = None
     python_explicit: bool = False  # --python given: probe that interpreter even for a --pid target
 
@@ -174,7 +173,7 @@ class Session:
             return dict(os.environ)
         path = self.proc_path("environ")
         try:
-            return parse_environ(path.read_bytes())
+            return parse_environ(read_bytes(path))
         except OSError as exc:
             raise unavailable_from_oserror(exc, self.target, path) from None
 

@@ -32,3 +32,46 @@ class Roots:
         if pid is None:
             return self.rootfs / relative
         return self.proc(pid, "root", relative)
+
+
+# What a kernel file (/proc/N/environ, cgroup files, mountinfo) can hold; a file larger
+# than this under a fixture root or a hostile --path.* root is refused, not read.
+MAX_READ_BYTES = 8 * 1024 * 1024
+
+
+def read_bytes(path: Path | str, limit: int = MAX_READ_BYTES) -> bytes:
+    """Read a small kernel or config file without ever blocking or filling memory.
+
+    Opened non-blocking and checked to be a regular file first: a FIFO planted
+    where /proc/N/environ should be raises at once instead of hanging the run
+    (procfs files are regular files that report size 0, so the size is not
+    trusted; at most `limit` bytes are read). Raises OSError with a reason.
+    """
+    import errno
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = "a FIFO" if stat.S_ISFIFO(kind) else "a directory" if stat.S_ISDIR(kind) else "not a regular file"
+            raise OSError(errno.EINVAL, f"{what}, not a readable file", str(path))
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: Path | str, limit: int = MAX_READ_BYTES) -> str:
+    """read_bytes() decoded as UTF-8, undecodable bytes replaced (a value never breaks a reader)."""
+    return read_bytes(path, limit).decode("utf-8", "replace")

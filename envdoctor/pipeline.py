@@ -17,11 +17,13 @@ from typing import Any, Callable, Mapping, Sequence
 from envdoctor import __version__, redact, registry as registry_module, runner, sysfacts
 from envdoctor.config import Config
 from envdoctor.context import Roots, Session, Target
-from envdoctor.errors import Unavailable, UsageError
+from envdoctor.errors import UsageError
 from envdoctor.model import Report, Result
 from envdoctor.registry import Registry
+from envdoctor.watchdog import DONE
 
 SYSFACTS_TIMEOUT = 10.0
+ENV_READ_TIMEOUT = 2.0  # redaction's own read of the target's environment, when no check read it
 
 
 @dataclass
@@ -49,7 +51,7 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
             continue
         if check_id in skip:
             continue
-        plans.append(runner.Plan(check, config.check_config(check), config.timeout_for(check)))
+        plans.append(runner.Plan(check, config.settings_for(check), config.timeout_for(check)))
     if not plans and (only or skip) and not [f for f in registry.failures if not only or f.name in only]:
         raise UsageError("--only/--skip (or the config's only/skip) leave no check to run")
     return plans
@@ -105,11 +107,20 @@ def execute(
 
 
 def _environments(session: Session) -> list[Mapping[str, str]]:
+    """The environments whose secret values must not leave: ours and the target's.
+
+    The target's is read on the watchdog: if a check is stuck reading it (a FIFO
+    where /proc/N/environ should be), redaction must not wait behind it forever.
+    An environment no one could read cannot have leaked into the report either.
+    """
     envs: list[Mapping[str, str]] = [os.environ]
-    try:
-        envs.append(session.env)
-    except Unavailable:
-        pass  # an unreadable target environment cannot leak into the report either
+    known = session.env_if_read()
+    if known is not None:
+        envs.append(known)
+        return envs
+    outcome = session.watchdog.call(("environ", session.target.label), lambda: session.env, ENV_READ_TIMEOUT)
+    if outcome.kind == DONE:
+        envs.append(outcome.value)
     return envs
 
 

@@ -17,13 +17,14 @@ from typing import Any, Callable
 
 from envdoctor.context import Session
 from envdoctor.errors import Unavailable
+from envdoctor.paths import read_text
 from envdoctor.watchdog import DONE, RAISED
 
 
 def _os_name(session: Session) -> str | None:
     path = session.roots.rootfs / "etc/os-release"
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_text(path)
     except OSError:
         return None
     match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.M)
@@ -32,14 +33,14 @@ def _os_name(session: Session) -> str | None:
 
 def _kernel(session: Session) -> str:
     try:
-        return (session.roots.procfs / "sys/kernel/osrelease").read_text().strip()
+        return read_text(session.roots.procfs / "sys/kernel/osrelease").strip()
     except OSError:
         return platform.release()
 
 
 def _cpu_model(session: Session) -> str | None:
     try:
-        text = (session.roots.procfs / "cpuinfo").read_text(errors="replace")
+        text = read_text(session.roots.procfs / "cpuinfo")
     except OSError:
         return None
     match = re.search(r"^(model name|Model|cpu model)\s*:\s*(.+)$", text, re.M)
@@ -47,7 +48,7 @@ def _cpu_model(session: Session) -> str | None:
 
 
 def _memory(session: Session) -> dict[str, int]:
-    text = (session.roots.procfs / "meminfo").read_text()
+    text = read_text(session.roots.procfs / "meminfo")
     values = {}
     for name, key in (("MemTotal", "memory_total_bytes"), ("MemAvailable", "memory_available_bytes")):
         match = re.search(rf"^{name}:\s+(\d+)\s*kB", text, re.M)

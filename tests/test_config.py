@@ -28,7 +28,7 @@ def _write(tmp_path, name, text):
 def test_defaults_when_there_is_no_file(tmp_path):
     config = cfg.load(CATALOG, environ={}, cwd=tmp_path)
     assert config.source is None and config.fail_on == "fail"
-    assert config.check_config(SHM) == SHM.config
+    assert config.settings_for(SHM) == SHM.config
     assert config.timeout_for(SHM) == cfg.DEFAULT_TIMEOUT
     assert config.timeout_for(OTHER) == 90  # a check's declared timeout wins over a smaller default
 
@@ -45,16 +45,16 @@ def test_file_then_environment_precedence_and_size_strings(tmp_path):
     config = cfg.load(CATALOG, environ={}, cwd=tmp_path)
     assert config.source.endswith("envdoctor.toml")
     assert config.fail_on == "warn" and config.timeout == 20
-    assert config.check_config(SHM)["min_bytes"] == 1024**3
-    assert config.check_config(SHM)["num_workers"] == 4
+    assert config.settings_for(SHM)["min_bytes"] == 1024**3
+    assert config.settings_for(SHM)["num_workers"] == 4
     assert config.timeout_for(SHM) == 3
 
     env = {"ENVDOCTOR_FAIL_ON": "fail", "ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES": "16g",
            "ENVDOCTOR_CHECK__SHM_SIZE__NAMES": "x, y", "ENVDOCTOR_CHECK__SHM_SIZE__ENABLED": "false"}
     config = cfg.load(CATALOG, environ=env, cwd=tmp_path)
     assert config.fail_on == "fail"
-    assert config.check_config(SHM)["min_bytes"] == 16 * 1024**3
-    assert config.check_config(SHM)["names"] == ["x", "y"]
+    assert config.settings_for(SHM)["min_bytes"] == 16 * 1024**3
+    assert config.settings_for(SHM)["names"] == ["x", "y"]
     assert config.enabled(SHM) is False
 
 
@@ -68,7 +68,7 @@ def test_pyproject_tool_table_is_read(tmp_path):
         ratio = 2
     """)
     config = cfg.load(CATALOG, environ={}, cwd=tmp_path)
-    assert config.skip == ["onnx.opset"] and config.check_config(SHM)["ratio"] == 2.0
+    assert config.skip == ["onnx.opset"] and config.settings_for(SHM)["ratio"] == 2.0
 
 
 def test_pyproject_without_our_table_is_not_config(tmp_path):
@@ -147,7 +147,7 @@ def test_file_paths_in_a_config_file_are_relative_to_that_file(tmp_path):
     _write(sub, "envdoctor.toml", 'onnx = ["a.onnx", "/abs/b.onnx"]\n[check."onnx.opset"]\nfiles = ["models/c.onnx"]\n')
     config = cfg.load({"onnx.opset": onnx_check}, explicit_file=str(sub / "envdoctor.toml"), environ={}, cwd=tmp_path)
     assert config.onnx == [str(sub / "a.onnx"), "/abs/b.onnx"]
-    assert config.check_config(onnx_check)["files"] == [str(sub / "models/c.onnx")]
+    assert config.settings_for(onnx_check)["files"] == [str(sub / "models/c.onnx")]
 
 
 def test_unknown_id_in_skip_names_its_line(tmp_path):

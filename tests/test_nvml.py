@@ -309,6 +309,7 @@ def test_real_nvml_without_a_driver_is_unavailable_with_a_hint():
 
 
 @pytest.mark.real
+@pytest.mark.gpu
 def test_real_nvml_snapshot_is_well_formed():
     n = _real_or_skip()
     assert n.driver_version().count(".") >= 1

@@ -1,0 +1,166 @@
+"""On a real NVIDIA GPU: every NVML and CUDA path against the real driver.
+
+Marked `gpu`: `scripts/gpu-test.sh` runs this file on a machine with a GPU; here,
+without a driver, every test skips with the reason. The fake NVML covers what a
+real GPU cannot be made to do on purpose (a hung or lost GPU, ECC faults).
+Figures a test measures are printed (`-s`) so the run's log can be quoted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from helpers import cli
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """The real NVML facade, or skip with the reason there is none."""
+    from envdoctor import nvml
+    from envdoctor.errors import Unavailable
+
+    try:
+        facade = nvml.connect()
+        if facade.device_count() < 1:
+            pytest.skip("NVML has no GPU here")
+    except Unavailable as exc:
+        pytest.skip(f"no NVIDIA GPU: {exc}")
+    return facade
+
+
+def _torch_cuda_or_skip():
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0 or probe.stdout.strip() != "True":
+        pytest.skip(f"no CUDA torch in {sys.executable}: {probe.stdout.strip()} {probe.stderr[-200:]}")
+
+
+def _rows(proc: subprocess.CompletedProcess) -> dict[str, dict]:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return {r["check"]: r for r in json.loads(proc.stdout)["results"]}
+
+
+def test_gpu_health_is_ok_on_a_healthy_gpu_with_every_field_read(gpu):
+    rows = _rows(cli("check", "--only", "gpu.health", "-f", "json", timeout=120))
+    row = rows["gpu.health"]
+    print("gpu.health:", row["status"], row["summary"])
+    assert row["status"] in ("ok", "warn"), row  # warn only for memory held by others or throttling, said below
+    if row["status"] == "warn":
+        assert "held by" in row["summary"] or "throttl" in row["summary"], row
+    for g in gpu.devices(max_age=0):
+        print("GPU", g.index, g.name, g.uuid, "cc", g.compute_capability, "mem", g.memory_total_bytes,
+              "unsupported:", g.unsupported, "errors:", g.errors)
+        assert not g.timed_out and not g.lost and not g.errors, g
+        assert g.uuid.startswith("GPU-") and g.memory_total_bytes > 0 and g.compute_capability
+
+
+def test_cuda_runtime_is_ok_and_torch_facts_equal_what_import_torch_says(gpu):
+    _torch_cuda_or_skip()
+    truth = json.loads(subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import json, torch
+        print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda,
+                          "arch": torch.cuda.get_arch_list(), "cudnn": torch.backends.cudnn.version()}))
+    """)], capture_output=True, text=True, check=True, timeout=300).stdout)
+    proc = cli("check", "--only", "cuda.runtime", "-f", "json", env={"ENVDOCTOR_NO_CACHE": "1"}, timeout=300)
+    report = json.loads(proc.stdout)
+    row = _rows(proc)["cuda.runtime"]
+    print("import torch:", truth)
+    print("cuda.runtime:", row["status"], row["summary"])
+    assert row["status"] == "ok", row
+    system = report["system"]
+    assert system.get("torch_version") == truth["version"]
+    assert system.get("torch_cuda_version") == truth["cuda"]
+    facts = row["facts"]
+    arch = facts.get("arch_list") or facts.get("torch_arch_list")
+    if arch is not None:
+        assert sorted(arch) == sorted(truth["arch"]), (arch, truth["arch"])
+
+
+def test_visible_devices_resolve_indices_and_real_uuids_and_a_wrong_uuid_fails(gpu):
+    first = gpu.devices(max_age=0)[0]
+    by_index = _rows(cli("check", "--only", "cuda.visible_devices", "-f", "json", env={"CUDA_VISIBLE_DEVICES": "0"}))
+    by_uuid = _rows(cli("check", "--only", "cuda.visible_devices", "-f", "json",
+                        env={"CUDA_VISIBLE_DEVICES": first.uuid}))
+    short = _rows(cli("check", "--only", "cuda.visible_devices", "-f", "json",
+                      env={"CUDA_VISIBLE_DEVICES": first.uuid[:12]}))  # a unique UUID prefix, as CUDA accepts
+    wrong = _rows(cli("check", "--only", "cuda.visible_devices", "-f", "json",
+                      env={"CUDA_VISIBLE_DEVICES": "GPU-00000000-0000-0000-0000-000000000000"}))
+    for name, rows in (("index", by_index), ("uuid", by_uuid), ("prefix", short), ("wrong", wrong)):
+        print(name, rows["cuda.visible_devices"]["status"], rows["cuda.visible_devices"]["summary"])
+    assert by_index["cuda.visible_devices"]["status"] == "ok"
+    assert by_uuid["cuda.visible_devices"]["status"] == "ok"
+    assert by_uuid["cuda.visible_devices"]["facts"].get("visible_count", 1) == 1
+    assert wrong["cuda.visible_devices"]["status"] == "fail"
+
+
+def test_a_real_torch_process_holding_gpu_memory_is_seen_with_its_memory(gpu):
+    _torch_cuda_or_skip()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time, torch
+        x = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device="cuda")  # 512 MiB
+        torch.cuda.synchronize()
+        print("ready", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        seen = None
+        while time.monotonic() < deadline and seen is None:
+            for g in gpu.devices(max_age=0):
+                for pid, used in g.processes:
+                    if pid == holder.pid:
+                        seen = used
+            time.sleep(0.5)
+        print("holder pid", holder.pid, "NVML per-process bytes:", seen)
+        assert seen is not None, "NVML does not list the process (a container without host PID namespace?)"
+        assert seen >= 512 * 1024 * 1024
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_envdoctor_itself_holds_no_gpu_memory(gpu):
+    """check and preflight() never create a CUDA context: NVML never lists their process."""
+    code = textwrap.dedent("""
+        import sys, time, envdoctor
+        envdoctor.preflight(file=None)
+        from envdoctor.cli import app
+        print("done", flush=True)
+        time.sleep(20)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "done"
+        listed = [(g.index, pid, used) for g in gpu.devices(max_age=0) for pid, used in g.processes if pid == proc.pid]
+        smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60)
+        print("NVML entries for envdoctor's pid:", listed, "| nvidia-smi compute apps:", smi.stdout.strip() or "none")
+        assert listed == []
+        assert str(proc.pid) not in smi.stdout.split(",")[0::2]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_pin_memory_measurement_gives_bandwidth_and_cpu_figures(gpu):
+    _torch_cuda_or_skip()
+    rows = _rows(cli("check", "--only", "torch.pin_memory", "-f", "json", env={"ENVDOCTOR_NO_CACHE": "1"}, timeout=300))
+    row = rows["torch.pin_memory"]
+    facts = row["facts"]
+    print("torch.pin_memory:", row["status"], row["summary"])
+    print("pinned B/s", facts.get("pinned_bytes_per_second"), "pageable B/s", facts.get("pageable_bytes_per_second"),
+          "cpu s/GiB", facts.get("pin_cpu_seconds_per_gib"))
+    if row["status"] == "skip":
+        pytest.skip(f"torch.pin_memory does not measure in this mode: {row['summary']}")
+    assert facts.get("pinned_bytes_per_second", 0) > 0 and facts.get("pageable_bytes_per_second", 0) > 0
+    assert facts.get("pin_cpu_seconds_per_gib", 0) > 0
