@@ -7,7 +7,8 @@
 # What it installs: a virtual environment in .venv with envdoctor (editable) and
 # its test, torch and onnx extras. torch is pinned to 2.13.0 and installed first,
 # so nothing later can resolve another torch (which would pull gigabytes of CUDA
-# wheels). promtool comes from Debian's `prometheus` package when missing.
+# wheels). promtool comes from Debian's `prometheus` package when missing, and
+# serve's tests get prometheus-node-exporter, curl and openssl the same way.
 # The real-environment tests (unshare + tmpfs /dev/shm, cgroup v1 CPU quotas,
 # running as another user) need root, as CI has.
 set -euo pipefail
@@ -20,6 +21,22 @@ if ! command -v promtool >/dev/null 2>&1; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     else
         echo "!! promtool is missing and this is not root: the promtool tests will skip" >&2
+    fi
+fi
+
+# serve's real tests: node_exporter (web config and textfile collector side by side),
+# curl and openssl (TLS, mTLS and basic auth with real certificates).
+missing=""
+command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$missing prometheus-node-exporter"
+command -v curl >/dev/null 2>&1 || missing="$missing curl"
+command -v openssl >/dev/null 2>&1 || missing="$missing openssl"
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "== installing$missing (Debian packages)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    else
+        echo "!! missing$missing and this is not root: the serve tests that need them will skip" >&2
     fi
 fi
 
