@@ -41,7 +41,7 @@ from envdoctor.watchdog import Watchdog
 
 # Node-wide checks: run once on the node target, not repeated per process.
 NODE_ONLY = ("gpu.health", "onnx.opset")
-TARGETS_AT_ONCE = 8
+TARGETS_AT_ONCE = 16  # the default watchdog has 16 workers; pin_memory waits 0.5 s per process
 JITTER = 0.1
 
 
