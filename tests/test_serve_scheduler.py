@@ -7,7 +7,7 @@ import subprocess
 import threading
 import time
 
-from envdoctor.watchdog import DONE, Watchdog
+from envdoctor.watchdog import DONE, Watchdog, default_watchdog
 
 
 def test_watchdog_backlog_from_many_callers_never_starves():
@@ -100,3 +100,59 @@ def test_every_series_serve_emits_is_documented_with_its_labels(tmp_path):
         for label in labels:
             assert f"`{label}`" in row, f"label {label} of {name} is not documented"
     assert "envdoctor_target_info" in seen and "envdoctor_targets_overflow_total" in seen
+
+
+def _orphan_sleeper(seconds: int = 30) -> int:
+    """A process that is not our child (envdoctor's own children are never targets)."""
+    out = subprocess.run(["sh", "-c", f"sleep {seconds} > /dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def _scheduler(fake, interval: float = 2.0):
+    from envdoctor import nvml, pipeline
+    from envdoctor.config import Config
+    from envdoctor.context import Roots
+    from envdoctor.serve.scheduler import Scheduler
+    from envdoctor.serve.settings import Settings
+
+    return Scheduler(pipeline.load_registry(), Config(timeout=3), Settings(interval=interval), Roots(),
+                     default_watchdog(), nvml_factory=lambda: nvml.connect(lib=fake, timeout=0.5))
+
+
+def test_processes_nvml_lists_become_targets_and_gpu_health_runs_on_the_node():
+    from fake_pynvml import GIB, FakeDevice, FakeNvml
+
+    pid = _orphan_sleeper()
+    try:
+        fake = FakeNvml(devices=[FakeDevice(processes=[(pid, 2 * GIB)], memory_used=2 * GIB)])
+        snap = _scheduler(fake).run_once()
+        text = snap.metrics.decode()
+        assert f"pid:{pid}" in snap.targets
+        assert f'source="nvml",target="pid:{pid}"' in text
+        assert 'envdoctor_check_status{check="gpu.health",status="error",target="node"} 0.0' in text
+        assert 'envdoctor_gpu_memory_used_bytes{gpu="0",target="node"}' in text
+    finally:
+        os.kill(pid, 9)
+
+
+def test_a_hung_gpu_costs_one_stuck_call_not_the_daemon():
+    """NVML blocks on one device: the run still completes, the check says it is stuck,
+    the next run does not start it again, and /healthz names it."""
+    from fake_pynvml import FakeDevice, FakeNvml
+    from envdoctor.serve import httpd
+
+    fake = FakeNvml(devices=[FakeDevice(hang="temperature"), FakeDevice()])
+    sched = _scheduler(fake)
+    try:
+        first = sched.run_once()
+        second = sched.run_once()
+        for snap in (first, second):
+            assert snap.metrics and 'check="cpu.threads",status="ok",target="node"} 1.0' in snap.metrics.decode()
+        assert 'envdoctor_check_status{check="gpu.health",status="ok",target="node"} 0.0' in second.metrics.decode()
+        assert float(next(l.split()[1] for l in second.metrics.decode().splitlines()
+                          if l.startswith("envdoctor_call_timeouts_total "))) >= 1
+        code, text = httpd.healthz(second, httpd.Health(lambda: 2.0, sched.stuck_calls), now=second.completed_monotonic + 7)
+        stuck = sched.stuck_calls()
+        assert stuck and code == 503 and stuck[0].split(" for ")[0] in text
+    finally:
+        fake.release()

@@ -137,11 +137,13 @@ class Scheduler:
         except Exception as exc:  # a plan error (a config that leaves nothing) must not stop the daemon
             log.event("error", "target not examined", target=target.label, reason=str(exc))
             return []
+        # A target's environment can only have leaked into a result if a check read it.
+        # (Not passed to log.protect: that set lives for the daemon's life and would grow
+        # with every short job's tokens; no log line here carries a target's values.)
         envs: list[Mapping[str, str]] = [os.environ]
         env = session.env_if_read()
         if env is not None:
             envs.append(env)
-            log.protect([env])
         scrub = redact.Scrubber(redact.secret_values(envs))
         return [scrub.result(r) for r in results]
 
