@@ -377,3 +377,33 @@ def exec_command(
     options = entrypoint.ExecOptions(strict=strict, fix=fix, keep=keep, report=report, only=only, skip=skip,
                                      fail_on=fail_on, timeout=timeout, attach=attach)
     raise typer.Exit(entrypoint.run(options, command or []))
+
+
+@app.command()
+def serve(
+    listen_address: str = typer.Option("127.0.0.1:10061", "--web.listen-address", metavar="HOST:PORT",
+                                       help="Address to answer /metrics, /report, /healthz on (default: loopback only)."),
+    web_config_file: Optional[str] = typer.Option(None, "--web.config.file", metavar="FILE",
+                                                  help="exporter-toolkit web config: TLS, client certificates, basic auth."),
+    interval: Optional[float] = typer.Option(None, "--interval", metavar="SECONDS", help="Seconds between runs (default 15, or [serve] interval)."),
+    textfile: Optional[Path] = typer.Option(None, "--textfile", metavar="PATH",
+                                            help="Also write each run to PATH (*.prom) for node_exporter's textfile collector."),
+    once: bool = typer.Option(False, "--once", help="Run once (write --textfile if given) and exit; no HTTP server."),
+    config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="Config file (checks' settings and [serve])."),
+    procfs: Path = typer.Option(Path("/proc"), "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
+    sysfs: Path = typer.Option(Path("/sys"), "--path.sysfs", metavar="DIR", help="sysfs mount point."),
+    rootfs: Path = typer.Option(Path("/"), "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
+) -> None:
+    """Monitor the node and every training process on it; serve Prometheus metrics.
+
+    Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config.
+    """
+    from envdoctor.serve import Daemon, Options, StartError
+
+    try:
+        daemon = Daemon(Options(listen_address=listen_address, web_config_file=web_config_file, interval=interval,
+                                textfile=textfile, once=once, config_file=config_file,
+                                procfs=procfs, sysfs=sysfs, rootfs=rootfs))
+    except StartError as exc:
+        _die(str(exc))
+    raise typer.Exit(daemon.run())

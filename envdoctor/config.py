@@ -71,6 +71,7 @@ class Config:
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {key: value}, as given
     source: str | None = None  # the file that was read, if any
     timeout_explicit: bool = False  # timeout came from the file, the environment or --timeout
+    serve: dict[str, Any] = field(default_factory=dict)  # the [serve] table as given; envdoctor.serve.settings checks it
 
     def settings_for(self, check: Check) -> dict[str, Any]:
         """The check's settings: its declared defaults overlaid with what was configured."""
@@ -280,6 +281,11 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
 
     for key, value in data.items():
         if key == "check":
+            continue
+        if key == "serve":  # the monitor's own table, validated by envdoctor.serve.settings
+            if not isinstance(value, dict):
+                raise ConfigError("expected a table: [serve]", file=name, line=where("", key), key=key)
+            config.serve = {k: (v, where("serve", k)) for k, v in value.items()}
             continue
         if key not in RUN_KEYS:
             raise ConfigError(f"unknown setting; known: {', '.join(sorted(RUN_KEYS))}, and [check.\"ID\"] tables",

@@ -174,11 +174,7 @@ class Watchdog:
                 return Pending(self, None, Outcome(RAISED, error=error))
             job = _Job(key, fn)
             self._queue.put(job)
-            busy = self._workers - self._idle
-            if self._idle == 0 and busy - len(self._stuck) < self.max_workers:
-                self._spawn()
-            elif self._idle > 0:
-                self._idle -= 1  # that idle worker will take this job
+            self._grow()
         return Pending(self, job)
 
     def stuck(self) -> dict[Hashable, float | None]:
@@ -197,26 +193,34 @@ class Watchdog:
         self._workers += 1
         thread.start()
 
+    def _grow(self) -> None:
+        """Under the lock: one more worker when queued calls outnumber the idle workers
+        and fewer than max_workers are alive and not stuck."""
+        if self._queue.qsize() > self._idle and self._workers - len(self._stuck) < self.max_workers:
+            self._spawn()
+
     def _work(self) -> None:
+        # _idle counts the workers waiting in get(): each counts itself in and out, so
+        # the count cannot drift however many callers queue calls at once.
         idle_limit = 30.0
         while True:
+            with self._lock:
+                self._idle += 1
             try:
                 job = self._queue.get(timeout=idle_limit)
             except queue.Empty:
                 with self._lock:
-                    if self._idle > 0:
-                        self._idle -= 1
+                    self._idle -= 1
+                    if self._queue.empty():  # start() queues under this lock: nothing can be missed
                         self._workers -= 1
                         return
-                continue  # a job was promised to us; it is on its way
+                continue
+            with self._lock:
+                self._idle -= 1
             self._run(job)
             with self._lock:
                 if job.abandoned and self._stuck.get(job.key) is job:
                     del self._stuck[job.key]  # it came back after all: the key may run again
-                if self._idle >= self.max_workers:
-                    self._workers -= 1
-                    return
-                self._idle += 1
 
     def _run(self, job: _Job) -> None:
         with self._lock:
@@ -249,9 +253,7 @@ class Watchdog:
             job.abandoned = True
             self._stuck[job.key] = job
             # A worker is lost to this call; make sure the pool keeps its capacity.
-            busy = self._workers - self._idle
-            if not self._queue.empty() and self._idle == 0 and busy - len(self._stuck) < self.max_workers:
-                self._spawn()
+            self._grow()
             return Outcome(TIMED_OUT, since=job.started, where=_waiting_at(job.thread), seconds=waited)
 
 

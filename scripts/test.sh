@@ -7,30 +7,36 @@
 # What it installs: a virtual environment in .venv with envdoctor (editable) and
 # its test, torch and onnx extras. torch is pinned to 2.13.0 and installed first,
 # so nothing later can resolve another torch (which would pull gigabytes of CUDA
-# wheels). promtool comes from Debian's `prometheus` package when missing, tini
-# (the init `envdoctor exec` is tested under) from Debian's `tini`.
+# wheels). prometheus and promtool come from Debian's `prometheus` package and
+# systemd-analyze from `systemd` when missing (deploy/ is tested against them), tini
+# (the init `envdoctor exec` is tested under) from `tini`, and serve's and deploy's
+# tests get prometheus-node-exporter, curl and openssl the same way.
 # The real-environment tests (unshare + tmpfs /dev/shm, cgroup v1 CPU quotas,
 # running as another user) need root, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1; then
+# The real programs the tests run against, from Debian, in one apt-get when any is missing:
+# prometheus + promtool (metrics lint, rules, the fleet's Prometheus), systemd-analyze (the
+# unit), node_exporter (web config and textfile collector side by side), curl and openssl
+# (TLS, mTLS, basic auth with real certificates; deploy/README's commands), tini (the init
+# `envdoctor exec` is tested under).
+missing=""
+need() { command -v "$1" >/dev/null 2>&1 || case " $missing " in *" $2 "*) ;; *) missing="$missing $2" ;; esac; }
+need promtool prometheus
+need prometheus prometheus
+need systemd-analyze systemd
+need prometheus-node-exporter prometheus-node-exporter
+need curl curl
+need openssl openssl
+need tini tini
+if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ]; then
-        echo "== installing promtool (Debian package prometheus)"
+        echo "== installing$missing (Debian packages)"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
     else
-        echo "!! promtool is missing and this is not root: the promtool tests will skip" >&2
-    fi
-fi
-
-if ! command -v tini >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ]; then
-        echo "== installing tini (Debian package tini), the init the exec tests run the job under"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tini >/dev/null
-    else
-        echo "!! tini is missing and this is not root: the exec-under-tini tests will skip" >&2
+        echo "!! missing$missing and this is not root: the tests that need them will skip" >&2
     fi
 fi
 

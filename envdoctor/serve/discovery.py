@@ -1,0 +1,212 @@
+"""Which processes a run examines: the node itself plus every workload process.
+
+A workload process is found in one of four cheap ways, in this order of trust:
+1. NVML lists it on a GPU (compute processes of every device);
+2. it is a python process whose memory map holds libtorch (a read of
+   /proc/N/maps, only for processes whose comm or exe names python);
+3. it announced itself: `envdoctor.attach()` drops `<pid>.json` in an announce
+   directory (ANNOUNCE_DIRS below, or $ENVDOCTOR_ANNOUNCE_DIR), the hook the
+   live-view issue fills;
+4. a config selector matches it: `[serve] select_comm = ["train*"]` (shell-style
+   patterns on /proc/N/comm) or `select_env = ["MY_JOB_ID"]` (the variable is set in
+   its environment).
+Kernel threads, zombies, envdoctor itself and its children are never targets.
+At most `max_targets` are examined per run (lowest pid first among each source, the
+node always); the rest are counted as overflow. A process that vanishes between
+the scan and its checks becomes a result with the reason, never a crash.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from envdoctor.paths import Roots
+
+ANNOUNCE_DIRS = ("/run/envdoctor/attached",)
+MAPS_LIMIT = 64 << 20  # bytes of /proc/N/maps read at most (a torch process has ~1 MiB)
+_CONTAINER = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-|/docker/|/containerd/|/crio/|/)([0-9a-f]{64})(?:\.scope)?\s*$")
+_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
+@dataclass(frozen=True)
+class Selectors:
+    """What the config adds to the automatic discovery."""
+
+    comm: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """A target of one run and the labels its info series carries."""
+
+    label: str  # "node" or "pid:N"
+    pid: int | None
+    source: str  # node | nvml | torch | announced | selector
+    comm: str = ""
+    container_id: str = ""
+    pod_uid: str = ""
+
+
+@dataclass
+class Found:
+    targets: list[TargetInfo] = field(default_factory=list)
+    overflow: int = 0  # found but not examined (max_targets)
+    notes: list[str] = field(default_factory=list)  # sources that could not be read, for the log
+
+
+def _read(path: Path, limit: int = 4096) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def _is_python(procfs: Path, pid: int, comm: str) -> bool:
+    if comm.startswith("python") or comm.startswith("pt_"):
+        return True
+    try:
+        exe = os.readlink(procfs / str(pid) / "exe")
+    except OSError:
+        return False
+    return "python" in os.path.basename(exe)
+
+
+def _has_libtorch(procfs: Path, pid: int) -> bool:
+    data = _read(procfs / str(pid) / "maps", MAPS_LIMIT)
+    return bool(data) and b"libtorch" in data
+
+
+def _is_workload(procfs: Path, pid: int) -> tuple[bool, str]:
+    """(a user process that is not a zombie, its comm). Kernel threads have an empty cmdline."""
+    status = _read(procfs / str(pid) / "stat", 1024)
+    if not status:
+        return False, ""
+    close = status.rfind(b")")
+    comm = status[status.find(b"(") + 1:close].decode("utf-8", "replace")
+    fields = status[close + 2:].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return False, comm
+    try:
+        flags = int(fields[6])
+    except (IndexError, ValueError):
+        flags = 0
+    if flags & 0x00200000:  # PF_KTHREAD
+        return False, comm
+    return True, comm
+
+
+def container_of(cgroup_text: str) -> tuple[str, str]:
+    """(container id, pod uid) from /proc/N/cgroup, "" when the process is in none."""
+    container, pod = "", ""
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        if not pod:
+            m = _POD.search(path)
+            if m:
+                pod = m.group(1).replace("_", "-")
+        if not container:
+            m = _CONTAINER.search(path)
+            if m:
+                container = m.group(1)
+    return container, pod
+
+
+def announced_pids(dirs: Iterable[str]) -> list[int]:
+    """Pids that announced themselves (`<pid>.json` in an announce directory)."""
+    pids = []
+    for directory in dirs:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            stem, _, ext = name.partition(".")
+            if ext == "json" and stem.isdigit():
+                pids.append(int(stem))
+    return pids
+
+
+def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
+    data = _read(procfs / str(pid) / "environ", 1 << 20)
+    if not data:
+        return False
+    keys = {item.split(b"=", 1)[0] for item in data.split(b"\0") if item}
+    return any(n.encode() in keys for n in names)
+
+
+def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors(),
+             nvml_pids: Callable[[], list[int]] | None = None, exclude: Iterable[int] = (),
+             announce_dirs: Sequence[str] | None = None) -> Found:
+    """The node plus every workload process, bounded by max_targets (the node counts as one)."""
+    procfs = roots.procfs
+    found = Found(targets=[TargetInfo("node", None, "node")])
+    skip = set(exclude)
+    chosen: dict[int, str] = {}  # pid -> source, first source wins
+
+    if nvml_pids is not None:
+        try:
+            for pid in nvml_pids():
+                chosen.setdefault(pid, "nvml")
+        except Exception as exc:  # NVML missing or hung is a note, not a failed discovery
+            found.notes.append(f"nvml: {exc}")
+    dirs = list(announce_dirs) if announce_dirs is not None else [
+        *filter(None, [os.environ.get("ENVDOCTOR_ANNOUNCE_DIR")]), *ANNOUNCE_DIRS]
+    for pid in announced_pids(dirs):
+        chosen.setdefault(pid, "announced")
+
+    try:
+        entries = [int(n) for n in os.listdir(procfs) if n.isdigit()]
+    except OSError as exc:
+        found.notes.append(f"cannot list {procfs}: {exc.strerror or exc}")
+        entries = []
+    comms: dict[int, str] = {}
+    for pid in sorted(entries):
+        if pid in skip:
+            continue
+        workload, comm = _is_workload(procfs, pid)
+        if not workload:
+            chosen.pop(pid, None)  # a zombie or kernel thread, whoever listed it
+            continue
+        comms[pid] = comm
+        if pid in chosen:
+            continue
+        if selectors.comm and any(fnmatch.fnmatchcase(comm, p) for p in selectors.comm):
+            chosen[pid] = "selector"
+        elif _is_python(procfs, pid, comm) and _has_libtorch(procfs, pid):
+            chosen[pid] = "torch"
+        elif selectors.env and _env_has(procfs, pid, selectors.env):
+            chosen[pid] = "selector"
+
+    order = {"nvml": 0, "announced": 1, "selector": 2, "torch": 3}
+    # only pids alive in this procfs (NVML may list pids of another pid namespace)
+    ranked = sorted((pid for pid in chosen if pid not in skip and pid in comms),
+                    key=lambda p: (order[chosen[p]], p))
+    room = max(0, max_targets - 1)
+    found.overflow = max(0, len(ranked) - room)
+    for pid in ranked[:room]:
+        cgroup = (_read(procfs / str(pid) / "cgroup", 65536) or b"").decode("utf-8", "replace")
+        container, pod = container_of(cgroup)
+        comm = comms.get(pid) or (_read(procfs / str(pid) / "comm", 256) or b"").decode("utf-8", "replace").strip()
+        found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod))
+    return found
+
+
+def own_family(procfs: Path, me: int | None = None) -> set[int]:
+    """envdoctor's own pid and its children (probe subprocesses): never targets."""
+    me = os.getpid() if me is None else me
+    family = {me}
+    data = _read(procfs / str(me) / "task" / str(me) / "children", 65536) or b""
+    family.update(int(x) for x in data.split() if x.isdigit())
+    return family
+
+
+def nvml_pids_of(nvml: Any) -> list[int]:
+    """Every compute process NVML lists on any GPU."""
+    return sorted({pid for dev in nvml.devices() for pid, _used in getattr(dev, "processes", [])})

@@ -1,0 +1,193 @@
+"""The HTTP side of `serve`: /metrics, /report, /healthz and an index, nothing else.
+
+Every answer is bytes the scheduler already made (serve.snapshot); a request never
+runs a check, renders metrics or touches /proc. The server is the standard
+library's threading HTTP server: one short-lived thread per connection, each with
+a socket timeout so a slow or silent client cannot hold a thread for long. With
+TLS the handshake happens in that thread too, never in the accepting loop.
+Requests are not logged (one line per scrape would drown the events that matter).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import socket
+import ssl
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from envdoctor import __version__
+from envdoctor.serve.snapshot import Snapshot, age
+from envdoctor.serve.webconfig import WebConfig
+
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REQUEST_TIMEOUT = 10.0  # seconds a connection may sit idle or half-sent before it is closed
+INDEX = """<!doctype html>
+<html><head><title>envdoctor serve</title></head>
+<body><h1>envdoctor serve {version}</h1>
+<p>Checks the environment of every training process on this node; answers from the last completed run.</p>
+<ul>
+<li><a href="metrics">/metrics</a>: Prometheus exposition</li>
+<li><a href="report">/report</a>: the JSON report of every target</li>
+<li><a href="healthz">/healthz</a>: 200 while the last run is fresh, else 503 with the reason</li>
+</ul></body></html>
+"""
+
+
+class Health:
+    """What /healthz needs from the scheduler: the interval and what is stuck now."""
+
+    def __init__(self, interval: Callable[[], float], stuck: Callable[[], list[str]]):
+        self.interval = interval
+        self.stuck = stuck
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], snapshot: Callable[[], Snapshot], web: WebConfig, health: Health):
+        host = address[0]
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__(address, Handler)
+        self.snapshot = snapshot
+        self.web = web
+        self.health = health
+        self.index = INDEX.format(version=__version__).encode()
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        sock.settimeout(REQUEST_TIMEOUT)
+        return sock, addr  # with TLS, Handler.setup wraps it: the handshake runs in the request's thread
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that hangs up or fails its handshake is not an event worth a traceback
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+    server_version = f"envdoctor/{__version__}"
+    sys_version = ""
+    timeout = REQUEST_TIMEOUT
+
+    def setup(self) -> None:
+        tls = self.server.web.tls
+        if tls is not None:
+            raw = self.request
+            first = raw.recv(8, socket.MSG_PEEK)
+            if first[:1].isalpha():  # plain HTTP to the TLS port: answer as Go's server does, not a reset
+                raw.sendall(b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                            b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+                raise ConnectionAbortedError("plain HTTP on the TLS port")
+            # raises on a bad or missing client certificate: the connection is dropped
+            self.request = tls.wrap_socket(raw, server_side=True)
+        super().setup()
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.close()
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._answer(head=True)
+
+    def do_GET(self) -> None:
+        self._answer(head=False)
+
+    def _send(self, code: int, body: bytes, content_type: str, head: bool, extra: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in {**self.server.web.headers, **(extra or {})}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _authorised(self) -> bool:
+        web = self.server.web
+        if not web.auth_required:
+            return True
+        header = self.headers.get("Authorization", "")
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        return bool(sep) and web.check_password(user, password)
+
+    def _answer(self, head: bool) -> None:
+        if not self._authorised():
+            self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8", head, {"WWW-Authenticate": "Basic"})
+            return
+        path = self.path.split("?", 1)[0]
+        snap = self.server.snapshot()
+        if path == "/metrics":
+            if not snap.metrics:
+                self._send(503, b"no run has completed yet\n", "text/plain; charset=utf-8", head)
+            elif "gzip" in self.headers.get("Accept-Encoding", ""):
+                self._send(200, snap.metrics_gzip, METRICS_TYPE, head, {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
+            else:
+                self._send(200, snap.metrics, METRICS_TYPE, head, {"Vary": "Accept-Encoding"})
+        elif path == "/report":
+            if not snap.report:
+                self._send(503, b'{"error": "no run has completed yet"}\n', "application/json", head)
+            else:
+                self._send(200, snap.report, "application/json", head)
+        elif path == "/healthz":
+            code, text = healthz(snap, self.server.health)
+            self._send(code, text.encode(), "text/plain; charset=utf-8", head)
+        elif path in ("/", "/index.html"):
+            self._send(200, self.server.index, "text/html; charset=utf-8", head)
+        else:
+            self._send(404, b"not found: try /metrics, /report, /healthz\n", "text/plain; charset=utf-8", head)
+
+    def _refuse(self) -> None:
+        self._send(405, b"only GET and HEAD\n", "text/plain; charset=utf-8", False, {"Allow": "GET, HEAD"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+
+def healthz(snap: Snapshot, health: Health, now: float | None = None) -> tuple[int, str]:
+    """200 while the last completed run is younger than three intervals; else 503 with what is stuck."""
+    limit = 3 * health.interval()
+    seconds = age(snap, now)
+    stuck = health.stuck()
+    if seconds < limit:
+        note = f"; {len(stuck)} call(s) stuck: {', '.join(stuck)}" if stuck else ""
+        return 200, f"ok: last run completed {seconds:.1f} s ago{note}\n"
+    if snap.completed_at == 0.0:
+        why = "no run has completed yet"
+    else:
+        why = f"the last completed run is {seconds:.0f} s old (limit {limit:g} s: three intervals)"
+    detail = f"; stuck: {', '.join(stuck)}" if stuck else "; nothing is stuck past its deadline: the run is slow"
+    return 503, f"unhealthy: {why}{detail}\n"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """node_exporter's HOST:PORT ([::1]:PORT for IPv6; ':PORT' means every address)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--web.listen-address must be HOST:PORT, not {text!r}")
+    host = host.strip("[]")
+    return (host or "0.0.0.0", int(port))
+
+
+def close(server: Server) -> None:
+    """Stop the accept loop (returns within its 0.5 s poll) and close the listening socket."""
+    server.shutdown()
+    server.server_close()

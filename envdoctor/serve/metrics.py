@@ -1,0 +1,84 @@
+"""The monitor's own families, added beside the report's (exporters/prometheus_format).
+
+The report's collector yields the check state set, success, duration, the facts a
+check declares, build info and the last-run time. This one adds what only a
+daemon over many targets has: one info series per target to join on, how many
+targets were found and how many were dropped by `max_targets`, and the watchdog's
+counters (calls that timed out, calls still stuck). Every label value is a bounded
+name (a pid, a sanitised comm, a container id or pod uid), never free text.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from envdoctor.check import Check
+    from envdoctor.model import Report
+    from envdoctor.serve.discovery import TargetInfo
+
+PREFIX = "envdoctor_"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def label_value(text: str, limit: int = 64) -> str:
+    """A bounded, printable label value: unusual characters become '_', long ones are cut."""
+    return _UNSAFE.sub("_", text)[:limit]
+
+
+class ServeCollector:
+    """Families about the run itself, from data gathered before rendering."""
+
+    def __init__(self, targets: "list[TargetInfo]", stats: Mapping[str, float], check_timeouts: Mapping[str, int]):
+        self.targets = targets
+        self.stats = stats
+        self.check_timeouts = check_timeouts
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(PREFIX + "target_info",
+                                 "One series per examined target, value 1: join on target for its pid, command, container and pod.",
+                                 labels=["target", "pid", "comm", "container_id", "pod_uid", "source"])
+        for t in self.targets:
+            info.add_metric([t.label, "" if t.pid is None else str(t.pid), label_value(t.comm),
+                             t.container_id, t.pod_uid, t.source], 1.0)
+        yield info
+        s = self.stats
+        yield _gauge("targets", "Targets examined in the last run (the node included).", s["targets"])
+        yield _counter("targets_overflow", "Targets found but not examined because max_targets was reached.",
+                       s["targets_overflow_total"])
+        yield _counter("runs", "Completed runs since the daemon started.", s["runs_total"])
+        yield _gauge("last_run_duration_seconds", "How long the last completed run took.", s["last_run_duration_seconds"])
+        yield _counter("call_timeouts", "Bounded calls (checks, NVML reads, probes) that ran past their deadline.",
+                       s["call_timeouts_total"])
+        yield _gauge("stuck_calls", "Calls still running past their deadline now; each keeps one thread.", s["stuck_calls"])
+        timeouts = CounterMetricFamily(PREFIX + "check_timeouts", "Runs of a check that timed out or found it still stuck.",
+                                       labels=["check"])
+        for check, count in sorted(self.check_timeouts.items()):
+            timeouts.add_metric([check], float(count))
+        yield timeouts
+
+
+def _gauge(name: str, help: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(PREFIX + name, help)
+    family.add_metric([], float(value))
+    return family
+
+
+def _counter(name: str, help: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(PREFIX + name, help)
+    family.add_metric([], float(value))
+    return family
+
+
+def render(report: "Report", catalog: Mapping[str, "Check"], serve: ServeCollector) -> bytes:
+    """The whole exposition for one run, rendered once (a scrape copies these bytes)."""
+    from envdoctor.exporters.prometheus_format import ReportCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReportCollector(report, catalog))
+    registry.register(serve)
+    return generate_latest(registry)

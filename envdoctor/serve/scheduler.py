@@ -1,0 +1,214 @@
+"""One run over every target, and the loop that repeats it every interval.
+
+A run: a fresh HostSession (node facts once), discovery, then each target's
+checks (those whose declared modes include "serve" and that are not intrusive)
+through the engine's runner on the shared watchdog, a few targets at a time. The
+results are redacted per target, rendered once into a Snapshot and swapped in
+whole. The loop sleeps interval ± 10 % jitter (so a fleet of nodes does not
+read NVML in lock-step), wakes at once to stop, and re-reads the config when
+asked (SIGHUP).
+
+Serve never imports torch: a target's torch facts come from its files
+(envdoctor.torchfacts, when installed) and are otherwise skipped with the reason;
+the probe subprocess is never started by the daemon.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from envdoctor import __version__, log, pipeline, redact
+from envdoctor.config import Config
+from envdoctor.context import HostSession, Roots, Session, Target
+from envdoctor.errors import Unavailable
+from envdoctor.model import Report, Result
+from envdoctor.registry import Registry
+from envdoctor.serve import discovery, metrics
+from envdoctor.serve.settings import Settings
+from envdoctor.serve.snapshot import Snapshot, empty
+from envdoctor.watchdog import Watchdog
+
+# Node-wide checks: run once on the node target, not repeated per process.
+NODE_ONLY = ("gpu.health", "onnx.opset")
+TARGETS_AT_ONCE = 16  # the default watchdog has 16 workers; pin_memory waits 0.5 s per process
+JITTER = 0.1
+
+
+def _torch_from_files(session: Session) -> Any:
+    """A pid target's torch facts from its files; never an import, never a probe."""
+    try:
+        from envdoctor.torchfacts import for_session  # the file reader (another issue); optional here
+    except ImportError:
+        raise Unavailable("serve reads a process's torch facts from its files only, and this envdoctor has "
+                          "no reader for them yet (no probe is started by the monitor)") from None
+    return for_session(session)
+
+
+def _no_torch(session: Session) -> Any:
+    raise Unavailable("the node itself has no torch; torch is judged per process")
+
+
+@dataclass
+class Stats:
+    runs_total: int = 0
+    targets_overflow_total: int = 0
+    check_timeouts: dict[str, int] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, registry: Registry, config: Config, settings: Settings, roots: Roots,
+                 watchdog: Watchdog, nvml_factory: Callable[[], Any] | None = None,
+                 torch_factory: Callable[[Session], Any] = _torch_from_files,
+                 reload: Callable[[], tuple[Config, Settings]] | None = None):
+        self.registry = registry
+        self.config = config
+        self.settings = settings
+        self.roots = roots
+        self.watchdog = watchdog
+        self.nvml_factory = nvml_factory
+        self.torch_factory = torch_factory
+        self._reload = reload
+        self.stats = Stats()
+        self.snapshot: Snapshot = empty()
+        self.reload_requested = threading.Event()
+        self.stop = threading.Event()
+        self._known_targets: set[str] = set()
+
+    # -- one run ------------------------------------------------------------------
+    def run_once(self) -> Snapshot:
+        t0 = time.perf_counter()
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        host_kwargs: dict[str, Any] = dict(roots=self.roots, watchdog=self.watchdog)
+        if self.nvml_factory is not None:
+            host_kwargs["nvml_factory"] = self.nvml_factory
+        host = HostSession(**host_kwargs)
+        found = discovery.discover(
+            self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
+            nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
+            exclude=discovery.own_family(self.roots.procfs))
+        self.stats.targets_overflow_total += found.overflow
+        with ThreadPoolExecutor(max_workers=TARGETS_AT_ONCE, thread_name_prefix="envdoctor-target") as pool:
+            per_target = list(pool.map(lambda t: self._examine(t, host), found.targets))
+        results = [r for rows in per_target for r in rows]
+        self._count_timeouts(results)
+        report = Report(host=socket.gethostname(), version=__version__, started_at=started, target="node",
+                        results=results, system={"python_version": platform.python_version()},
+                        duration_seconds=time.perf_counter() - t0)
+        self.stats.runs_total += 1
+        seconds = time.perf_counter() - t0
+        stuck = self.watchdog.stuck()
+        serve_stats = {
+            "targets": len(found.targets), "targets_overflow_total": self.stats.targets_overflow_total,
+            "runs_total": self.stats.runs_total, "last_run_duration_seconds": seconds,
+            "call_timeouts_total": self.watchdog.timeouts_total, "stuck_calls": len(stuck),
+        }
+        body = metrics.render(report, self.registry.checks,
+                              metrics.ServeCollector(found.targets, serve_stats, self.stats.check_timeouts))
+        snap = Snapshot(metrics=body, metrics_gzip=gzip.compress(body, compresslevel=6, mtime=0), report=(json.dumps(report.to_dict(), default=str) + "\n").encode(),
+                        completed_at=time.time(), completed_monotonic=time.monotonic(), run_seconds=seconds,
+                        targets=tuple(t.label for t in found.targets))
+        self._log_changes(found, seconds)
+        self.snapshot = snap  # swapped in whole: a request sees the old run or this one, never half
+        return snap
+
+    def _selection(self, target: discovery.TargetInfo) -> pipeline.Selection:
+        if target.pid is None:
+            return pipeline.Selection()
+        return pipeline.Selection(skip=[c for c in NODE_ONLY if c in self.registry.checks])
+
+    def _examine(self, target: discovery.TargetInfo, host: HostSession) -> list[Result]:
+        if target.pid is None:
+            session = Session(target=Target.node(), host=host, env_override={}, torch_factory=_no_torch)
+        else:
+            session = Session(target=Target(target.pid), host=host, torch_factory=self.torch_factory)
+        try:
+            results = pipeline.run_checks(self.registry, self.config, session, self._selection(target), mode="serve")
+        except Exception as exc:  # a plan error (a config that leaves nothing) must not stop the daemon
+            log.event("error", "target not examined", target=target.label, reason=str(exc))
+            return []
+        # A target's environment can only have leaked into a result if a check read it.
+        # (Not passed to log.protect: that set lives for the daemon's life and would grow
+        # with every short job's tokens; no log line here carries a target's values.)
+        envs: list[Mapping[str, str]] = [os.environ]
+        env = session.env_if_read()
+        if env is not None:
+            envs.append(env)
+        scrub = redact.Scrubber(redact.secret_values(envs))
+        return [scrub.result(r) for r in results]
+
+    def _count_timeouts(self, results: list[Result]) -> None:
+        for r in results:
+            if "timeout_seconds" in r.facts or "stuck_since" in r.facts:
+                self.stats.check_timeouts[r.check] = self.stats.check_timeouts.get(r.check, 0) + 1
+
+    def _log_changes(self, found: discovery.Found, seconds: float) -> None:
+        labels = {t.label for t in found.targets}
+        for t in found.targets:
+            if t.label not in self._known_targets and t.pid is not None:
+                log.event("info", "target appeared", target=t.label, source=t.source, comm=metrics.label_value(t.comm))
+        for gone in sorted(self._known_targets - labels):
+            log.event("info", "target gone", target=gone)
+        self._known_targets = labels
+        for note in found.notes:
+            log.event("debug", "discovery note", reason=note)
+        if found.overflow:
+            log.event("warn", "more targets than max_targets", overflow=found.overflow, max_targets=self.settings.max_targets)
+        log.event("debug", "run complete", seconds=f"{seconds:.3f}", targets=len(found.targets))
+
+    # -- the loop -----------------------------------------------------------------
+    def next_delay(self) -> float:
+        interval = self.settings.interval
+        return max(0.0, interval * (1 + random.uniform(-JITTER, JITTER)))
+
+    def loop(self) -> None:
+        """Run, sleep, repeat until stop is set; never raises (a failed run is logged and retried)."""
+        while not self.stop.is_set():
+            if self.reload_requested.is_set():
+                self.reload_requested.clear()
+                self.apply_reload()
+            t0 = time.monotonic()
+            try:
+                self.run_once()
+            except Exception as exc:  # the daemon outlives any one bad run; /healthz turns 503 if it persists
+                log.event("error", "run failed", error=f"{type(exc).__name__}: {exc}")
+            delay = self.next_delay() - (time.monotonic() - t0)
+            if delay > 0:
+                self._wait(delay)
+
+    def _wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set() and not self.reload_requested.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.stop.wait(min(left, 0.2))
+
+    def apply_reload(self) -> None:
+        if self._reload is None:
+            return
+        try:
+            self.config, self.settings = self._reload()
+        except Exception as exc:  # a bad config keeps the old one
+            log.event("error", "config reload failed; keeping the previous config", reason=str(exc))
+            return
+        log.event("info", "config reloaded", source=self.config.source or "(none)", interval=self.settings.interval,
+                  max_targets=self.settings.max_targets)
+
+    def stuck_calls(self) -> list[str]:
+        out = []
+        now = time.time()
+        for key, since in self.watchdog.stuck().items():
+            name = ":".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
+            out.append(f"{name} for {now - since:.0f} s" if since else name)
+        return sorted(out)

@@ -1,0 +1,62 @@
+"""The monitor's settings: the `[serve]` table of the config file, then the flags.
+
+    [serve]
+    interval = 15            # seconds between runs (--interval wins)
+    max_targets = 256        # the node counts as one; the rest is the overflow counter
+    select_comm = ["train*"] # also examine processes whose comm matches
+    select_env = ["SLURM_JOB_ID"]  # ... or whose environment sets one of these
+
+Checked whole at start and on SIGHUP; a mistake is a ConfigError naming file,
+line and key (exit 2 at start; on SIGHUP the old settings stay and the log says why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envdoctor.config import Config
+from envdoctor.errors import ConfigError
+from envdoctor.serve.discovery import Selectors
+
+DEFAULT_INTERVAL = 15.0
+DEFAULT_MAX_TARGETS = 256
+MIN_INTERVAL = 1.0
+KEYS = ("interval", "max_targets", "select_comm", "select_env")
+
+
+@dataclass(frozen=True)
+class Settings:
+    interval: float = DEFAULT_INTERVAL
+    max_targets: int = DEFAULT_MAX_TARGETS
+    selectors: Selectors = Selectors()
+
+
+def _strings(value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    return None
+
+
+def from_config(config: Config, interval_flag: float | None = None) -> Settings:
+    values: dict[str, Any] = {}
+    for key, (value, line) in config.serve.items():
+        full = f"serve.{key}"
+        if key not in KEYS:
+            raise ConfigError(f"unknown setting; known: {', '.join(KEYS)}", file=config.source, line=line, key=full)
+        if key == "interval":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < MIN_INTERVAL:
+                raise ConfigError(f"expected a number of seconds >= {MIN_INTERVAL:g}", file=config.source, line=line, key=full)
+            values[key] = float(value)
+        elif key == "max_targets":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError("expected a whole number >= 1 (the node counts as one)", file=config.source, line=line, key=full)
+            values[key] = value
+        else:
+            strings = _strings(value)
+            if strings is None:
+                raise ConfigError("expected a list of non-empty strings", file=config.source, line=line, key=full)
+            values[key] = strings
+    interval = interval_flag if interval_flag is not None else values.get("interval", DEFAULT_INTERVAL)
+    return Settings(interval=interval, max_targets=values.get("max_targets", DEFAULT_MAX_TARGETS),
+                    selectors=Selectors(comm=values.get("select_comm", ()), env=values.get("select_env", ())))

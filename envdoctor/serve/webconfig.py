@@ -1,0 +1,241 @@
+"""The web config file (`--web.config.file`): TLS, client certificates and basic auth.
+
+It is the exporter-toolkit's format, so one file can serve node_exporter and
+envdoctor on the same node and mean the same thing to both:
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to this file
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: ca.crt
+      min_version: TLS12             # the default, as in the toolkit; max is TLS13
+    basic_auth_users:
+      prometheus: $2b$10$...         # bcrypt hashes, never passwords
+
+Read once at start and checked whole: an unknown key, a malformed hash, a missing
+certificate or a client CA without a client-auth policy stops the start (exit 2)
+with the key named, as the toolkit's strict YAML does. Keys the toolkit knows but
+envdoctor does not implement (rate_limit, cipher_suites, client_allowed_sans, the
+client-auth types that accept an unverified certificate: Python's ssl always
+verifies a certificate it asks for) are refused the same way rather than ignored,
+so a file never silently means less here than it does to node_exporter.
+
+Passwords are checked with the `bcrypt` package. An unknown user is checked
+against a dummy hash so the answer takes as long as for a known one; a right
+answer is remembered (by a digest of user, password and hash) so a scraper with
+the right password does not pay bcrypt's cost on every scrape, as the toolkit's
+own cache does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import bcrypt
+
+TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
+            "prefer_server_cipher_suites", "cert", "key", "client_ca"}
+NOT_IMPLEMENTED = {
+    "rate_limit": "rate limiting",
+    "tls_server_config.cipher_suites": "choosing cipher suites",
+    "tls_server_config.curve_preferences": "choosing curves",
+    "tls_server_config.client_allowed_sans": "matching client SANs",
+}
+TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config", "rate_limit"}
+HTTP_KEYS = {"http2", "headers"}
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+# The toolkit's names; the two that accept a certificate without verifying it cannot
+# be had with Python's ssl module, which verifies every certificate it requests.
+CLIENT_AUTH = {"": ssl.CERT_NONE, "NoClientCert": ssl.CERT_NONE,
+               "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL, "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
+# Headers the toolkit refuses to let a config set (they are the server's business).
+RESERVED_HEADERS = {"authorization", "www-authenticate", "content-encoding", "content-length", "content-type",
+                    "upgrade", "connection", "transfer-encoding"}
+_DUMMY_HASH = bcrypt.hashpw(b"envdoctor-dummy-password", bcrypt.gensalt(rounds=10))
+
+
+class WebConfigError(ValueError):
+    """The file cannot be used; the message names the file and the key."""
+
+    def __init__(self, file: str, key: str | None, reason: str):
+        where = f"{file}: {key}: " if key else f"{file}: "
+        super().__init__(where + reason)
+        self.file, self.key, self.reason = file, key, reason
+
+
+@dataclass
+class WebConfig:
+    """What the file says, settled: an ssl context (or None for plain HTTP) and the users."""
+
+    source: str | None = None
+    tls: ssl.SSLContext | None = None
+    client_auth: str = "NoClientCert"
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: dict[str, str] = field(default_factory=dict)
+    _ok: dict[bytes, float] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.users)
+
+    def check_password(self, user: str, password: str) -> bool:
+        """True when `user` exists and `password` matches its hash (bcrypt, constant-ish time)."""
+        stored = self.users.get(user)
+        digest = hashlib.sha256(b"\0".join([user.encode(), password.encode(), stored or b""])).digest()
+        if stored is not None:
+            with self._lock:
+                if digest in self._ok:
+                    return True
+        try:
+            good = bcrypt.checkpw(password.encode("utf-8"), stored if stored is not None else _DUMMY_HASH)
+        except ValueError:
+            good = False
+        good = good and stored is not None
+        if good:
+            with self._lock:
+                if len(self._ok) >= 256:
+                    self._ok.clear()
+                self._ok[digest] = 1.0
+        return good
+
+
+def load(path: str | None) -> WebConfig:
+    """Read and check the whole file; WebConfigError names what is wrong."""
+    if not path:
+        return WebConfig()
+    import yaml  # only when a web config is given
+
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WebConfigError(name, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WebConfigError(name, None, f"not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise WebConfigError(name, None, "expected a mapping at the top (tls_server_config, basic_auth_users, ...)")
+    base = Path(path).resolve().parent
+    config = WebConfig(source=name)
+    for key in data:
+        if key not in TOP_KEYS:
+            raise WebConfigError(name, str(key), f"unknown key; known: {', '.join(sorted(TOP_KEYS))}")
+        if key in NOT_IMPLEMENTED:
+            raise WebConfigError(name, key, f"{NOT_IMPLEMENTED[key]} is not supported by envdoctor serve")
+    config.users = _users(name, data.get("basic_auth_users"))
+    config.headers = _http(name, data.get("http_server_config"))
+    tls = data.get("tls_server_config")
+    if tls is not None:
+        config.tls, config.client_auth = _tls(name, tls, base)
+    return config
+
+
+def _users(name: str, users: Any) -> dict[str, bytes]:
+    if users is None:
+        return {}
+    if not isinstance(users, dict):
+        raise WebConfigError(name, "basic_auth_users", "expected a mapping of user: bcrypt hash")
+    out = {}
+    for user, hashed in users.items():
+        key = f"basic_auth_users.{user}"
+        if not isinstance(hashed, str):
+            raise WebConfigError(name, key, "expected a bcrypt hash as a string")
+        raw = hashed.encode("utf-8")
+        try:
+            bcrypt.checkpw(b"", raw)  # raises ValueError on anything that is not a bcrypt hash
+        except ValueError:
+            raise WebConfigError(name, key, "not a bcrypt hash (make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')") from None
+        out[str(user)] = raw
+    return out
+
+
+def _http(name: str, http: Any) -> dict[str, str]:
+    if http is None:
+        return {}
+    if not isinstance(http, dict):
+        raise WebConfigError(name, "http_server_config", "expected a mapping")
+    for key in http:
+        if key not in HTTP_KEYS:
+            raise WebConfigError(name, f"http_server_config.{key}", f"unknown key; known: {', '.join(sorted(HTTP_KEYS))}")
+    headers = http.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise WebConfigError(name, "http_server_config.headers", "expected a mapping of header: value")
+    for header in headers:
+        if str(header).lower() in RESERVED_HEADERS:
+            raise WebConfigError(name, f"http_server_config.headers.{header}", "this header cannot be set by the config")
+    return {str(k): str(v) for k, v in headers.items()}
+
+
+def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
+    if not isinstance(tls, dict):
+        raise WebConfigError(name, "tls_server_config", "expected a mapping")
+    for key in tls:
+        full = f"tls_server_config.{key}"
+        if full in NOT_IMPLEMENTED:
+            raise WebConfigError(name, full, f"{NOT_IMPLEMENTED[full]} is not supported by envdoctor serve")
+        if key not in TLS_KEYS:
+            raise WebConfigError(name, full, f"unknown key; known: {', '.join(sorted(TLS_KEYS))}")
+    for inline in ("cert", "key", "client_ca"):
+        if tls.get(inline):
+            raise WebConfigError(name, f"tls_server_config.{inline}", f"inline PEM is not supported; use {inline}_file")
+    auth = str(tls.get("client_auth_type") or "")
+    if auth in UNVERIFIED_AUTH:
+        raise WebConfigError(name, "tls_server_config.client_auth_type",
+                             f"{auth} (a client certificate accepted without verification) is not supported; "
+                             "use RequireAndVerifyClientCert or VerifyClientCertIfGiven with client_ca_file")
+    if auth not in CLIENT_AUTH:
+        raise WebConfigError(name, "tls_server_config.client_auth_type",
+                             f"invalid ClientAuth {auth!r}; known: {', '.join(k for k in CLIENT_AUTH if k)}")
+    enabled = any(tls.get(k) for k in ("cert_file", "key_file", "client_ca_file", "client_auth_type"))
+    if not enabled:
+        return None, auth or "NoClientCert"  # the toolkit's "no TLS config": plain HTTP
+    if not tls.get("cert_file"):
+        raise WebConfigError(name, "tls_server_config.cert_file", "missing one of cert or cert_file")
+    if not tls.get("key_file"):
+        raise WebConfigError(name, "tls_server_config.key_file", "missing one of key or key_file")
+
+    def versions(key: str, default: str) -> ssl.TLSVersion:
+        value = str(tls.get(key) or default)
+        if value not in TLS_VERSIONS:
+            raise WebConfigError(name, f"tls_server_config.{key}", f"unknown TLS version {value!r}; known: {', '.join(TLS_VERSIONS)}")
+        return TLS_VERSIONS[value]
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = versions("min_version", "TLS12")
+    context.maximum_version = versions("max_version", "TLS13")
+    cert, key = base / str(tls["cert_file"]), base / str(tls["key_file"])
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise WebConfigError(name, "tls_server_config.cert_file",
+                             f"failed to load the certificate {cert} with key {key}: {getattr(exc, 'strerror', None) or exc}") from None
+    context.verify_mode = CLIENT_AUTH[auth]
+    ca = tls.get("client_ca_file")
+    if ca:
+        if context.verify_mode == ssl.CERT_NONE:
+            raise WebConfigError(name, "tls_server_config.client_ca_file",
+                                 "client CA's have been configured without a Client Auth Policy (set client_auth_type)")
+        try:
+            context.load_verify_locations(cafile=str(base / str(ca)))
+        except (OSError, ssl.SSLError) as exc:
+            raise WebConfigError(name, "tls_server_config.client_ca_file",
+                                 f"cannot load {base / str(ca)}: {getattr(exc, 'strerror', None) or exc}") from None
+    elif context.verify_mode != ssl.CERT_NONE:
+        context.load_default_certs(ssl.Purpose.CLIENT_AUTH)  # as the toolkit does: the system's roots
+    return context, auth or "NoClientCert"
+
+
+def describe(config: WebConfig) -> Mapping[str, Any]:
+    """For the start-up log line: what is on, never a secret."""
+    return {"tls": config.tls is not None, "client_auth": config.client_auth, "basic_auth_users": len(config.users)}

@@ -1,0 +1,90 @@
+"""Which capabilities the node monitor really needs to read another user's process.
+
+serve reads a target through /proc/N/environ (mode 0400, owned by the target's uid),
+/proc/N/root/dev/shm and /proc/N/maps (both behind the kernel's ptrace access check).
+Measured here, as a non-root user against a process of another user:
+CAP_SYS_PTRACE alone opens root/ and maps but not environ (file mode still denies);
+CAP_DAC_READ_SEARCH alone opens nothing (the ptrace check still denies); both are
+needed. deploy/systemd and deploy/kubernetes grant exactly these two, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+# The reader runs under the system interpreter: the venv's may sit under /root, which
+# an unprivileged uid cannot even execute without the very capability being tested.
+READER = r"""
+import os, sys
+pid = sys.argv[1]
+seen = []
+for name, probe in (("environ", lambda: open(f"/proc/{pid}/environ", "rb").read()),
+                    ("root", lambda: os.statvfs(f"/proc/{pid}/root/dev/shm")),
+                    ("maps", lambda: open(f"/proc/{pid}/maps").read())):
+    try:
+        probe(); seen.append(name)
+    except PermissionError:
+        pass
+print(",".join(seen))
+"""
+
+TARGET_UID, READER_UID = 65534, 4242 + os.getpid() % 1000
+
+
+def _system_python():
+    for candidate in ("/usr/bin/python3", "/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    pytest.skip("no system python3 for the unprivileged reader")
+
+
+@pytest.fixture
+def other_users_process():
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run processes as other users")
+    proc = subprocess.Popen(["setpriv", f"--reuid={TARGET_UID}", f"--regid={TARGET_UID}", "--clear-groups",
+                             "env", "OMP_NUM_THREADS=64", "sleep", "60"])
+    deadline = time.monotonic() + 10
+    while os.stat(f"/proc/{proc.pid}").st_uid != TARGET_UID and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _read_as(pid, *setpriv_args):
+    proc = subprocess.run(["setpriv", *setpriv_args, "--", _system_python(), "-c", READER, str(pid)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return set(filter(None, proc.stdout.strip().split(",")))
+
+
+def _unprivileged(caps):
+    ids = [f"--reuid={READER_UID}", f"--regid={READER_UID}", "--clear-groups"]
+    if not caps:
+        return [*ids, "--inh-caps=-all"]
+    return [*ids, f"--inh-caps={caps}", f"--ambient-caps={caps}"]
+
+
+def test_a_non_root_monitor_needs_both_sys_ptrace_and_dac_read_search(other_users_process):
+    pid = other_users_process
+    assert _read_as(pid, *_unprivileged("")) == set()
+    assert _read_as(pid, *_unprivileged("+sys_ptrace")) == {"root", "maps"}
+    assert _read_as(pid, *_unprivileged("+dac_read_search")) == set()
+    assert _read_as(pid, *_unprivileged("+sys_ptrace,+dac_read_search")) == {"environ", "root", "maps"}
+
+
+def test_root_with_every_other_capability_dropped_still_reads_everything(other_users_process):
+    """The container form (uid 0, capabilities: drop ALL, add the two): enough."""
+    only_two = ["--inh-caps=-all", "--bounding-set=-all,+sys_ptrace,+dac_read_search"]
+    assert _read_as(other_users_process, *only_two) == {"environ", "root", "maps"}
+    assert _read_as(other_users_process, "--inh-caps=-all", "--bounding-set=-all,+sys_ptrace") == {"root", "maps"}

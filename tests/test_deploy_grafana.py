@@ -1,0 +1,118 @@
+"""deploy/grafana: the dashboard is what generate.py writes, and every panel's query
+(and every variable's) returns data from a real Prometheus that scraped real
+`envdoctor serve` instances (tests/fleet.py: separate nodes in their own namespaces,
+planted problems, the rules of deploy/prometheus loaded)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import fleet
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARD = REPO / "deploy/grafana/envdoctor-fleet.json"
+
+# memory.cache_growth (issue 10) is not built yet: nothing exports these series, so the
+# panels over them are empty. The test insists they are empty for that reason only and
+# fails once the check lands, so this list cannot go stale.
+AWAITING_MEMORY_CHECK = {"Memory growth", "Time to memory exhaustion", "Soonest memory exhaustion per node"}
+MEMORY_SERIES = ("envdoctor_memory_growth_bytes_per_second", "envdoctor_memory_exhaustion_eta_seconds")
+
+SPECS = {
+    "node-ok": {"shm": "1g", "gpus": [{}, {}], "workloads": [{"env": {}, "gpu": 0}]},
+    "node-shm": {"shm": "64m", "gpus": [{}, {"ecc_uncorrected": 2}], "workloads": [{"env": {"OMP_NUM_THREADS": "64"}}]},
+    "node-env": {"shm": "1g", "gpus": [{}], "workloads": [{"env": {"CUDA_VISIBLE_DEVICES": "0,x,1"}, "gpu": 0},
+                                                            {"env": {"WORLD_SIZE": "2", "RANK": "3"}}]},
+}
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("grafana_generate", REPO / "deploy/grafana/generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _panels():
+    return [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]
+
+
+def _promql(expr: str) -> str:
+    """A panel's query as Grafana sends it with every node and target chosen ("All" is .+)."""
+    return expr.replace("$instance", ".+").replace("$target", ".+")
+
+
+def test_dashboard_is_what_the_generator_writes():
+    assert DASHBOARD.read_text() == _generator().render(), "run: python deploy/grafana/generate.py"
+
+
+def test_dashboard_shape():
+    board = json.loads(DASHBOARD.read_text())
+    assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "instance", "target"]
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert rows == ["Fleet", "Node $instance", "Process $target"]
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in _panels():
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert len(panel["targets"]) == 1 and panel["targets"][0]["expr"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24
+
+
+@pytest.fixture(scope="module")
+def live_fleet(tmp_path_factory):
+    reason = fleet.can_run()
+    if reason:
+        pytest.skip(reason)
+    workdir = tmp_path_factory.mktemp(f"fleet-grafana-{os.getpid()}")
+    with fleet.Fleet(SPECS, workdir, deadline=240, interval=2, scrape_interval="1s", evaluation_interval="1s") as f:
+        assert len(f.wait_for('up{job="envdoctor"} == 1', len(SPECS), 60)) == len(SPECS)
+        # every node has run its checks on its node and its workloads, and the rules have evaluated
+        f.wait_for('count by (instance) (envdoctor_target_info{target=~"pid:.+"})', len(SPECS), 60)
+        f.wait_for("check_status:envdoctor_processes:count", 1, 60)
+        f.wait_for('ALERTS{alertname=~"Envdoctor.*"}', 1, 60)
+        yield f
+
+
+@pytest.mark.real
+def test_every_panel_returns_data_from_real_serve_instances(live_fleet):
+    empty = []
+    for panel in _panels():
+        expr = _promql(panel["targets"][0]["expr"])
+        result = live_fleet.query(expr)
+        if panel["title"] in AWAITING_MEMORY_CHECK:
+            assert result == [], f"{panel['title']} has data now: drop it from AWAITING_MEMORY_CHECK"
+        elif not result:
+            empty.append(f"{panel['title']}: {expr}")
+    assert empty == [], "panels with no data:\n" + "\n".join(empty)
+    for name in MEMORY_SERIES:
+        assert live_fleet.query(name) == [], f"{name} is exported now: drop AWAITING_MEMORY_CHECK"
+
+
+@pytest.mark.real
+def test_every_variable_lists_values(live_fleet):
+    board = json.loads(DASHBOARD.read_text())
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"]["query"])
+        assert match, variable["query"]
+        values = {r["metric"].get(match.group(2)) for r in live_fleet.query(f"group by ({match.group(2)}) ({_promql(match.group(1))})")}
+        if variable["name"] == "instance":
+            assert values == set(SPECS)
+        else:
+            assert "node" in values and any(v.startswith("pid:") for v in values)
+
+
+@pytest.mark.real
+def test_every_metric_the_rules_and_dashboard_name_is_one_serve_exports(live_fleet):
+    exported = {r["metric"]["__name__"] for r in live_fleet.query('{job="envdoctor",__name__=~"envdoctor_.+"}')}
+    named = set(re.findall(r"(?<![:\w])envdoctor_[a-z_]+(?![:\w])", DASHBOARD.read_text() + fleet.RULES.read_text()))
+    assert {"envdoctor_check_status", "envdoctor_target_info", "envdoctor_last_run_timestamp_seconds"} <= named
+    assert named - exported - set(MEMORY_SERIES) == set()

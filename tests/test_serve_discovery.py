@@ -1,0 +1,77 @@
+"""Discovery of targets over the real /proc: selectors, bounds, kernel threads, zombies, containers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from envdoctor.paths import Roots
+from envdoctor.serve import discovery
+from envdoctor.serve.metrics import label_value
+
+
+def test_container_and_pod_from_cgroup_lines():
+    cid = "a" * 64
+    docker_v1 = f"12:cpu,cpuacct:/docker/{cid}\n0::/\n"
+    assert discovery.container_of(docker_v1) == (cid, "")
+    uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    k8s_v2 = f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+    assert discovery.container_of(k8s_v2) == (cid, uid)
+    assert discovery.container_of("0::/user.slice/user-0.slice/session-1.scope\n") == ("", "")
+
+
+def test_label_values_are_bounded_names():
+    assert label_value('py"thon\n{x}') == "py_thon__x_"
+    assert len(label_value("x" * 500)) == 64
+
+
+def _sleepers(n: int, tag: str) -> list[subprocess.Popen]:
+    return [subprocess.Popen(["sleep", "60"], env={**os.environ, tag: "1"}) for _ in range(n)]
+
+
+def test_selectors_bounds_and_exclusions():
+    tag = f"ENVDOCTOR_DISCOVERY_{os.getpid()}"
+    procs = _sleepers(3, tag)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"], env={**os.environ, tag: "1"})
+    try:
+        time.sleep(0.5)  # the zombie has exited and is not reaped yet
+        found = discovery.discover(Roots(), max_targets=100, selectors=discovery.Selectors(env=(tag,)),
+                                   announce_dirs=[], exclude=[procs[0].pid])
+        pids = {t.pid for t in found.targets if t.pid is not None}
+        assert found.targets[0].label == "node"
+        assert {procs[1].pid, procs[2].pid} <= pids and procs[0].pid not in pids
+        assert zombie.pid not in pids and 2 not in pids  # a zombie; kthreadd
+        assert {t.source for t in found.targets if t.pid in (procs[1].pid, procs[2].pid)} == {"selector"}
+        assert next(t for t in found.targets if t.pid == procs[1].pid).comm == "sleep"
+
+        bounded = discovery.discover(Roots(), max_targets=2, selectors=discovery.Selectors(env=(tag,)), announce_dirs=[])
+        assert len(bounded.targets) == 2 and bounded.overflow >= 2
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        zombie.wait()
+
+
+def test_announced_and_nvml_sources(tmp_path):
+    (tmp_path / f"{os.getpid()}.json").write_text("{}")
+    (tmp_path / "notapid.json").write_text("{}")
+    (tmp_path / "999999999.json").write_text("{}")  # announced, but no such process: not a target
+    found = discovery.discover(Roots(), max_targets=10, announce_dirs=[str(tmp_path)], nvml_pids=lambda: [1])
+    sources = {t.pid: t.source for t in found.targets}
+    assert sources[os.getpid()] == "announced" and sources[1] == "nvml" and 999999999 not in sources
+
+
+def test_a_broken_nvml_is_a_note_not_a_failure():
+    def broken():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    found = discovery.discover(Roots(), max_targets=5, announce_dirs=[], nvml_pids=broken)
+    assert found.targets[0].label == "node" and "NVML" in found.notes[0]
+
+
+def test_an_empty_procfs_finds_only_the_node(tmp_path):
+    found = discovery.discover(Roots(procfs=tmp_path), max_targets=5, announce_dirs=[])
+    assert [t.label for t in found.targets] == ["node"]

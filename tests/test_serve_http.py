@@ -1,0 +1,138 @@
+"""The daemon end to end on the loopback: endpoints, lint, lifecycle, reload, bad starts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+import jsonschema
+import pytest
+
+from envdoctor.serve import httpd
+from envdoctor.serve.snapshot import Snapshot, empty
+from helpers import cli
+from serve_support import Serve, get, wait_until
+
+
+@pytest.fixture
+def serve():
+    started = Serve("--interval", "1")
+    yield started
+    started.stop()
+
+
+def first_run(s: Serve) -> bytes:
+    return wait_until(lambda: (lambda r: r[1] if r[0] == 200 else None)(get(s.url + "/metrics")), timeout=60)
+
+
+def test_endpoints(serve):
+    body = first_run(serve)
+    assert b'envdoctor_check_status{check="shm.size",status="ok",target="node"}' in body or b'check="shm.size"' in body
+    assert b"envdoctor_target_info{" in body and b"envdoctor_build_info{" in body
+    code, report, headers = get(serve.url + "/report")
+    assert code == 200 and headers["Content-Type"] == "application/json"
+    data = json.loads(report)
+    from importlib.resources import files
+    jsonschema.validate(data, json.loads(files("envdoctor").joinpath("schema/report-v1.json").read_text()))
+    assert {r["target"] for r in data["results"]} >= {"node"}
+    code, text, _ = get(serve.url + "/healthz")
+    assert code == 200 and text.startswith(b"ok: last run completed")
+    code, index, _ = get(serve.url + "/")
+    assert code == 200 and b'href="metrics"' in index
+    assert get(serve.url + "/nothing")[0] == 404
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", serve.url + "/metrics"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.stdout == "405"
+
+
+def test_gzip_for_scrapers_that_ask(serve):
+    import gzip
+    import urllib.request
+
+    plain = first_run(serve)
+    request = urllib.request.Request(serve.url + "/metrics", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=10) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        body = gzip.decompress(r.read())
+    assert body.startswith(b"# HELP envdoctor_") and b"envdoctor_target_info" in body and len(body) > 0
+    assert plain.split(b"\n")[0] == body.split(b"\n")[0]
+
+
+def test_metrics_lint_clean(serve):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    body = first_run(serve)
+    out = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_scrape_is_a_copy_of_the_last_run(serve):
+    """Two scrapes between runs are byte-identical: nothing is re-rendered per request."""
+    first_run(serve)
+    serve.wait_for("listening")
+    for _ in range(20):
+        a, b = get(serve.url + "/metrics")[1], get(serve.url + "/metrics")[1]
+        if a == b:
+            break
+    assert a == b
+
+
+def test_sigterm_and_sigint_stop_within_a_second():
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        s = Serve("--interval", "1")
+        first_run(s)
+        t0 = time.monotonic()
+        assert s.stop(sig) == 0
+        assert time.monotonic() - t0 < 1.5  # a second, plus process teardown on a loaded runner
+        assert any("stopping" in line for line in s.lines)
+
+
+def test_sighup_reloads_and_keeps_the_old_config_when_bad(tmp_path):
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text("[serve]\ninterval = 1\nmax_targets = 1\n")
+    s = Serve("--config", str(cfg))
+    try:
+        first_run(s)
+        cfg.write_text("[serve]\ninterval = 1\nmax_targets = 5\n")
+        s.proc.send_signal(signal.SIGHUP)
+        line = s.wait_for("config reloaded")
+        assert "max_targets=5" in line
+        cfg.write_text("[serve]\ninterval = 1\nmax_target = 5\n")
+        s.proc.send_signal(signal.SIGHUP)
+        line = s.wait_for("config reload failed")
+        assert "serve.max_target" in line and "level=error" in line
+        time.sleep(1.5)
+        assert s.proc.poll() is None and get(s.url + "/healthz")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--interval", "0.1"], "--interval"),
+    (["--web.listen-address", "nonsense"], "HOST:PORT"),
+    (["--textfile", "/tmp/x.txt"], "*.prom"),
+    (["--path.procfs", "/nonexistent"], "--path.procfs"),
+])
+def test_bad_usage_exits_2(args, text):
+    out = cli("serve", *args, timeout=60)
+    assert out.returncode == 2 and text in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bad_serve_table_exits_2_naming_file_line_and_key(tmp_path):
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text("fail_on = \"warn\"\n[serve]\nmax_targets = 0\n")
+    out = cli("serve", "--config", str(cfg), "--once", timeout=60)
+    assert out.returncode == 2 and "serve.max_targets" in out.stderr and ":3" in out.stderr
+
+
+def test_healthz_tells_the_truth():
+    health = httpd.Health(lambda: 10.0, lambda: ["gpu.health:node for 40 s"])
+    assert httpd.healthz(empty(), health)[0] == 503
+    fresh = Snapshot(b"x", b"", b"{}", completed_at=1.0, completed_monotonic=100.0, run_seconds=0.1)
+    assert httpd.healthz(fresh, health, now=125.0)[0] == 200
+    code, text = httpd.healthz(fresh, health, now=131.0)
+    assert code == 503 and "gpu.health:node" in text and "three intervals" in text

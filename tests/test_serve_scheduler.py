@@ -1,0 +1,158 @@
+"""The scheduler's run over many targets, and the watchdog under the load serve puts on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+from envdoctor.watchdog import DONE, Watchdog, default_watchdog
+
+
+def test_watchdog_backlog_from_many_callers_never_starves():
+    """serve runs several targets at once, each starting all its checks: far more calls
+    than workers. Every queued call must still get a worker (a miscounted idle pool
+    once let the workers retire while calls waited, and every check 'timed out
+    waiting for a free worker')."""
+    wd = Watchdog(max_workers=4, name=f"test-{os.getpid()}")
+    kinds: list[str] = []
+    lock = threading.Lock()
+
+    def caller(i: int) -> None:
+        for round_ in range(3):
+            pending = [wd.start((i, round_, j), lambda: time.sleep(0.01)) for j in range(10)]
+            deadline = time.monotonic() + 30
+            outcomes = [p.wait(deadline) for p in pending]
+            with lock:
+                kinds.extend(o.kind for o in outcomes)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(kinds) == 8 * 3 * 10
+    assert set(kinds) == {DONE}, {k: kinds.count(k) for k in set(kinds)}
+    assert wd.threads() <= 4
+
+
+SCRIPT = r"""
+import sys, json
+from envdoctor.serve import Daemon, Options
+d = Daemon(Options(once=True, config_file=sys.argv[1]))
+snap = d.scheduler.run_once()
+print(json.dumps({"torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
+                  "onnxruntime": "onnxruntime" in sys.modules,
+                  "metrics": snap.metrics.decode(), "targets": list(snap.targets)}))
+"""
+
+
+def test_one_run_bounded_by_max_targets_without_torch_in_the_daemon(tmp_path):
+    import json
+    import sys
+
+    tag = f"ENVDOCTOR_SCHED_{os.getpid()}"
+    # orphans (not envdoctor's children, which are never targets): the shell exits at once
+    subprocess.run(["sh", "-c", "for i in 1 2 3 4; do sleep 30 & done"], env={**os.environ, tag: "1"}, check=True)
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text(f"[serve]\nmax_targets = 3\nselect_env = [\"{tag}\"]\n")
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(cfg)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["torch"] == [] and data["onnxruntime"] is False
+    assert len(data["targets"]) == 3 and data["targets"][0] == "node"
+    metrics = data["metrics"]
+    overflow = next(float(l.split()[1]) for l in metrics.splitlines() if l.startswith("envdoctor_targets_overflow_total "))
+    assert overflow >= 2
+    pid_target = data["targets"][1]
+    assert f'envdoctor_check_status{{check="cpu.threads",status="ok",target="{pid_target}"}} 1.0' in metrics
+    assert f'check="gpu.health",status="ok",target="{pid_target}"' not in metrics  # node-wide: once, on the node
+    # torch checks on a process skip with the reason (facts come from files), never a probe
+    assert f'envdoctor_check_status{{check="torch.cudnn",status="skip",target="{pid_target}"}} 1.0' in metrics
+
+
+def test_every_series_serve_emits_is_documented_with_its_labels(tmp_path):
+    import re
+    import sys
+    from pathlib import Path
+
+    import json
+
+    (tmp_path / "envdoctor.toml").write_text("")
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "envdoctor.toml")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+
+    metrics = json.loads(out.stdout)["metrics"]
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    seen = set()
+    for line in metrics.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"([a-z_]+)(?:\{(.*)\})? ", line)
+        name, labels = m.group(1), re.findall(r'([a-z_]+)="', m.group(2) or "")
+        if name in seen:
+            continue
+        seen.add(name)
+        row = next((r for r in readme.splitlines() if r.startswith(f"| `{name}`")), None)
+        assert row is not None, f"{name} is not documented in the README"
+        for label in labels:
+            assert f"`{label}`" in row, f"label {label} of {name} is not documented"
+    assert "envdoctor_target_info" in seen and "envdoctor_targets_overflow_total" in seen
+
+
+def _orphan_sleeper(seconds: int = 30) -> int:
+    """A process that is not our child (envdoctor's own children are never targets)."""
+    out = subprocess.run(["sh", "-c", f"sleep {seconds} > /dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def _scheduler(fake, interval: float = 2.0):
+    from envdoctor import nvml, pipeline
+    from envdoctor.config import Config
+    from envdoctor.context import Roots
+    from envdoctor.serve.scheduler import Scheduler
+    from envdoctor.serve.settings import Settings
+
+    return Scheduler(pipeline.load_registry(), Config(timeout=3), Settings(interval=interval), Roots(),
+                     default_watchdog(), nvml_factory=lambda: nvml.connect(lib=fake, timeout=0.5))
+
+
+def test_processes_nvml_lists_become_targets_and_gpu_health_runs_on_the_node():
+    from fake_pynvml import GIB, FakeDevice, FakeNvml
+
+    pid = _orphan_sleeper()
+    try:
+        fake = FakeNvml(devices=[FakeDevice(processes=[(pid, 2 * GIB)], memory_used=2 * GIB)])
+        snap = _scheduler(fake).run_once()
+        text = snap.metrics.decode()
+        assert f"pid:{pid}" in snap.targets
+        assert f'source="nvml",target="pid:{pid}"' in text
+        assert 'envdoctor_check_status{check="gpu.health",status="error",target="node"} 0.0' in text
+        assert 'envdoctor_gpu_memory_used_bytes{gpu="0",target="node"}' in text
+    finally:
+        os.kill(pid, 9)
+
+
+def test_a_hung_gpu_costs_one_stuck_call_not_the_daemon():
+    """NVML blocks on one device: the run still completes, the check says it is stuck,
+    the next run does not start it again, and /healthz names it."""
+    from fake_pynvml import FakeDevice, FakeNvml
+    from envdoctor.serve import httpd
+
+    fake = FakeNvml(devices=[FakeDevice(hang="temperature"), FakeDevice()])
+    sched = _scheduler(fake)
+    try:
+        first = sched.run_once()
+        second = sched.run_once()
+        for snap in (first, second):
+            assert snap.metrics and 'check="cpu.threads",status="ok",target="node"} 1.0' in snap.metrics.decode()
+        assert 'envdoctor_check_status{check="gpu.health",status="ok",target="node"} 0.0' in second.metrics.decode()
+        assert float(next(l.split()[1] for l in second.metrics.decode().splitlines()
+                          if l.startswith("envdoctor_call_timeouts_total "))) >= 1
+        code, text = httpd.healthz(second, httpd.Health(lambda: 2.0, sched.stuck_calls), now=second.completed_monotonic + 7)
+        stuck = sched.stuck_calls()
+        assert stuck and code == 503 and stuck[0].split(" for ")[0] in text
+    finally:
+        fake.release()

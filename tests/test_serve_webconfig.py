@@ -1,0 +1,102 @@
+"""The web config file means the same to envdoctor serve as to node_exporter.
+
+Unit tests over files written here; then the real comparison: one file (TLS,
+mTLS, basic auth) given to Debian's prometheus-node-exporter and to envdoctor,
+and curl gets the same answer from both for every client."""
+
+from __future__ import annotations
+
+import bcrypt
+import pytest
+
+from envdoctor.serve import webconfig
+from helpers import cli
+from serve_support import NodeExporter, Serve, curl, make_certs
+
+HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, key", [
+    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  bogus: 1\n", "tls_server_config.bogus"),
+    ("basic_auth_user:\n  a: b\n", "basic_auth_user"),
+    ("basic_auth_users:\n  alice: notahash\n", "basic_auth_users.alice"),
+    ("http_server_config:\n  http3: true\n", "http_server_config.http3"),
+    ("rate_limit:\n  burst: 1\n", "rate_limit"),
+    ("tls_server_config:\n  client_auth_type: Sometimes\n  cert_file: a\n  key_file: b\n", "tls_server_config.client_auth_type"),
+    ("tls_server_config:\n  key_file: b\n", "tls_server_config.cert_file"),
+])
+def test_bad_files_name_the_key(tmp_path, text, key):
+    with pytest.raises(webconfig.WebConfigError) as info:
+        webconfig.load(str(write(tmp_path, text)))
+    assert info.value.key == key
+
+
+def test_client_ca_without_a_policy_is_refused_like_the_toolkit(tmp_path):
+    certs = make_certs(tmp_path)
+    path = write(tmp_path, f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_ca_file: {certs['ca'].name}\n")
+    with pytest.raises(webconfig.WebConfigError, match="without a Client Auth Policy"):
+        webconfig.load(str(path))
+
+
+def test_relative_paths_are_relative_to_the_file_and_users_are_checked(tmp_path):
+    make_certs(tmp_path)
+    path = write(tmp_path, f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS13\n"
+                           f"basic_auth_users:\n  alice: '{HASH}'\n")
+    config = webconfig.load(str(path))
+    assert config.tls is not None and config.tls.minimum_version.name == "TLSv1_3"
+    assert config.check_password("alice", "s3cret")
+    assert config.check_password("alice", "s3cret")  # the remembered answer
+    assert not config.check_password("alice", "wrong")
+    assert not config.check_password("mallory", "s3cret")  # checked against the dummy hash, still no
+
+
+def test_serve_exits_2_naming_the_key(tmp_path):
+    path = write(tmp_path, "tls_server_config:\n  cert_file: a\n  key_file: b\n  ciphers: x\n")
+    out = cli("serve", "--web.config.file", str(path), timeout=60)
+    assert out.returncode == 2
+    assert "tls_server_config.ciphers" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.real
+def test_same_file_same_answers_as_node_exporter(tmp_path):
+    certs = make_certs(tmp_path)
+    path = write(tmp_path, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                           "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+                           f"basic_auth_users:\n  prometheus: '{HASH}'\n")
+    ca = str(certs["ca"])
+    client = ["--cert", str(certs["client"]), "--key", str(tmp_path / "client.key")]
+    stranger = ["--cert", str(certs["stranger"]), "--key", str(tmp_path / "stranger.key")]
+    cases = {
+        "plain http": ("http", []),
+        "tls, no client cert": ("https", ["--cacert", ca, "-u", "prometheus:s3cret"]),
+        "mtls, untrusted client cert": ("https", ["--cacert", ca, *stranger, "-u", "prometheus:s3cret"]),
+        "mtls, no password": ("https", ["--cacert", ca, *client]),
+        "mtls, wrong password": ("https", ["--cacert", ca, *client, "-u", "prometheus:nope"]),
+        "mtls, unknown user": ("https", ["--cacert", ca, *client, "-u", "mallory:s3cret"]),
+        "mtls, right password": ("https", ["--cacert", ca, *client, "-u", "prometheus:s3cret"]),
+        "server not trusted by the client": ("https", [*client, "-u", "prometheus:s3cret"]),
+    }
+    node = NodeExporter(f"--web.config.file={path}", "--collector.loadavg")
+    serve = None
+    try:
+        serve = Serve("--web.config.file", str(path), "--interval", "5")
+        got = {}
+        for name, (scheme, args) in cases.items():
+            theirs = curl(f"{scheme}://127.0.0.1:{node.port}/metrics", *args)
+            ours = curl(f"{scheme}://127.0.0.1:{serve.port}/metrics", *args)
+            ours = "200" if ours == "503" else ours  # 503 = authorised, first run still going
+            got[name] = (theirs, ours)
+        assert all(theirs == ours for theirs, ours in got.values()), got
+        assert got["mtls, right password"] == ("200", "200")
+        assert got["mtls, wrong password"][0] == "401" and got["mtls, unknown user"][0] == "401"
+        assert got["tls, no client cert"][0] == "fail" and got["plain http"][0] in ("400", "fail")
+    finally:
+        node.stop()
+        if serve is not None:
+            assert serve.stop() == 0
