@@ -154,3 +154,10 @@ def test_daemon_rewrites_the_textfile_every_run(tmp_path):
         assert get(s.url + "/metrics")[0] == 200  # and it still serves
     finally:
         assert s.stop() == 0
+
+
+def test_once_that_cannot_write_the_textfile_says_so_and_exits_74(tmp_path):
+    (tmp_path / "taken.prom").mkdir()  # a directory where the file should go: never replaced
+    out = cli("serve", "--once", "--textfile", str(tmp_path / "taken.prom"), timeout=120)
+    assert out.returncode == 74 and "textfile not written" in out.stderr and "Traceback" not in out.stderr
+    assert (tmp_path / "taken.prom").is_dir()
