@@ -117,6 +117,43 @@ def runs_total(url: str) -> float:
     return 0.0
 
 
+def soak(pid: int, url: str, seconds: float, tag: str) -> None:
+    """serve alone: 8 scrapers and processes coming and going; RSS and threads over time."""
+    stop = threading.Event()
+    failures = [0]
+    total = [0]
+
+    def scraper() -> None:
+        while not stop.is_set():
+            try:
+                fetch(url)
+            except Exception:
+                failures[0] += 1
+            total[0] += 1
+
+    workers = [threading.Thread(target=scraper, daemon=True) for _ in range(8)]
+    for w in workers:
+        w.start()
+    children: list[subprocess.Popen] = []
+    t0 = time.monotonic()
+    next_sample = t0
+    print(f"soak {seconds:g} s: t(s)  RSS(MiB)  threads")
+    while time.monotonic() - t0 < seconds:
+        children.append(subprocess.Popen(["sleep", "3"], env={**os.environ, tag: "1"}))
+        children = [c for c in children if c.poll() is None]
+        if time.monotonic() >= next_sample:
+            threads = Path(f"/proc/{pid}/status").read_text().split("Threads:")[1].split()[0]
+            print(f"  {time.monotonic() - t0:6.0f}  {rss_mib(pid):8.1f}  {threads:>7}", flush=True)
+            next_sample += max(10.0, seconds / 12)
+        time.sleep(0.5)
+    stop.set()
+    for w in workers:
+        w.join()
+    for c in children:
+        c.wait()
+    print(f"soak: {total[0]} scrapes, {failures[0]} failed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, default=64)
@@ -125,6 +162,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100, help="per client, 8 clients")
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--plain", action="store_true", help="scrape without Accept-Encoding: gzip")
+    parser.add_argument("--soak-seconds", type=float, default=0.0,
+                        help="afterwards, soak serve alone this long (8 scrapers, processes coming and going) and print RSS")
     args = parser.parse_args()
     global GZIP
     GZIP = not args.plain
@@ -164,6 +203,8 @@ def main() -> None:
         runs = runs_total(servers["envdoctor serve"][1]) - runs_before
         spent = rows["envdoctor serve"]["idle_pct"] * args.idle_seconds / 100
         per_run = spent / runs if runs else float("nan")
+        if args.soak_seconds > 0:
+            soak(sv.pid, servers["envdoctor serve"][1], args.soak_seconds, tag)
     finally:
         for p in (ne, sv, *sleepers):
             p.terminate()

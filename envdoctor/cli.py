@@ -396,7 +396,8 @@ def serve(
 ) -> None:
     """Monitor the node and every training process on it; serve Prometheus metrics.
 
-    Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config.
+    Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config;
+    74 when --once could not write --textfile.
     """
     from envdoctor.serve import Daemon, Options, StartError
 

@@ -136,3 +136,28 @@ def test_healthz_tells_the_truth():
     assert httpd.healthz(fresh, health, now=125.0)[0] == 200
     code, text = httpd.healthz(fresh, health, now=131.0)
     assert code == 503 and "gpu.health:node" in text and "three intervals" in text
+
+
+def test_daemon_rewrites_the_textfile_every_run(tmp_path):
+    target = tmp_path / "envdoctor.prom"
+    s = Serve("--interval", "1", "--textfile", str(target))
+    try:
+        def runs() -> float:
+            try:
+                text = target.read_text()
+            except FileNotFoundError:
+                return 0.0
+            return next((float(l.split()[1]) for l in text.splitlines() if l.startswith("envdoctor_runs_total ")), 0.0)
+
+        assert wait_until(lambda: runs() >= 2, timeout=60)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["envdoctor.prom"]  # no temporary files left behind
+        assert get(s.url + "/metrics")[0] == 200  # and it still serves
+    finally:
+        assert s.stop() == 0
+
+
+def test_once_that_cannot_write_the_textfile_says_so_and_exits_74(tmp_path):
+    (tmp_path / "taken.prom").mkdir()  # a directory where the file should go: never replaced
+    out = cli("serve", "--once", "--textfile", str(tmp_path / "taken.prom"), timeout=120)
+    assert out.returncode == 74 and "textfile not written" in out.stderr and "Traceback" not in out.stderr
+    assert (tmp_path / "taken.prom").is_dir()

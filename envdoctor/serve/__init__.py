@@ -27,6 +27,7 @@ from typing import Any, Callable
 # could find; see README "Running the monitor".
 DEFAULT_PORT = 10061
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
+EXIT_IO = 74  # --once could not write --textfile (as `check -o` does)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Daemon:
         from envdoctor.watchdog import default_watchdog
 
         self.options = options
+        self.textfile_error: str | None = None
         for flag, path in (("--path.procfs", options.procfs), ("--path.sysfs", options.sysfs), ("--path.rootfs", options.rootfs)):
             if not Path(path).is_dir():
                 raise StartError(f"{flag} {path} is not a directory")
@@ -88,7 +90,8 @@ class Daemon:
             raise StartError(f"bad web config: {exc}") from None
         self.scheduler = Scheduler(self.registry, config, serve_settings,
                                    Roots(procfs=options.procfs, sysfs=options.sysfs, rootfs=options.rootfs),
-                                   default_watchdog(), nvml_factory=nvml_factory, reload=self._load)
+                                   default_watchdog(), nvml_factory=nvml_factory, reload=self._load,
+                                   publish=self._write_textfile if options.textfile is not None else None)
         self.server = None
         if not options.once:
             try:
@@ -113,29 +116,28 @@ class Daemon:
         except ConfigError as exc:
             raise StartError(f"bad config: {exc}") from None
 
-    def run(self) -> int:
+    def _write_textfile(self, snap) -> None:
         from envdoctor import log
         from envdoctor.errors import OutputError
-        from envdoctor.serve import httpd, textfile, webconfig
+        from envdoctor.serve import textfile
+
+        try:
+            textfile.write(self.options.textfile, snap.metrics)
+            self.textfile_error = None
+        except OutputError as exc:
+            self.textfile_error = str(exc)
+            log.event("error", "textfile not written", path=str(self.options.textfile), reason=str(exc))
+
+    def run(self) -> int:
+        from envdoctor import log
+        from envdoctor.serve import httpd, webconfig
 
         scheduler = self.scheduler
-        if self.options.textfile is not None:
-            run_once = scheduler.run_once
-
-            def run_and_write():
-                snap = run_once()
-                try:
-                    textfile.write(self.options.textfile, snap.metrics)
-                except OutputError as exc:
-                    log.event("error", "textfile not written", path=str(self.options.textfile), reason=str(exc))
-                return snap
-
-            scheduler.run_once = run_and_write  # type: ignore[method-assign]
         if self.options.once:
             snap = scheduler.run_once()
             log.event("info", "one run complete", targets=len(snap.targets), seconds=f"{snap.run_seconds:.3f}",
                       textfile=str(self.options.textfile or ""))
-            return 0
+            return EXIT_IO if self.textfile_error else 0
 
         _limit_malloc_arenas()
         stop = scheduler.stop

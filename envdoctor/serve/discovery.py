@@ -202,8 +202,13 @@ def own_family(procfs: Path, me: int | None = None) -> set[int]:
     """envdoctor's own pid and its children (probe subprocesses): never targets."""
     me = os.getpid() if me is None else me
     family = {me}
-    data = _read(procfs / str(me) / "task" / str(me) / "children", 65536) or b""
-    family.update(int(x) for x in data.split() if x.isdigit())
+    try:
+        threads = os.listdir(procfs / str(me) / "task")  # a child belongs to the thread that started it
+    except OSError:
+        threads = [str(me)]
+    for tid in threads:
+        data = _read(procfs / str(me) / "task" / tid / "children", 65536) or b""
+        family.update(int(x) for x in data.split() if x.isdigit())
     return family
 
 

@@ -70,7 +70,8 @@ class Scheduler:
     def __init__(self, registry: Registry, config: Config, settings: Settings, roots: Roots,
                  watchdog: Watchdog, nvml_factory: Callable[[], Any] | None = None,
                  torch_factory: Callable[[Session], Any] = _torch_from_files,
-                 reload: Callable[[], tuple[Config, Settings]] | None = None):
+                 reload: Callable[[], tuple[Config, Settings]] | None = None,
+                 publish: Callable[[Snapshot], None] | None = None):
         self.registry = registry
         self.config = config
         self.settings = settings
@@ -79,6 +80,7 @@ class Scheduler:
         self.nvml_factory = nvml_factory
         self.torch_factory = torch_factory
         self._reload = reload
+        self._publish = publish  # called with each new snapshot (textfile mode writes it)
         self.stats = Stats()
         self.snapshot: Snapshot = empty()
         self.reload_requested = threading.Event()
@@ -120,6 +122,8 @@ class Scheduler:
                         targets=tuple(t.label for t in found.targets))
         self._log_changes(found, seconds)
         self.snapshot = snap  # swapped in whole: a request sees the old run or this one, never half
+        if self._publish is not None:
+            self._publish(snap)
         return snap
 
     def _selection(self, target: discovery.TargetInfo) -> pipeline.Selection:
