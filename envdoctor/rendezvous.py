@@ -223,8 +223,13 @@ def _run(proc: subprocess.Popen, request: Request, decide: Callable[[Outcome], d
         raise ExchangeError(f"the exchange did not finish within {request.deadline_seconds:g} s "
                             f"(last step: {outcome.events[-1] if outcome.events else 'starting'}); killed") from None
     except (BrokenPipeError, OSError) as exc:
-        raise ExchangeError(f"lost the exchange subprocess: {exc.strerror or exc}"
-                            + _said(proc, lines)) from None
+        try:  # a pipe broken because the script already died: say how it ended, as _converse does
+            proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        what = (f"the exchange subprocess exited with status {proc.returncode} before it was done"
+                if proc.returncode is not None else f"lost the exchange subprocess: {exc.strerror or exc}")
+        raise ExchangeError(what + _said(proc, lines)) from None
     finally:
         if proc.poll() is None:
             try:
