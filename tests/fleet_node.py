@@ -37,14 +37,34 @@ sys.path.insert(0, str(HERE))
 GIB = 1024**3
 
 
+# A workload that leaks host memory at a steady rate ({"leak_mib_per_second": N}), up to a cap,
+# as a training loop that keeps every step's graph does: memory.cache_growth's case.
+LEAK = """
+import sys, time
+rate, cap, keep = float(sys.argv[1]), int(sys.argv[2]), []
+while len(keep) * 4 < cap:
+    block = bytearray(4 << 20)
+    block[::4096] = b"x" * len(block[::4096])
+    keep.append(block)
+    time.sleep(4 / rate)
+time.sleep(3600)
+"""
+
+
 def _start_workloads(spec: dict, workdir: Path, deadline: float) -> list[int]:
     train = workdir / "train"
     if not train.exists():
         train.symlink_to(subprocess.run(["sh", "-c", "command -v sleep"], capture_output=True, text=True).stdout.strip())
+    leaky = workdir / "train-leaky"  # comm "train-leaky": serve's select_comm finds it too
+    if not leaky.exists():
+        leaky.symlink_to(sys.executable)
     pids = []
     for workload in spec.get("workloads", []):
         env = {"PATH": "/usr/bin:/bin", **workload.get("env", {})}
-        proc = subprocess.Popen([str(train), str(int(deadline) + 5)], env=env, stdin=subprocess.DEVNULL)
+        rate = workload.get("leak_mib_per_second")
+        argv = ([str(leaky), "-c", LEAK, str(rate), str(int(rate * (deadline + 5)))] if rate
+                else [str(train), str(int(deadline) + 5)])
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         pids.append(proc.pid)
     return pids
 

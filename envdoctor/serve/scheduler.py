@@ -9,8 +9,10 @@ read NVML in lock-step), wakes at once to stop, and re-reads the config when
 asked (SIGHUP).
 
 Serve never imports torch: a target's torch facts come from its files
-(envdoctor.torchfacts, when installed) and are otherwise skipped with the reason;
-the probe subprocess is never started by the daemon.
+(envdoctor.torchfacts: the libtorch it has mapped, read through /proc/N/root; a
+process without torch skips the torch checks with the reason); the probe
+subprocess is never started by the daemon. Each run also takes one memory sample
+of every process into a bounded history that memory.cache_growth judges.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from envdoctor import __version__, log, pipeline, redact
 from envdoctor.config import Config
 from envdoctor.context import HostSession, Roots, Session, Target
 from envdoctor.errors import Unavailable
+from envdoctor.memsample import MemoryHistory
 from envdoctor.model import Report, Result
 from envdoctor.registry import Registry
 from envdoctor.serve import discovery, metrics
@@ -46,13 +49,16 @@ JITTER = 0.1
 
 
 def _torch_from_files(session: Session) -> Any:
-    """A pid target's torch facts from its files; never an import, never a probe."""
+    """A pid target's torch facts from its files (the libtorch it has mapped, read through
+    /proc/N/root); never an import, never a probe."""
+    from envdoctor.torchfacts import for_process
+
+    assert session.target.pid is not None
     try:
-        from envdoctor.torchfacts import for_session  # the file reader (another issue); optional here
-    except ImportError:
-        raise Unavailable("serve reads a process's torch facts from its files only, and this envdoctor has "
-                          "no reader for them yet (no probe is started by the monitor)") from None
-    return for_session(session)
+        env = dict(session.env)
+    except Unavailable:  # its VIRTUAL_ENV/PYTHONPATH hints are lost, not the facts
+        env = {}
+    return for_process(session.roots, session.target.pid, env)
 
 
 def _no_torch(session: Session) -> Any:
@@ -86,6 +92,9 @@ class Scheduler:
         self.reload_requested = threading.Event()
         self.stop = threading.Event()
         self._known_targets: set[str] = set()
+        # memory.cache_growth judges each process from these samples, one per run: 720 runs at
+        # the default 15 s interval is the last 3 hours, a few hundred KiB per process
+        self.history = MemoryHistory(maxlen=720)
 
     # -- one run ------------------------------------------------------------------
     def run_once(self) -> Snapshot:
@@ -95,6 +104,9 @@ class Scheduler:
         if self.nvml_factory is not None:
             host_kwargs["nvml_factory"] = self.nvml_factory
         host = HostSession(**host_kwargs)
+        from envdoctor.checks.memory_cache_growth import HISTORY_FACT
+
+        host.fact(HISTORY_FACT, lambda: self.history)
         found = discovery.discover(
             self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
             nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
@@ -103,6 +115,7 @@ class Scheduler:
         with ThreadPoolExecutor(max_workers=TARGETS_AT_ONCE, thread_name_prefix="envdoctor-target") as pool:
             per_target = list(pool.map(lambda t: self._examine(t, host), found.targets))
         results = [r for rows in per_target for r in rows]
+        self.history.prune(t.label for t in found.targets)  # processes that are gone take their samples with them
         self._count_timeouts(results)
         report = Report(host=socket.gethostname(), version=__version__, started_at=started, target="node",
                         results=results, system={"python_version": platform.python_version()},
@@ -136,6 +149,7 @@ class Scheduler:
             session = Session(target=Target.node(), host=host, env_override={}, torch_factory=_no_torch)
         else:
             session = Session(target=Target(target.pid), host=host, torch_factory=self.torch_factory)
+            self._sample_memory(target, host)
         try:
             results = pipeline.run_checks(self.registry, self.config, session, self._selection(target), mode="serve")
         except Exception as exc:  # a plan error (a config that leaves nothing) must not stop the daemon
@@ -150,6 +164,20 @@ class Scheduler:
             envs.append(env)
         scrub = redact.Scrubber(redact.secret_values(envs))
         return [scrub.result(r) for r in results]
+
+    def _sample_memory(self, target: discovery.TargetInfo, host: HostSession) -> None:
+        """One memory sample of the process (rss, cgroup, shm, GPU, its attached allocator) into the history."""
+        from envdoctor.attach_reader import live_document
+
+        try:
+            nvml = host.need("nvml")
+        except Unavailable:
+            nvml = None
+        try:
+            self.history.sample([(target.label, target.pid)], self.roots, nvml,
+                                lambda pid: live_document(self.roots, pid))
+        except Exception as exc:  # a sample that breaks costs this target's point, not the run
+            log.event("debug", "memory sample failed", target=target.label, reason=f"{type(exc).__name__}: {exc}")
 
     def _count_timeouts(self, results: list[Result]) -> None:
         for r in results:

@@ -1,0 +1,72 @@
+"""serve samples every process it examines each run, and memory.cache_growth judges the
+history it keeps: a real leaking process is seen growing, with a time to exhaustion,
+and a steady one is not (issue 10's check in issue 13's daemon)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+from serve_support import Serve, get, wait_until
+
+LEAKER = r"""
+import sys, time
+keep = []
+while True:
+    keep.append(bytearray(16 << 20))   # 16 MiB touched every 0.5 s: 32 MiB/s, like a graph kept per step
+    for chunk in keep[-1:]:
+        chunk[::4096] = b"x" * len(chunk[::4096])
+    time.sleep(0.5)
+    if len(keep) > 120:                # bounded: at most ~2 GiB, then it holds still
+        time.sleep(3600)
+"""
+
+STEADY = "import time\nblock = bytearray(64 << 20)\nblock[::4096] = b'x' * len(block[::4096])\ntime.sleep(3600)\n"
+
+
+def _series(text: str, name: str, target: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        m = re.match(rf'{name}\{{memory="([^"]+)",target="{target}"\}} (\S+)', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def test_serve_sees_a_leaking_process_grow_and_a_steady_one_hold(tmp_path):
+    tag = f"ENVDOCTOR_MEMTEST_{os.getpid()}"
+    env = {**os.environ, tag: "1"}
+    leaker = subprocess.Popen([sys.executable, "-c", LEAKER], env=env)
+    steady = subprocess.Popen([sys.executable, "-c", STEADY], env=env)
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
+    serve = Serve("--interval", "1", "--config", str(cfg), env={"ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    try:
+        leak, hold = f"pid:{leaker.pid}", f"pid:{steady.pid}"
+
+        def judged():
+            text = get(serve.url + "/metrics")[1].decode()
+            growth = _series(text, "envdoctor_memory_growth_bytes_per_second", leak)
+            return text if growth.get("rss", 0) > 0 else None
+
+        text = wait_until(judged, timeout=90)
+        growth = _series(text, "envdoctor_memory_growth_bytes_per_second", leak)
+        eta = _series(text, "envdoctor_memory_exhaustion_eta_seconds", leak)
+        # 32 MiB/s by construction; a loaded runner stretches the sleeps, so a wide band
+        assert 4 << 20 < growth["rss"] < 64 << 20, growth
+        assert eta.get("rss", 0) > 0, eta
+        print(f"serve: leaker rss growth {growth['rss'] / 2**20:.1f} MiB/s, ETA {eta['rss']:.0f} s")
+        assert re.search(rf'envdoctor_check_status\{{check="memory.cache_growth",status="(fail|warn)",target="{leak}"\}} 1', text)
+        steady_growth = _series(text, "envdoctor_memory_growth_bytes_per_second", hold)
+        assert steady_growth.get("rss", 0) == 0, steady_growth
+        assert f'envdoctor_check_status{{check="memory.cache_growth",status="fail",target="{hold}"}} 1' not in text
+    finally:
+        leaker.kill()
+        steady.kill()
+        leaker.wait()
+        steady.wait()
+        assert serve.stop() == 0
+    # the leaker's samples go with it: the history is pruned to the live targets
