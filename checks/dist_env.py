@@ -232,46 +232,6 @@ def gather(ctx) -> DistFacts:
     return DistFacts(env, **facts)
 
 
-AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
-
-
-def _rank0_port(env, local: str, port: int) -> dict[str, Any]:
-    """How MASTER_PORT stands for rank 0 on this host, as facts.
-
-    Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True, what torch's own env://
-    rendezvous reads) the launcher's agent already hosts the TCPStore on
-    MASTER_PORT and every rank, rank 0 included, connects to it as a client: a
-    listener there is the expected state, and binding would wrongly say "in use".
-    So there we only check that something does listen. While envdoctor's own
-    dist.consistency exchange hosts its store on the port (no agent store), the
-    port is busy because of us, and that exchange proves it free after release.
-    Otherwise the port must be free for rank 0 to host the store: try to bind it.
-    """
-    from envdoctor import rendezvous
-
-    if env.get(AGENT_STORE_VAR) == "True":
-        if _listening(local, port) is False:
-            return {"agent_store_missing": True}
-        return {"port_not_checked": f"MASTER_PORT is held by the launcher's store ({AGENT_STORE_VAR}=True), as expected"}
-    if port in rendezvous.ports_hosted():
-        return {"port_not_checked": "MASTER_PORT is held for a moment by envdoctor's own dist.consistency store, "
-                                    "released before the job starts"}
-    error = _try_bind(local, port)
-    return {"port_checked": True, "port_error": error, "free_port": _free_port(local) if error else None}
-
-
-def _listening(address: str, port: int, timeout: float = 1.0) -> bool | None:
-    """True when something accepts connections on address:port, False when the connection
-    is refused, None when it cannot be told (filtered, timed out)."""
-    try:
-        with socket.create_connection((address, port), timeout=timeout):
-            return True
-    except ConnectionRefusedError:
-        return False
-    except OSError:
-        return None
-
-
 # -- judging ------------------------------------------------------------------------------------
 
 
