@@ -75,6 +75,24 @@ def _remove_cgroup(path: Path) -> None:
             time.sleep(0.1)
 
 
+SERVE_ONCE = """
+import json, sys
+from envdoctor.serve import Daemon, Options
+snap = Daemon(Options(once=True)).scheduler.run_once()
+print(snap.report.decode())
+"""
+
+
+def _serve_report_rows(pid: int) -> dict:
+    """One run of the monitor (as `envdoctor serve` does every interval): pid N's rows of /report."""
+    out = subprocess.run([sys.executable, "-c", SERVE_ONCE], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD="1"))
+    assert out.returncode == 0, out.stderr
+    rows = {r["check"]: r for r in json.loads(out.stdout)["results"] if r["target"] == f"pid:{pid}"}
+    assert rows, f"serve did not examine pid:{pid}"
+    return rows
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
 def test_check_pid_reports_the_live_numbers_of_an_attached_job(tmp_path):
     pytest.importorskip("torch")
@@ -114,6 +132,14 @@ def test_check_pid_reports_the_live_numbers_of_an_attached_job(tmp_path):
         pin = rows["torch.pin_memory"]
         assert pin["facts"]["live_pin_memory"] is True
         assert "pin_memory=True (live)" in pin["summary"]
+
+        # serve finds the same job (a python process with libtorch mapped) and says the same
+        served = _serve_report_rows(job.pid)
+        assert served["cpu.threads"]["facts"]["live_threads"] == 16, served["cpu.threads"]
+        assert "16 intra-op threads (live" in served["cpu.threads"]["summary"]
+        assert served["shm.size"]["status"] == "fail" and "the running job's (live) 4 DataLoader workers" in \
+            served["shm.size"]["summary"]
+        assert served["torch.cudnn"]["facts"]["live_settings"] is True, served["torch.cudnn"]
     finally:
         stop.write_text("")
         try:

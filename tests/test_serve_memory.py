@@ -1,6 +1,7 @@
 """serve samples every process it examines each run, and memory.cache_growth judges the
-history it keeps: a real leaking process is seen growing, with a time to exhaustion,
-and a steady one is not (issue 10's check in issue 13's daemon)."""
+history it keeps: a real leaking process is seen growing, with a time to exhaustion;
+a steady one, a sawtooth and a step then plateau (the ground truth of
+test_memory_real, there judged by `check --window`) are not."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 
 from serve_support import Serve, get, wait_until
+from test_memory_real import SAWTOOTH, STEP
 
 LEAKER = r"""
 import sys, time
@@ -41,6 +43,9 @@ def test_serve_sees_a_leaking_process_grow_and_a_steady_one_hold(tmp_path):
     env = {**os.environ, tag: "1"}
     leaker = subprocess.Popen([sys.executable, "-c", LEAKER], env=env)
     steady = subprocess.Popen([sys.executable, "-c", STEADY], env=env)
+    calm = {name: subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+            for name, code in (("sawtooth", SAWTOOTH), ("step", STEP))}
+    started = time.monotonic()
     cfg = tmp_path / "envdoctor.toml"
     cfg.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
     serve = Serve("--interval", "1", "--config", str(cfg), env={"ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
@@ -52,7 +57,10 @@ def test_serve_sees_a_leaking_process_grow_and_a_steady_one_hold(tmp_path):
             growth = _series(text, "envdoctor_memory_growth_bytes_per_second", leak)
             return text if growth.get("rss", 0) > 0 else None
 
-        text = wait_until(judged, timeout=90)
+        wait_until(judged, timeout=90)
+        time.sleep(max(0.0, 16 - (time.monotonic() - started)))  # every process has >= 10 s of samples
+        text = judged()
+        assert text, "the leak is no longer seen"
         growth = _series(text, "envdoctor_memory_growth_bytes_per_second", leak)
         eta = _series(text, "envdoctor_memory_exhaustion_eta_seconds", leak)
         # 32 MiB/s by construction; a loaded runner stretches the sleeps, so a wide band
@@ -62,11 +70,13 @@ def test_serve_sees_a_leaking_process_grow_and_a_steady_one_hold(tmp_path):
         assert re.search(rf'envdoctor_check_status\{{check="memory.cache_growth",status="(fail|warn)",target="{leak}"\}} 1', text)
         steady_growth = _series(text, "envdoctor_memory_growth_bytes_per_second", hold)
         assert steady_growth.get("rss", 0) == 0, steady_growth
-        assert f'envdoctor_check_status{{check="memory.cache_growth",status="fail",target="{hold}"}} 1' not in text
+        for name, proc in [("steady", steady), *calm.items()]:
+            status = re.search(rf'envdoctor_check_status\{{check="memory.cache_growth",status="(\w+)",target="pid:{proc.pid}"\}} 1',
+                               text)
+            assert status and status.group(1) == "ok", (name, status and status.group(1))
     finally:
-        leaker.kill()
-        steady.kill()
-        leaker.wait()
-        steady.wait()
+        for proc in (leaker, steady, *calm.values()):
+            proc.kill()
+            proc.wait()
         assert serve.stop() == 0
     # the leaker's samples go with it: the history is pruned to the live targets
