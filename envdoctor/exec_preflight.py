@@ -105,6 +105,19 @@ def _clamped(plans: Sequence[Any], seconds: float) -> list[Any]:
     return [Plan(p.check, p.config, max(0.05, min(p.timeout, seconds))) for p in plans]
 
 
+def _torch_facts(session: Any, timeout: float) -> Any:
+    """The torch facts from the interpreter's files (nothing imported, nothing started);
+    the probe only when no file says where its torch is."""
+    from envdoctor.torchfacts import for_interpreter
+
+    facts = for_interpreter(session.python, dict(session.env), session.roots.rootfs)
+    if facts is not None:
+        return facts
+    facts = _probe(session.python, timeout)
+    facts.setdefault("source", "probe")
+    return facts
+
+
 def _probe(python: str, timeout: float) -> Any:
     """The torch facts, bounded by exec's own budget (ENVDOCTOR_PROBE_TIMEOUT does not apply here)."""
     from envdoctor.probe import TIMEOUT_VAR, ProbeError, run_probe
@@ -141,8 +154,24 @@ def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[
     return fix, fixed_env, results
 
 
+def job_python(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The interpreter the command runs when it is one (`python train.py`, `/opt/venv/bin/python3.11 -m x`):
+    its torch is the job's, which may not be the one beside envdoctor."""
+    import re
+
+    from envdoctor.become import CannotRun, resolve_command
+
+    if not argv or not re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])):
+        return None
+    try:
+        return resolve_command(argv[0], env.get("PATH"))
+    except CannotRun:
+        return None
+
+
 def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float,
-              failures: Sequence[Any] = (), host: Any = None, started: float | None = None) -> dict[str, Any]:
+              failures: Sequence[Any] = (), host: Any = None, started: float | None = None,
+              python: str | None = None) -> dict[str, Any]:
     """Run the checks on `env` (then fix and judge again), in this (forked) process.
 
     Returns JSON-able data: final results, changes made and kept, and the JSON
@@ -164,7 +193,8 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
     os.environ.update(env)
     first = max(0.05, t0 + budget * 0.7 - time.monotonic())
     host = host or HostSession()
-    session = Session(env_override=dict(env), host=host, torch_factory=lambda s: _probe(s.python, max(0.05, first - 0.1)))
+    session = Session(env_override=dict(env), host=host, torch_factory=lambda s: _torch_facts(s, max(0.05, first - 0.1)),
+                      **({"python": python} if python else {}))
     gathering = None
     if options.report:
         from envdoctor import sysfacts
@@ -221,6 +251,6 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     only = set(_split(options.only)) | set(config.only)
     failures = [f for f in registry.failures if not only or f.name in only]
     send({"plan": [p.check.id for p in plans] + [f.name for f in failures], "fail_on": fail_on})
-    answer = preflight(plans, env, options, options.timeout, failures, started=started)
+    answer = preflight(plans, env, options, options.timeout, failures, started=started, python=job_python(argv, env))
     answer["fail_on"] = fail_on
     return answer

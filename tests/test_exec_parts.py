@@ -217,3 +217,29 @@ def test_launcher_ranks_reads_torchruns_nproc_per_node():
     assert ranks(["torchrun", "train.py", "--nproc-per-node", "4"]) is None  # the script's own argument
     assert ranks(["python", "train.py", "--nproc-per-node", "4"]) is None
     assert ranks(["torchrun"]) is None and ranks([]) is None
+
+
+def test_the_jobs_interpreter_is_the_one_whose_torch_is_judged(tmp_path):
+    """`exec -- python train.py`: the torch facts are those of the python the command runs
+    (found on the PATH the command gets), read from its files without importing it: a
+    second venv with a stub torch 2.99.0+cu128 (whose import would fail) is reported."""
+    import json
+    import sys
+
+    from test_torchfiles import make_venv, stub_torch
+
+    python = make_venv(tmp_path)
+    stub_torch(next((tmp_path / "venv" / "lib").glob("python3*/site-packages")))
+    env = {"PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}
+    assert exec_preflight.job_python(["python", "train.py"], env) == str(python)
+    assert exec_preflight.job_python(["true"], env) is None
+    assert exec_preflight.job_python(["python9.9-missing"], env) is None
+
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--only", "torch.cudnn", "--report", str(report),
+                           "--", "python", "-c", "pass"], env={**os.environ, **env, "ENVDOCTOR_NO_CACHE": "1",
+                                                               "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(report.read_text())["results"]
+    assert "torch 2.99.0+cu128" in row["summary"], row
