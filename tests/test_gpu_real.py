@@ -152,6 +152,50 @@ def test_envdoctor_itself_holds_no_gpu_memory(gpu):
         proc.wait()
 
 
+SERVE_TWICE = """
+import json, sys, time
+from envdoctor.serve import Daemon, Options
+daemon = Daemon(Options(once=True))
+for _ in range(2):  # two runs: the second has a memory history to judge
+    snap = daemon.scheduler.run_once()
+    time.sleep(1)
+print(json.dumps({"metrics": snap.metrics.decode(), "targets": list(snap.targets)}), flush=True)
+time.sleep(20)      # still alive while the test asks NVML about it
+"""
+
+
+def test_serve_finds_a_gpu_process_with_its_memory_and_holds_none_itself(gpu):
+    """The monitor's discovery through NVML on a real driver: the torch process holding
+    512 MiB is a target (source nvml) with its per-process GPU memory sampled; the daemon
+    itself is in no GPU's process list."""
+    _torch_cuda_or_skip()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time, torch
+        x = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        print("ready", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    serve = None
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        serve = subprocess.Popen([sys.executable, "-c", SERVE_TWICE], stdout=subprocess.PIPE, text=True)
+        data = json.loads(serve.stdout.readline())
+        target = f"pid:{holder.pid}"
+        assert target in data["targets"], data["targets"]
+        lines = [l for l in data["metrics"].splitlines() if f'target="{target}"' in l]
+        print("serve on the GPU process:", *[l for l in lines if "target_info" in l or "gpu" in l or "memory" in l][:12], sep="\n  ")
+        assert any("envdoctor_target_info" in l and 'source="nvml"' in l for l in lines)
+        listed = [pid for g in gpu.devices(max_age=0) for pid, _ in g.processes if pid == serve.pid]
+        print("NVML entries for serve's pid:", listed)
+        assert listed == []
+    finally:
+        for proc in (holder, serve):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
 def test_pin_memory_measurement_gives_bandwidth_and_cpu_figures(gpu):
     _torch_cuda_or_skip()
     rows = _rows(cli("check", "--only", "torch.pin_memory", "-f", "json", env={"ENVDOCTOR_NO_CACHE": "1"}, timeout=300))
