@@ -41,15 +41,20 @@ def _series(text: str, name: str, target: str) -> dict[str, float]:
 def test_serve_sees_a_leaking_process_grow_and_a_steady_one_hold(tmp_path):
     tag = f"ENVDOCTOR_MEMTEST_{os.getpid()}"
     env = {**os.environ, tag: "1"}
-    leaker = subprocess.Popen([sys.executable, "-c", LEAKER], env=env)
-    steady = subprocess.Popen([sys.executable, "-c", STEADY], env=env)
-    calm = {name: subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
-            for name, code in (("sawtooth", SAWTOOTH), ("step", STEP))}
-    started = time.monotonic()
     cfg = tmp_path / "envdoctor.toml"
     cfg.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
-    serve = Serve("--interval", "1", "--config", str(cfg), env={"ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    procs: list[subprocess.Popen] = []  # every process this test starts, killed however it ends
+    serve = None
     try:
+        leaker = subprocess.Popen([sys.executable, "-c", LEAKER], env=env)
+        procs.append(leaker)
+        steady = subprocess.Popen([sys.executable, "-c", STEADY], env=env)
+        procs.append(steady)
+        calm = {name: subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+                for name, code in (("sawtooth", SAWTOOTH), ("step", STEP))}
+        procs.extend(calm.values())
+        started = time.monotonic()
+        serve = Serve("--interval", "1", "--config", str(cfg), env={"ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
         leak, hold = f"pid:{leaker.pid}", f"pid:{steady.pid}"
 
         def judged():
@@ -75,8 +80,9 @@ def test_serve_sees_a_leaking_process_grow_and_a_steady_one_hold(tmp_path):
                                text)
             assert status and status.group(1) == "ok", (name, status and status.group(1))
     finally:
-        for proc in (leaker, steady, *calm.values()):
+        for proc in procs:
             proc.kill()
             proc.wait()
-        assert serve.stop() == 0
+        if serve is not None:
+            assert serve.stop() == 0
     # the leaker's samples go with it: the history is pruned to the live targets
