@@ -37,6 +37,18 @@ def test_no_top_level_checks_or_exporters(wheel):
     assert record.split() == ["envdoctor"]
 
 
+def test_every_source_file_ships(wheel):
+    """A package left out of pyproject's explicit list imports fine from the checkout and
+    editable installs, and breaks only in a real install: compare the wheel with the tree."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"envdoctor/{p.relative_to(REPO / 'envdoctor')}" for p in (REPO / "envdoctor").rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts}
+    for top in ("checks", "exporters"):
+        expected |= {f"envdoctor/{top}/{p.relative_to(REPO / top)}" for p in (REPO / top).rglob("*.py")
+                     if "__pycache__" not in p.parts}
+    assert sorted(expected - names) == []
+
+
 def test_every_builtin_check_is_an_entry_point_whose_module_is_shipped(wheel):
     archive = zipfile.ZipFile(wheel)
     names = archive.namelist()
