@@ -3,6 +3,7 @@ packages, and carries the schema and every built-in entry point."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,9 +19,18 @@ BUILTINS = {"cuda.visible_devices", "cuda.runtime", "gpu.health", "shm.size", "c
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """Built from a copy of the files git knows (tracked or not ignored): an in-tree
+    build/ left by an earlier build would otherwise slip stale files into the wheel."""
     out = tmp_path_factory.mktemp("wheel")
+    source = tmp_path_factory.mktemp("source")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (REPO / rel).is_file():
+            (source / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, source / rel)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(out), str(REPO)], check=True, capture_output=True, text=True)
+                    "--wheel-dir", str(out), str(source)], check=True, capture_output=True, text=True)
     (path,) = out.glob("envdoctor-*.whl")
     return path
 
