@@ -289,6 +289,30 @@ def console_main() -> None:
         code: object = 0
     except SystemExit as exc:
         code = exc.code
+    _exit_now(code)
+
+
+def module_main() -> None:
+    """`python -m envdoctor`: main() with the ordinary exit (a runpy caller may catch
+    SystemExit), unless a bounded call is still stuck. Then the interpreter's teardown
+    is skipped as console_main does: a check stuck inside a C++ extension (onnxruntime
+    creating a session) keeps running while the process's static destructors run, and
+    the process died with "terminate called without an active exception" (SIGABRT)
+    after a complete report."""
+    from envdoctor.watchdog import default_watchdog
+
+    try:
+        main()
+    except SystemExit as exc:
+        if default_watchdog().stuck():
+            _exit_now(exc.code)
+        raise
+    if default_watchdog().stuck():
+        _exit_now(0)
+
+
+def _exit_now(code: object) -> None:
+    """Flush what was said and leave with `code` (SystemExit's meaning), skipping teardown."""
     if code is None:
         code = 0
     elif not isinstance(code, int):

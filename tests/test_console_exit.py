@@ -45,3 +45,39 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     proc.stdout.close()  # the reader went away, as `envdoctor check | head -c 5` does
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (0, 1, 120, -13) and "Traceback" not in err
+
+
+_BUSY_IN_ORT = '''
+from envdoctor.check import Check
+from envdoctor.onnxfacts import tiny_model
+
+
+def run(ctx):
+    import onnxruntime as ort
+    model = tiny_model(13, 7)
+    while True:  # a thread that never leaves onnxruntime's C++ for long
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+
+CHECK = Check(id="ortloop.busy", title="keeps a thread inside onnxruntime", run=run)
+'''
+
+
+def test_python_m_survives_a_check_stuck_inside_onnxruntime(tmp_path):
+    """`python -m envdoctor` with a check still inside onnxruntime at exit: the report and
+    the exit code, not SIGABRT ("terminate called without an active exception") from
+    onnxruntime's static destructors running under the stuck thread (6 of 6 runs before)."""
+    pytest.importorskip("onnxruntime")
+    from helpers import cli
+
+    site = tmp_path / "site"
+    (site / "ortloop-1.0.dist-info").mkdir(parents=True)
+    (site / "ortloop.py").write_text(_BUSY_IN_ORT)
+    (site / "ortloop-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: ortloop\nVersion: 1.0\n")
+    (site / "ortloop-1.0.dist-info" / "entry_points.txt").write_text("[envdoctor.checks]\nortloop.busy = ortloop:CHECK\n")
+    proc = cli("check", "--only", "ortloop.busy", "--timeout", "1", "-f", "json",
+               env={"PYTHONPATH": str(site), "ENVDOCTOR_NO_CACHE": "1"}, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "terminate called" not in proc.stderr
+    row = json.loads(proc.stdout)["results"][0]
+    assert row["check"] == "ortloop.busy" and row["status"] == "error" and "timed out" in row["summary"]
