@@ -312,7 +312,11 @@ def module_main() -> None:
 
 
 def _exit_now(code: object) -> None:
-    """Flush what was said and leave with `code` (SystemExit's meaning), skipping teardown."""
+    """Flush what was said and leave with `code` (SystemExit's meaning), skipping teardown.
+
+    os._exit runs no atexit handler, so the one that matters is called here: a torch
+    probe whose check timed out runs in its own session and would outlive the run."""
+    _kill_probes()
     if code is None:
         code = 0
     elif not isinstance(code, int):

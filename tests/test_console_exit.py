@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,12 @@ import pytest
 SCRIPT = Path(sys.executable).with_name("envdoctor")
 
 
-def run(*args: str, **kw) -> subprocess.CompletedProcess:
+def run(*args: str, env_extra: dict | None = None, **kw) -> subprocess.CompletedProcess:
     if not SCRIPT.exists():
         pytest.skip(f"no envdoctor console script beside {sys.executable} (not installed)")
     env = dict(os.environ)
     env.pop("ENVDOCTOR_CONFIG", None)
+    env.update(env_extra or {})
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120, **kw)
 
 
@@ -81,3 +83,33 @@ def test_python_m_survives_a_check_stuck_inside_onnxruntime(tmp_path):
     assert "terminate called" not in proc.stderr
     row = json.loads(proc.stdout)["results"][0]
     assert row["check"] == "ortloop.busy" and row["status"] == "error" and "timed out" in row["summary"]
+
+
+def test_the_fast_exit_still_kills_a_probe_whose_check_timed_out(tmp_path):
+    """os._exit skips atexit, where the probes were killed: a probe that outlived its
+    check's timeout (and its child) stayed behind after every `envdoctor check`."""
+    pids = tmp_path / "pids.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > {pids}.part && mv {pids}.part {pids}\nsleep 300\n")
+    fake.chmod(0o755)
+    proc = run("check", "--only", "torch.cudnn", "--python", str(fake), "-f", "json", cwd=tmp_path,
+               env_extra={"ENVDOCTOR_NO_CACHE": "1", "ENVDOCTOR_CHECK__TORCH_CUDNN__TIMEOUT": "1"})
+    row = json.loads(proc.stdout)["results"][0]
+    assert row["status"] == "error" and "timed out after 1 s" in row["summary"], row["summary"]
+    alive = [int(p) for p in pids.read_text().split() if _running(int(p))]
+    for pid in alive:  # clean up before failing
+        os.kill(pid, 9)
+    assert not alive, f"probe processes outlived envdoctor: {alive}"
+
+
+def _running(pid: int) -> bool:
+    deadline = time.monotonic() + 5  # the kernel may take a moment to tear down a killed group
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.05)
+    return True
