@@ -58,9 +58,9 @@ def check(
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
     skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", metavar="FORMAT",
-                                      help="text (default), json, markdown, junit, prometheus, or a plug-in's format."),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
-    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is probed (default: this one)."),
+                                      help="text (default), json, markdown, junit, prometheus, compact, or a plug-in's format."),
+    pid: Optional[int] = typer.Option(None, "--pid", metavar="PID", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is read (default: this one; with --pid, the torch that process has loaded)."),
     onnx: List[str] = typer.Option([], "--onnx", metavar="FILE", help="ONNX model to audit (repeatable)."),
     window: Optional[float] = typer.Option(None, "--window", metavar="SECONDS",
                                            help="Sample the target's memory for this long, then judge its growth (memory.cache_growth)."),
@@ -76,7 +76,8 @@ def check(
 ) -> None:
     """Run the checks once and print a report.
 
-    Exit codes: 0 nothing at or above --fail-on; 1 something is; 2 bad usage or config.
+    Exit codes: 0 nothing at or above --fail-on; 1 something is; 2 bad usage or config;
+    74 the report could not be written.
     """
     from envdoctor import pipeline
     from envdoctor.config import FAIL_ON, load as load_config
