@@ -294,11 +294,13 @@ def console_main() -> None:
     elif not isinstance(code, int):
         sys.stderr.write(f"{code}\n")
         code = 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (`>&-`): Python has no stream to flush
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
+            pass
     os._exit(code)
 
 
