@@ -282,8 +282,8 @@ def console_main() -> None:
     ~10 ms of CPU and ~20 ms of wall time at the end of a warm `check` (a fifth of
     it), after the report is written and flushed: nothing envdoctor holds needs a
     clean shutdown (-o files are complete, renamed into place, before this point).
-    `python -m envdoctor` and main() keep the ordinary exit, for callers that
-    catch SystemExit.
+    `python -m envdoctor` (module_main) and main() keep the ordinary exit, for
+    callers that catch SystemExit, unless a call is still stuck.
     """
     try:
         main()
@@ -323,11 +323,13 @@ def _exit_now(code: object) -> None:
     elif not isinstance(code, int):
         sys.stderr.write(f"{code}\n")
         code = 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (`>&-`): Python has no stream to flush
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
+            pass
     os._exit(code)
 
 

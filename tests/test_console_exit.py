@@ -113,3 +113,19 @@ def _running(pid: int) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def test_started_with_stdout_or_stderr_closed_there_is_no_traceback(tmp_path):
+    """`>&-`: Python has no sys.stdout at all (None). A command that writes nothing there
+    (serve --once) exits 0, check exits 74 as for any unwritable report, and a closed
+    stderr costs only the messages."""
+    if not SCRIPT.exists():
+        pytest.skip(f"no envdoctor console script beside {sys.executable} (not installed)")
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    env["ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    for args, closed_fd, code in ((["serve", "--once"], 1, 0), (["check", "--only", "shm.size"], 1, 74),
+                                  (["check", "--only", "shm.size"], 2, 0)):
+        proc = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=tmp_path,
+                              timeout=120, preexec_fn=lambda fd=closed_fd: os.close(fd))
+        assert proc.returncode == code, (args, closed_fd, proc.returncode, proc.stderr)
+        assert "Traceback" not in proc.stderr, proc.stderr
