@@ -181,7 +181,7 @@ def healthz(snap: Snapshot, health: Health, now: float | None = None) -> tuple[i
 def parse_address(text: str) -> tuple[str, int]:
     """node_exporter's HOST:PORT ([::1]:PORT for IPv6; ':PORT' means every address)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"--web.listen-address must be HOST:PORT, not {text!r}")
     host = host.strip("[]")
     return (host or "0.0.0.0", int(port))
