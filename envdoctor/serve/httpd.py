@@ -11,7 +11,6 @@ Requests are not logged (one line per scrape would drown the events that matter)
 from __future__ import annotations
 
 import base64
-import binascii
 import socket
 import ssl
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -106,12 +105,21 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer(head=False)
 
+    def _has_body(self) -> bool:
+        """The request carries a body (none of ours takes one). It is never read, so the
+        connection must close after the answer: kept open, the body's bytes would be read
+        as the next request (one request in, two answers out: the smuggling shape)."""
+        length = self.headers.get("Content-Length", "").strip()
+        return bool(self.headers.get("Transfer-Encoding")) or (length not in ("", "0"))
+
     def _send(self, code: int, body: bytes, content_type: str, head: bool, extra: dict | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for key, value in {**self.server.web.headers, **(extra or {})}.items():
             self.send_header(key, value)
+        if self._has_body():
+            self.send_header("Connection", "close")  # also sets close_connection
         self.end_headers()
         if not head:
             self.wfile.write(body)
@@ -126,7 +134,7 @@ class Handler(BaseHTTPRequestHandler):
             return False
         try:
             user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError):  # binascii.Error, and the bare ValueError b64decode raises on non-ASCII
             return False
         return bool(sep) and web.check_password(user, password)
 

@@ -1,0 +1,133 @@
+"""Hostile HTTP against a real `envdoctor serve` on the loopback: bodies where none belong
+(read as a second request before), a non-ASCII Authorization header (no answer at all
+before), and web configs that would hang the start or every scrape."""
+
+from __future__ import annotations
+
+import base64
+import re
+import socket
+import time
+
+import bcrypt
+import pytest
+
+from envdoctor.serve import webconfig
+from helpers import cli
+from serve_support import Serve, get, wait_until
+
+HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+
+
+def exchange(port: int, data: bytes, wait: float = 3.0) -> bytes:
+    """Send raw bytes, read until the server closes or `wait` passes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(data)
+        out = b""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def status_lines(raw: bytes) -> list[bytes]:
+    """Every response's status line (a body ends in a bare newline, so the next may follow it)."""
+    return re.findall(rb"(?:^|\n)(HTTP/1\.[01] \d{3}[^\r\n]*)", raw)
+
+
+@pytest.fixture(scope="module")
+def serve():
+    started = Serve("--interval", "1")
+    wait_until(lambda: get(started.url + "/metrics")[0] == 200, timeout=60)
+    yield started
+    started.stop()
+
+
+SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED),
+    b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED),
+    b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+])
+def test_a_body_is_never_read_as_a_second_request(serve, head):
+    """A request that carries a body gets one answer and the connection closes: the body
+    was answered as a request of its own before (one request in, two answers out)."""
+    raw = exchange(serve.port, head + SMUGGLED)
+    lines = status_lines(raw)
+    assert len(lines) == 1, raw[:2000]
+    assert b"connection: close" in raw.lower()
+
+
+def test_keep_alive_still_serves_requests_without_a_body(serve):
+    raw = exchange(serve.port, SMUGGLED + SMUGGLED)
+    assert len(status_lines(raw)) == 2
+
+
+@pytest.fixture(scope="module")
+def serve_auth(tmp_path_factory):
+    path = tmp_path_factory.mktemp("web") / "web.yml"
+    path.write_text(f"basic_auth_users:\n  alice: '{HASH}'\n")
+    started = Serve("--interval", "1", "--web.config.file", str(path))
+    yield started
+    started.stop()
+
+
+@pytest.mark.parametrize("header", [
+    "Basic \u00e9\u00e9".encode("latin-1"),            # not ASCII: base64 raised a bare ValueError
+    b"Basic " + base64.b64encode(b"alice:\xff\xfe"),  # not UTF-8
+    b"Basic " + base64.b64encode(b"alice:" + b"x" * 200),  # over bcrypt's 72 bytes
+    b"Basic " + base64.b64encode(b"alice:a\0b"),
+    b"Basic !!!",
+    b"Bearer abc",
+])
+def test_a_malformed_authorization_header_gets_401(serve_auth, header):
+    raw = exchange(serve_auth.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: " + header + b"\r\n\r\n")
+    assert status_lines(raw)[:1] == [b"HTTP/1.1 401 Unauthorized"], raw[:500]
+
+
+def test_the_right_password_still_works(serve_auth):
+    good = base64.b64encode(b"alice:s3cret")
+    raw = exchange(serve_auth.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Basic " + good + b"\r\n\r\n")
+    assert status_lines(raw)[0].split()[1] in (b"200", b"503")
+
+
+def _with_cost(cost: int) -> str:
+    return HASH[:4] + f"{cost:02d}" + HASH[6:]
+
+
+def test_a_hash_with_a_huge_cost_is_refused_at_once(tmp_path):
+    """Checking a $2b$31$ hash at load ran 2^31 rounds: the start hung for days; every scrape
+    with it would take as long. Now the file is refused in one line, at once."""
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  alice: '{_with_cost(31)}'\n")
+    started = time.monotonic()
+    out = cli("serve", "--web.config.file", str(path), timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "basic_auth_users.alice" in out.stderr and "cost" in out.stderr and "Traceback" not in out.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("bad", ["$2b$10$short", "$2c$10$" + "a" * 53, "$2b$03$" + HASH[7:], "$2b$xx$" + HASH[7:],
+                                 HASH[:7] + "!" * 53, "plain"])
+def test_hashes_that_are_not_bcrypt_are_named(tmp_path, bad):
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  alice: '{bad}'\n")
+    with pytest.raises(webconfig.WebConfigError) as info:
+        webconfig.load(str(path))
+    assert info.value.key == "basic_auth_users.alice"
+
+
+def test_a_good_hash_still_loads_and_checks(tmp_path):
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  alice: '{HASH}'\n  bob: '{HASH.replace('$2b$', '$2y$', 1)}'\n")
+    config = webconfig.load(str(path))
+    assert config.check_password("alice", "s3cret") and config.check_password("bob", "s3cret")
+    assert not config.check_password("alice", "nope")
