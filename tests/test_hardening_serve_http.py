@@ -131,3 +131,46 @@ def test_a_good_hash_still_loads_and_checks(tmp_path):
     config = webconfig.load(str(path))
     assert config.check_password("alice", "s3cret") and config.check_password("bob", "s3cret")
     assert not config.check_password("alice", "nope")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "directory", "not_utf8"])
+def test_a_web_config_that_is_not_a_small_file_is_refused_at_once(tmp_path, kind):
+    """A FIFO hung the start (read_text waited for a writer); /dev/zero filled memory until
+    the OOM killer came. Now: exit 2 with one line, within the subprocess timeout."""
+    import os
+
+    path = tmp_path / "web.yml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        path = "/dev/zero"
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"basic_auth_users:\n  \xff\xfe: x\n")
+    out = cli("serve", "--once", "--web.config.file", str(path), timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "bad web config" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", [
+    'http_server_config:\n  headers:\n    X-A: "a\\r\\nSet-Cookie: evil=1"\n',
+    'http_server_config:\n  headers:\n    "X A": "b"\n',
+    'http_server_config:\n  headers:\n    X-A: {nested: map}\n',
+    'http_server_config:\n  headers:\n    X-A:\n',
+])
+def test_a_header_that_would_split_the_response_is_refused(tmp_path, text):
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(webconfig.WebConfigError) as info:
+        webconfig.load(str(path))
+    assert info.value.key.startswith("http_server_config.headers.")
+
+
+def test_ordinary_headers_still_load(tmp_path):
+    path = tmp_path / "web.yml"
+    path.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n    X-Robots-Tag: none\n"
+                    "    Strict-Transport-Security: max-age=31536000; includeSubDomains\n    X-Flag: true\n")
+    assert webconfig.load(str(path)).headers == {"X-Frame-Options": "deny", "X-Robots-Tag": "none", "X-Flag": "true",
+                                                 "Strict-Transport-Security": "max-age=31536000; includeSubDomains"}

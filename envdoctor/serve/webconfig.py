@@ -64,6 +64,11 @@ _BCRYPT = re.compile(rb"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
 # One check at cost 16 takes ~6 s on a 2-core CI machine (measured: cost 14, 1.6 s); 17 would
 # pass Prometheus' default 10 s scrape timeout. htpasswd's default is 5, the toolkit's docs use 10.
 MAX_COST = 16
+MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; a bigger file is a mistake
+# A header name is an RFC 9110 token; a value has no control characters (a CR or LF in
+# one would end the header early and let the config write a second one, or a body).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
 _DUMMY_HASH = bcrypt.hashpw(b"envdoctor-dummy-password", bcrypt.gensalt(rounds=10))
 
 
@@ -120,8 +125,12 @@ def load(path: str | None) -> WebConfig:
     import yaml  # only when a web config is given
 
     name = str(path)
+    from envdoctor.paths import read_bytes
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # non-blocking, regular files only, at most MAX_FILE_BYTES: a FIFO hung the start,
+        # /dev/zero filled memory until the OOM killer came
+        text = read_bytes(path, MAX_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise WebConfigError(name, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
@@ -193,10 +202,20 @@ def _http(name: str, http: Any) -> dict[str, str]:
     headers = http.get("headers") or {}
     if not isinstance(headers, dict):
         raise WebConfigError(name, "http_server_config.headers", "expected a mapping of header: value")
-    for header in headers:
+    for header, value in headers.items():
+        key = f"http_server_config.headers.{header}"
         if str(header).lower() in RESERVED_HEADERS:
-            raise WebConfigError(name, f"http_server_config.headers.{header}", "this header cannot be set by the config")
-    return {str(k): str(v) for k, v in headers.items()}
+            raise WebConfigError(name, key, "this header cannot be set by the config")
+        if not isinstance(header, str) or not _HEADER_NAME.fullmatch(header):
+            raise WebConfigError(name, key, "not a valid header name")
+        if not isinstance(value, (str, int, float)) or not _HEADER_VALUE.fullmatch(_scalar(value)):
+            raise WebConfigError(name, key, "expected one line of text as the value (no control characters)")
+    return {str(k): _scalar(v) for k, v in headers.items()}
+
+
+def _scalar(value: Any) -> str:
+    """A YAML scalar as the toolkit's Go decoder spells it into a string (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
