@@ -101,3 +101,21 @@ def test_a_real_job_with_a_hostile_document_is_still_judged(tmp_path):
             pass
     row = json.loads(out.stdout)["results"][0]
     assert row["status"] != "error", row
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"published_at": float("nan")}, "no valid published_at"),
+    ({"published_at": float("inf")}, "no valid published_at"),
+    ({"interval_seconds": float("inf"), "published_at": 0}, "no valid published_at"),
+    ({"published_at": True}, "no valid published_at"),
+    ({"published_at": 1e300}, "future"),
+    ({"pid": True}, "names pid"),
+])
+def test_a_document_that_would_never_go_stale_is_refused(change, why):
+    """NaN compares false with everything, so a NaN (or far-future) date passed the staleness
+    rule forever: a dead job's document stayed 'live'. (pid true equalled a container's PID 1.)"""
+    from envdoctor.attach_reader import validate
+
+    doc = {**_doc({}), "pid": 1, **change}
+    assert why in (validate(doc, 1) or "accepted")
+    assert validate(dict(_doc({}), pid=1), 1) is None
