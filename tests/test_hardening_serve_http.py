@@ -28,7 +28,7 @@ def exchange(port: int, data: bytes, wait: float = 3.0) -> bytes:
         while time.monotonic() < deadline:
             try:
                 chunk = s.recv(65536)
-            except socket.timeout:
+            except OSError:  # a timeout, or a reset (a refused TLS handshake)
                 break
             if not chunk:
                 break
@@ -174,3 +174,94 @@ def test_ordinary_headers_still_load(tmp_path):
                     "    Strict-Transport-Security: max-age=31536000; includeSubDomains\n    X-Flag: true\n")
     assert webconfig.load(str(path)).headers == {"X-Frame-Options": "deny", "X-Robots-Tag": "none", "X-Flag": "true",
                                                  "Strict-Transport-Security": "max-age=31536000; includeSubDomains"}
+
+
+# -- slow and many clients, against the server class in this process (real sockets) ---------
+
+
+@pytest.fixture
+def small_server():
+    """httpd.Server on a loopback port with a 2 s request deadline and room for 4 connections."""
+    import threading
+
+    from envdoctor.serve import httpd
+    from envdoctor.serve.snapshot import empty
+
+    server = httpd.Server(("127.0.0.1", 0), empty, webconfig.WebConfig(), httpd.Health(lambda: 15.0, lambda: []))
+    server.request_deadline, server.max_connections = 2.0, 4
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    yield server
+    httpd.close(server)
+    thread.join(timeout=5)
+
+
+def _closed_within(sock: socket.socket, seconds: float, drip: bytes = b"") -> bool:
+    """Keep sending `drip` every half second (under the 10 s read timeout); True once the
+    server has closed the connection, False if it is still open after `seconds`."""
+    deadline = time.monotonic() + seconds
+    sock.settimeout(0.5)
+    while time.monotonic() < deadline:
+        try:
+            if drip:
+                sock.sendall(drip)
+            if sock.recv(4096) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def test_a_slowloris_client_is_cut_off_at_the_request_deadline(small_server):
+    """One header line every half second never trips the per-read timeout; it held its
+    thread for as long as it kept dripping. Now the whole request has a deadline."""
+    with socket.create_connection(("127.0.0.1", small_server.port)) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")
+        assert _closed_within(s, 20.0, drip=b"X-Slow: 1\r\n")
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_and_slots_come_back(small_server):
+    held = [socket.create_connection(("127.0.0.1", small_server.port)) for _ in range(4)]
+    try:
+        time.sleep(0.5)  # let the accept loop take all four
+        with socket.create_connection(("127.0.0.1", small_server.port)) as extra:
+            assert _closed_within(extra, 5.0)
+    finally:
+        for s in held:
+            s.close()
+    # the four slots are given back when their clients go: a scrape is answered again
+    ok = wait_until(lambda: exchange(small_server.port, SMUGGLED, wait=2.0).startswith(b"HTTP/1.1 503"), timeout=20)
+    assert ok
+
+
+def test_failed_tls_handshakes_give_their_slots_back(tmp_path):
+    """A handshake that fails ends in setup(), before finish(): the slot is still returned."""
+    import threading
+
+    from envdoctor.serve import httpd
+    from envdoctor.serve.snapshot import empty
+    from serve_support import make_certs
+
+    make_certs(tmp_path)
+    (tmp_path / "web.yml").write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    web = webconfig.load(str(tmp_path / "web.yml"))
+    server = httpd.Server(("127.0.0.1", 0), empty, web, httpd.Health(lambda: 15.0, lambda: []))
+    server.max_connections = 2
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(6):  # garbage instead of a ClientHello, and plain HTTP to the TLS port
+            exchange(server.port, b"\x16\x03\x01garbage-not-a-handshake", wait=1.0)
+            exchange(server.port, SMUGGLED, wait=1.0)
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                tls.sendall(SMUGGLED)
+                assert tls.recv(64).startswith(b"HTTP/1.1 503")
+    finally:
+        httpd.close(server)
+        thread.join(timeout=5)
