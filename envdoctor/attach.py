@@ -100,9 +100,32 @@ class Publisher:
     def start(self) -> "Publisher":
         if self.path:
             self._sweep()
+            self._announce()
             self._thread.start()
             atexit.register(self.close)
         return self
+
+    def _announce(self) -> None:
+        """Tell a monitor on this host that this pid is a job worth examining: `<pid>.json`
+        in each announce directory that exists and is writable ($ENVDOCTOR_ANNOUNCE_DIR,
+        /run/envdoctor/attached). It carries the process's start time, so a monitor in
+        another pid namespace (a job in a container that has the directory mounted) can
+        tell that the number is not a pid it sees, and a reused pid is not taken."""
+        import json
+
+        from envdoctor.announce import ANNOUNCE_DIRS, announce_dirs, own_start_ticks
+
+        body = json.dumps({"pid": self.pid, "start_ticks": own_start_ticks(), "document": self.path})
+        self._announced: list[str] = []
+        for directory in announce_dirs(os.environ, ANNOUNCE_DIRS):
+            path = os.path.join(directory, f"{self.pid}.json")
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+                with os.fdopen(fd, "w") as f:
+                    f.write(body)
+                self._announced.append(path)
+            except OSError:  # not ours to write (read-only, another user's): the monitor finds us otherwise
+                continue
 
     def _sweep(self, stale_after: float = 600.0) -> None:
         """Remove documents that killed jobs left behind (SIGKILL runs no atexit): ours
@@ -184,10 +207,11 @@ class Publisher:
 
     def _remove(self) -> None:
         if self.path and os.getpid() == self.pid:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            for path in [self.path, *getattr(self, "_announced", [])]:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
     def close(self) -> None:
         """Stop publishing and remove the document (at exit; only in the process that published)."""

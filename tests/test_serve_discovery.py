@@ -56,12 +56,42 @@ def test_selectors_bounds_and_exclusions():
 
 
 def test_announced_and_nvml_sources(tmp_path):
-    (tmp_path / f"{os.getpid()}.json").write_text("{}")
+    import json
+
+    from envdoctor.announce import start_ticks
+
+    mine = start_ticks("/proc", os.getpid())
+    (tmp_path / f"{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(), "start_ticks": mine}))
     (tmp_path / "notapid.json").write_text("{}")
-    (tmp_path / "999999999.json").write_text("{}")  # announced, but no such process: not a target
-    found = discovery.discover(Roots(), max_targets=10, announce_dirs=[str(tmp_path)], nvml_pids=lambda: [1])
+    (tmp_path / "999999999.json").write_text(json.dumps({"start_ticks": mine}))  # no such process: not a target
+    # pid 1 under a start time it does not have: a number from another pid namespace, or a reused pid
+    (tmp_path / "1.json").write_text(json.dumps({"pid": 1, "start_ticks": mine}))
+    (tmp_path / f"{os.getppid()}.json").symlink_to(tmp_path / f"{os.getpid()}.json")  # a symlink is not followed
+    found = discovery.discover(Roots(), max_targets=10, announce_dirs=[str(tmp_path)], nvml_pids=lambda: [])
     sources = {t.pid: t.source for t in found.targets}
-    assert sources[os.getpid()] == "announced" and sources[1] == "nvml" and 999999999 not in sources
+    assert sources[os.getpid()] == "announced"
+    assert 999999999 not in sources and sources.get(1) != "announced" and sources.get(os.getppid()) != "announced"
+    found = discovery.discover(Roots(), max_targets=10, announce_dirs=[], nvml_pids=lambda: [1])
+    assert {t.pid: t.source for t in found.targets}[1] == "nvml"
+
+
+def test_attach_announces_itself_to_the_monitor_and_withdraws_at_exit(tmp_path):
+    """A real job: attach() writes <pid>.json with its start time into the announce
+    directory; discovery takes that pid; the file is gone when the job exits."""
+    import subprocess
+    import sys
+
+    code = "import envdoctor, sys; envdoctor.attach(); print('up', flush=True); sys.stdin.readline()"
+    job = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "ENVDOCTOR_ANNOUNCE_DIR": str(tmp_path)})
+    try:
+        assert job.stdout.readline().strip() == "up"
+        assert (tmp_path / f"{job.pid}.json").exists()
+        found = discovery.discover(Roots(), max_targets=50, announce_dirs=[str(tmp_path)], nvml_pids=lambda: [])
+        assert {t.pid: t.source for t in found.targets}.get(job.pid) == "announced"
+    finally:
+        job.communicate("\n", timeout=30)
+    assert not (tmp_path / f"{job.pid}.json").exists()
 
 
 def test_a_broken_nvml_is_a_note_not_a_failure():

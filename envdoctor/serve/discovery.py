@@ -5,8 +5,8 @@ A workload process is found in one of four cheap ways, in this order of trust:
 2. it is a python process whose memory map holds libtorch (a read of
    /proc/N/maps, only for processes whose comm or exe names python);
 3. it announced itself: `envdoctor.attach()` drops `<pid>.json` in an announce
-   directory (ANNOUNCE_DIRS below, or $ENVDOCTOR_ANNOUNCE_DIR), the hook the
-   live-view issue fills;
+   directory ($ENVDOCTOR_ANNOUNCE_DIR, /run/envdoctor/attached), taken only when the
+   process under that pid started when the announcement says (envdoctor.announce);
 4. a config selector matches it: `[serve] select_comm = ["train*"]` (shell-style
    patterns on /proc/N/comm) or `select_env = ["MY_JOB_ID"]` (the variable is set in
    its environment).
@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from envdoctor.paths import Roots
 
-ANNOUNCE_DIRS = ("/run/envdoctor/attached",)
+from envdoctor.announce import ANNOUNCE_DIRS, announced_pids
 MAPS_LIMIT = 64 << 20  # bytes of /proc/N/maps read at most (a torch process has ~1 MiB)
 _CONTAINER = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-|/docker/|/containerd/|/crio/|/)([0-9a-f]{64})(?:\.scope)?\s*$")
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -144,22 +144,6 @@ def container_of(cgroup_text: str) -> tuple[str, str]:
     return container, pod
 
 
-def announced_pids(dirs: Iterable[str]) -> list[int]:
-    """Pids that announced themselves (`<pid>.json` in an announce directory)."""
-    pids = []
-    for directory in dirs:
-        try:
-            names = os.listdir(directory)
-        except OSError:
-            continue
-        for name in names:
-            stem, _, ext = name.partition(".")
-            pid = _pid_name(stem) if ext == "json" else None
-            if pid is not None:
-                pids.append(pid)
-    return pids
-
-
 def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
     data = _read(procfs / str(pid) / "environ", 1 << 20)
     if not data:
@@ -185,7 +169,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
             found.notes.append(f"nvml: {exc}")
     dirs = list(announce_dirs) if announce_dirs is not None else [
         *filter(None, [os.environ.get("ENVDOCTOR_ANNOUNCE_DIR")]), *ANNOUNCE_DIRS]
-    for pid in announced_pids(dirs):
+    for pid in announced_pids(dirs, procfs):
         chosen.setdefault(pid, "announced")
 
     try:

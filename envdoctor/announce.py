@@ -1,0 +1,82 @@
+"""Announcements: a job's `envdoctor.attach()` drops `<pid>.json` in a directory the
+monitor on the same host reads, so serve examines it even before it has mapped libtorch
+or touched a GPU. Shared by the writer (attach, in the job) and the reader (discovery),
+so both agree on where and on what a valid announcement is.
+
+An announcement is untrusted input: it names a pid and that pid's start time (field 22
+of /proc/N/stat, clock ticks since boot, the same in every pid namespace of the host).
+The reader takes the pid only when the process it sees under that number started at
+that time: a job in a container with its own pid namespace announces a number that is
+not its host pid, and a pid reused after the job ended is another process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Mapping
+
+ANNOUNCE_DIRS = ("/run/envdoctor/attached",)
+MAX_BYTES = 4096
+
+
+def announce_dirs(env: Mapping[str, str], defaults: Iterable[str] = ANNOUNCE_DIRS) -> list[str]:
+    """$ENVDOCTOR_ANNOUNCE_DIR first, then the defaults, keeping those that exist."""
+    dirs = [d for d in [env.get("ENVDOCTOR_ANNOUNCE_DIR", ""), *defaults] if d]
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+def start_ticks(procfs: Path | str, pid: int | str) -> int | None:
+    """Field 22 of <procfs>/PID/stat (after the last ')' the comm may hold), or None."""
+    try:
+        with open(Path(procfs) / str(pid) / "stat", "rb") as f:
+            text = f.read(MAX_BYTES).decode("ascii", "replace")
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 1:].split()
+    return int(rest[19]) if len(rest) > 19 and rest[19].isdigit() else None
+
+
+def own_start_ticks() -> int | None:
+    return start_ticks("/proc", "self")
+
+
+def read(path: str) -> dict | None:
+    """An announcement's content, or None: no symlink followed, at most 4 KiB, a JSON object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def announced_pids(dirs: Iterable[str], procfs: Path | str = "/proc") -> list[int]:
+    """The pids whose announcement matches the process running under that number now."""
+    pids = []
+    for directory in dirs:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            stem, _, ext = name.partition(".")
+            if ext != "json" or not stem.isdigit() or len(stem) > 10:
+                continue
+            doc = read(os.path.join(directory, name))
+            ticks = doc.get("start_ticks") if doc else None
+            if isinstance(ticks, int) and not isinstance(ticks, bool) and ticks == start_ticks(procfs, stem):
+                pids.append(int(stem))
+    return pids
