@@ -7,6 +7,7 @@ memory sampler's status/meminfo/cgroup files.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -129,8 +130,11 @@ def test_a_unicode_digit_name_in_the_announce_dir_does_not_fail_the_run(tmp_path
     announce.mkdir()
     job = subprocess.Popen(["sleep", "60"])
     try:
-        (announce / "²³.json").write_text("{}")
-        (announce / f"{job.pid}.json").write_text("{}")
+        from envdoctor.announce import start_ticks
+
+        ticks = start_ticks("/proc", job.pid)
+        (announce / "²³.json").write_text(json.dumps({"pid": 23, "start_ticks": ticks}))
+        (announce / f"{job.pid}.json").write_text(json.dumps({"pid": job.pid, "start_ticks": ticks}))
         textfile = tmp_path / "out.prom"
         env = {**_env(), "ENVDOCTOR_ANNOUNCE_DIR": str(announce)}
         proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(textfile)],
@@ -141,3 +145,21 @@ def test_a_unicode_digit_name_in_the_announce_dir_does_not_fail_the_run(tmp_path
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f'target="pid:{job.pid}"' in textfile.read_text()
+
+
+def test_an_announced_pid_whose_stat_is_a_fifo_does_not_hang_the_run(tmp_path):
+    """announce.start_ticks opened <procfs>/PID/stat with a plain open(): with a FIFO there
+    (a --path.procfs tree) every run waited for a writer that never came."""
+    roots = serve_tree(tmp_path / "tree")
+    stat_file = roots["procfs"] / str(PID) / "stat"
+    stat_file.unlink()
+    os.mkfifo(stat_file)
+    announce = tmp_path / "announce"
+    announce.mkdir()
+    (announce / f"{PID}.json").write_text(json.dumps({"pid": PID, "start_ticks": 1}))
+    env = {**_env(), "ENVDOCTOR_ANNOUNCE_DIR": str(announce)}
+    textfile = tmp_path / "out.prom"
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", *serve_args(roots, textfile)], capture_output=True,
+                          text=True, env=env, timeout=SLACK)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert 'target="node"' in textfile.read_text()
