@@ -116,7 +116,8 @@ def test_a_hash_with_a_huge_cost_is_refused_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["$2b$10$short", "$2c$10$" + "a" * 53, "$2b$03$" + HASH[7:], "$2b$xx$" + HASH[7:],
-                                 HASH[:7] + "!" * 53, "plain"])
+                                 HASH[:7] + "!" * 53, "plain"],
+                         ids=["short", "unknown-prefix", "cost-3", "cost-not-a-number", "not-base64", "plain"])
 def test_hashes_that_are_not_bcrypt_are_named(tmp_path, bad):
     path = tmp_path / "web.yml"
     path.write_text(f"basic_auth_users:\n  alice: '{bad}'\n")
