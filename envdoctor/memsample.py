@@ -83,6 +83,10 @@ def _number(text: str) -> int | None:
 # exabyte. A bigger number is not a measurement (10**400 raised OverflowError in the trend
 # fit, which converts each point to float), and a bool is not a number at all.
 _MAX_FIGURE = 1 << 60
+# Device indices taken from the document: a node has at most a few dozen GPUs. Without a
+# bound, a 64 KiB document naming 2,000 devices kept 4,000 series x 720 points per process
+# in the daemon's history (hundreds of MiB); "01" and "1" are one device, not two.
+MAX_DEVICES = 64
 
 
 def _figure(value: Any) -> int | float | None:
@@ -309,9 +313,10 @@ class Sampler:
         if not isinstance(devices, dict):  # a list or a string there (a hostile job) is no device at all
             return
         for index, dev in devices.items():
-            if not isinstance(dev, dict) or _number(str(index)) is None:
+            number = _number(str(index))
+            if not isinstance(dev, dict) or number is None or number >= MAX_DEVICES:
                 continue
-            self._device(str(index), dev, values, limits, counters)
+            self._device(str(number), dev, values, limits, counters)
 
     @staticmethod
     def _device(index: str, dev: Mapping[str, Any], values: dict, limits: dict, counters: dict) -> None:

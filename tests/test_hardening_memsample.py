@@ -119,3 +119,16 @@ def test_a_document_that_would_never_go_stale_is_refused(change, why):
     doc = {**_doc({}), "pid": 1, **change}
     assert why in (validate(doc, 1) or "accepted")
     assert validate(dict(_doc({}), pid=1), 1) is None
+
+
+def test_a_document_naming_thousands_of_devices_adds_a_bounded_number_of_series(tmp_path):
+    """Each device is two series of up to 720 points in serve's history, per process."""
+    from envdoctor.memsample import MAX_DEVICES
+
+    roots = make_tree(tmp_path, "v2")
+    devices = {str(i): {"reserved_bytes": 1} for i in range(2000)}
+    devices.update({"01": {"reserved_bytes": 2}, "0001": {"reserved_bytes": 3}})
+    sample = Sampler(roots, PID, live=lambda: _doc({"devices": devices})).sample()
+    cuda = [name for name in sample.values if name.startswith("cuda")]
+    assert len(cuda) == MAX_DEVICES and all(name.endswith("_reserved") for name in cuda)
+    assert "cuda01_reserved" not in sample.values and "cuda1_reserved" in sample.values
