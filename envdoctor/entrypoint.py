@@ -147,8 +147,13 @@ def _attach_hook(env: Mapping[str, str]) -> dict[str, str]:
 
     from envdoctor.attach import startup_hook
 
-    directory = tempfile.mkdtemp(prefix="envdoctor-attach-")
-    changes = startup_hook(directory, env)
+    try:
+        directory = tempfile.mkdtemp(prefix="envdoctor-attach-")
+        changes = startup_hook(directory, env)
+    except OSError as exc:  # no writable temporary directory: the job still starts, unattached (as for --report)
+        log("error", f"--attach: cannot write the start-up hook: {exc.strerror or exc}; "
+                     "the command starts without publishing its live settings (set TMPDIR to a writable directory)")
+        return {}
     log("info", f"--attach: the command publishes its live settings (hook in {directory})", hook=directory)
     return changes
 
