@@ -131,7 +131,11 @@ def _validate(options: ExecOptions, argv: list[str]) -> None:
     if options.fail_on is not None and options.fail_on not in ("warn", "fail"):
         raise Stop(EXIT_USAGE, f"--fail-on must be warn or fail, not {options.fail_on!r}")
     if options.report:
-        directory = os.path.dirname(os.path.abspath(options.report))
+        try:
+            directory = os.path.dirname(os.path.abspath(options.report))
+        except OSError:  # abspath asks getcwd, which fails in a removed working directory
+            raise Stop(EXIT_USAGE, f"--report {options.report}: the working directory was removed; "
+                                   "give an absolute path") from None
         if not os.path.isdir(directory):
             raise Stop(EXIT_USAGE, f"--report {options.report}: directory {directory} does not exist")
         if os.path.isdir(options.report):
