@@ -49,3 +49,14 @@ def test_a_relative_output_path_is_one_line(tmp_path, args, code):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == code, proc.stderr
     assert "the working directory was removed" in proc.stderr
+
+
+def test_exec_attach_hook_works_in_a_removed_directory(tmp_path):
+    """The hook's abspath('') asked getcwd: 'Error in sitecustomize' in the job's stderr and
+    no attach. The job here checks that it did attach."""
+    job = ("import sys, time; time.sleep(1.5); import envdoctor.attach as a; "
+           "print('attached' if a.current() is not None else 'not-attached')")
+    proc = in_removed_cwd(tmp_path, "exec", "--attach", "--", sys.executable, "-c", job)
+    assert proc.returncode == 0, proc.stderr
+    assert "sitecustomize" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == "attached", proc.stderr
