@@ -163,3 +163,21 @@ def test_an_announced_pid_whose_stat_is_a_fifo_does_not_hang_the_run(tmp_path):
                           text=True, env=env, timeout=SLACK)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert 'target="node"' in textfile.read_text()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e999"])
+def test_an_interval_that_is_not_a_finite_number_is_refused_at_start(value):
+    """NaN passed `interval < 1`: runs back to back (a core at 100 %) and /healthz 503 forever;
+    inf ran once and never again. Exit 2, one line, nothing listens."""
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--web.listen-address", "127.0.0.1:0",
+                           "--interval", value], capture_output=True, text=True, env=_env(), timeout=60)
+    assert proc.returncode == 2 and "--interval" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_serve_table_interval_that_is_not_finite_names_the_key(tmp_path, value):
+    config = tmp_path / "envdoctor.toml"
+    config.write_text(f"[serve]\ninterval = {value}\n")
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--config", str(config)],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    assert proc.returncode == 2 and "serve.interval" in proc.stderr and ":2" in proc.stderr, proc.stderr
