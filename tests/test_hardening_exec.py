@@ -24,3 +24,14 @@ def test_attach_without_a_writable_tmp_still_starts_the_job():
     assert proc.stdout.strip() == "job-ran"
     assert "Traceback" not in proc.stderr
     assert "--attach: cannot write the start-up hook" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e300", "0", "-1"])
+def test_a_timeout_that_is_not_a_bound_is_bad_usage(value):
+    """NaN passed `timeout <= 0` and reached select(): ValueError, a traceback, exit 1,
+    and the job never started; inf and 1e300 overflowed the clock the same way."""
+    from helpers import cli
+
+    out = cli("exec", "--timeout", value, "--", "true", timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "--timeout" in out.stderr and "Traceback" not in out.stderr
