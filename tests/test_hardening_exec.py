@@ -35,3 +35,31 @@ def test_a_timeout_that_is_not_a_bound_is_bad_usage(value):
     out = cli("exec", "--timeout", value, "--", "true", timeout=60)
     assert out.returncode == 2, out.stderr
     assert "--timeout" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("kwargs", ["interval=float('inf')", "first_delay=float('nan')", "first_delay=float('inf')",
+                                    "interval=1e300"])
+def test_attach_with_a_non_finite_interval_is_a_value_error_at_the_call(kwargs):
+    """Before: attach() returned, then its thread died with an OverflowError traceback in the
+    job's stderr. Now the call says what is wrong, and no thread is left running."""
+    code = ("import envdoctor, threading\n"
+            "try:\n"
+            f"    envdoctor.attach({kwargs})\n"
+            "except ValueError as exc:\n"
+            "    print('refused:', exc)\n"
+            "print('threads', sorted(t.name for t in threading.enumerate() if t.name.startswith('envdoctor')))\n")
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_ATTACH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "refused: envdoctor.attach:" in proc.stdout and "threads []" in proc.stdout, proc.stdout
+
+
+def test_attach_with_an_ordinary_interval_still_publishes():
+    code = ("import envdoctor, os, time\n"
+            "p = envdoctor.attach(0.5)\n"
+            "time.sleep(1.2)\n"
+            "print('published', p.publications > 0 and os.path.exists(p.path))\n"
+            "p.close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_ATTACH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert "published True" in proc.stdout, proc.stderr
