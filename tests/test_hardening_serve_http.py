@@ -266,3 +266,30 @@ def test_failed_tls_handshakes_give_their_slots_back(tmp_path):
     finally:
         httpd.close(server)
         thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("which", ["cert_file", "key_file", "client_ca_file"])
+def test_a_certificate_path_that_is_a_fifo_is_refused_not_waited_on(tmp_path, which):
+    """OpenSSL opened the FIFO and waited for a writer: the start hung (timeout 10: rc 124)."""
+    import os
+
+    from serve_support import make_certs
+
+    make_certs(tmp_path)
+    os.mkfifo(tmp_path / "trap")
+    files = {"cert_file": "server.crt", "key_file": "server.key", "client_ca_file": "ca.crt", which: "trap"}
+    (tmp_path / "web.yml").write_text("tls_server_config:\n  client_auth_type: RequireAndVerifyClientCert\n"
+                                      + "".join(f"  {k}: {v}\n" for k, v in files.items()))
+    out = cli("serve", "--once", "--web.config.file", str(tmp_path / "web.yml"), timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert f"tls_server_config.{which}" in out.stderr and "not a regular file" in out.stderr
+
+
+def test_a_missing_key_file_names_its_key(tmp_path):
+    from serve_support import make_certs
+
+    make_certs(tmp_path)
+    (tmp_path / "web.yml").write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: nothere.key\n")
+    with pytest.raises(webconfig.WebConfigError) as info:
+        webconfig.load(str(tmp_path / "web.yml"))
+    assert info.value.key == "tls_server_config.key_file" and "No such file" in info.value.reason

@@ -256,6 +256,8 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
     context.minimum_version = versions("min_version", "TLS12")
     context.maximum_version = versions("max_version", "TLS13")
     cert, key = base / str(tls["cert_file"]), base / str(tls["key_file"])
+    for field_name, path in (("cert_file", cert), ("key_file", key)):
+        _regular(name, f"tls_server_config.{field_name}", path)
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
@@ -267,6 +269,7 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
         if context.verify_mode == ssl.CERT_NONE:
             raise WebConfigError(name, "tls_server_config.client_ca_file",
                                  "client CA's have been configured without a Client Auth Policy (set client_auth_type)")
+        _regular(name, "tls_server_config.client_ca_file", base / str(ca))
         try:
             context.load_verify_locations(cafile=str(base / str(ca)))
         except (OSError, ssl.SSLError) as exc:
@@ -275,6 +278,19 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
     elif context.verify_mode != ssl.CERT_NONE:
         context.load_default_certs(ssl.Purpose.CLIENT_AUTH)  # as the toolkit does: the system's roots
     return context, auth or "NoClientCert"
+
+
+def _regular(name: str, key: str, path: Path) -> None:
+    """OpenSSL opens and reads a certificate path as it is: a FIFO there hung the start
+    (waiting for a writer), /dev/zero would read forever. Only a regular file is loaded."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise WebConfigError(name, key, f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise WebConfigError(name, key, f"{path} is not a regular file")
 
 
 def describe(config: WebConfig) -> Mapping[str, Any]:
