@@ -1,6 +1,6 @@
 """`python -m envdoctor` works like the `envdoctor` command."""
 
-from envdoctor.cli import main
+from envdoctor.cli import module_main
 
 if __name__ == "__main__":
-    main()
+    module_main()

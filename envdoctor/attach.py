@@ -328,7 +328,9 @@ def startup_hook(directory: str | os.PathLike, env: Mapping[str, str], interval:
     directory.mkdir(parents=True, exist_ok=True)
     package_parent = str(Path(__file__).resolve().parent.parent)
     text = _HOOK.format(package_parent=package_parent, interval=float(interval), first_delay=1.0)
-    (directory / "sitecustomize.py").write_text(text)
+    from envdoctor.atomicfile import write_atomic
+
+    write_atomic(str(directory / "sitecustomize.py"), text)  # two starts at once never read half a hook
     existing = env.get("PYTHONPATH", "")
     return {"PYTHONPATH": str(directory) + (os.pathsep + existing if existing else "")}
 

@@ -58,9 +58,9 @@ def check(
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
     skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", metavar="FORMAT",
-                                      help="text (default), json, markdown, junit, prometheus, or a plug-in's format."),
-    pid: Optional[int] = typer.Option(None, "--pid", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
-    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is probed (default: this one)."),
+                                      help="text (default), json, markdown, junit, prometheus, compact, or a plug-in's format."),
+    pid: Optional[int] = typer.Option(None, "--pid", metavar="PID", help="Examine another process (its environment, /dev/shm, cgroup) through /proc/PID."),
+    python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is read (default: this one; with --pid, the torch that process has loaded)."),
     onnx: List[str] = typer.Option([], "--onnx", metavar="FILE", help="ONNX model to audit (repeatable)."),
     window: Optional[float] = typer.Option(None, "--window", metavar="SECONDS",
                                            help="Sample the target's memory for this long, then judge its growth (memory.cache_growth)."),
@@ -76,7 +76,8 @@ def check(
 ) -> None:
     """Run the checks once and print a report.
 
-    Exit codes: 0 nothing at or above --fail-on; 1 something is; 2 bad usage or config.
+    Exit codes: 0 nothing at or above --fail-on; 1 something is; 2 bad usage or config;
+    74 the report could not be written.
     """
     from envdoctor import pipeline
     from envdoctor.config import FAIL_ON, load as load_config
@@ -281,14 +282,42 @@ def console_main() -> None:
     ~10 ms of CPU and ~20 ms of wall time at the end of a warm `check` (a fifth of
     it), after the report is written and flushed: nothing envdoctor holds needs a
     clean shutdown (-o files are complete, renamed into place, before this point).
-    `python -m envdoctor` and main() keep the ordinary exit, for callers that
-    catch SystemExit.
+    `python -m envdoctor` (module_main) and main() keep the ordinary exit, for
+    callers that catch SystemExit, unless a call is still stuck.
     """
     try:
         main()
         code: object = 0
     except SystemExit as exc:
         code = exc.code
+    _exit_now(code)
+
+
+def module_main() -> None:
+    """`python -m envdoctor`: main() with the ordinary exit (a runpy caller may catch
+    SystemExit), unless a bounded call is still stuck. Then the interpreter's teardown
+    is skipped as console_main does: a check stuck inside a C++ extension (onnxruntime
+    creating a session) keeps running while the process's static destructors run, and
+    the process died with "terminate called without an active exception" (SIGABRT)
+    after a complete report."""
+    from envdoctor.watchdog import default_watchdog
+
+    try:
+        main()
+    except SystemExit as exc:
+        if default_watchdog().stuck():
+            _exit_now(exc.code)
+        raise
+    if default_watchdog().stuck():
+        _exit_now(0)
+
+
+def _exit_now(code: object) -> None:
+    """Flush what was said and leave with `code` (SystemExit's meaning), skipping teardown.
+
+    os._exit runs no atexit handler, so the one that matters is called here: a torch
+    probe whose check timed out runs in its own session and would outlive the run."""
+    _kill_probes()
     if code is None:
         code = 0
     elif not isinstance(code, int):

@@ -145,23 +145,43 @@ def _validate(options: ExecOptions, argv: list[str]) -> None:
 
 
 def _attach_hook(env: Mapping[str, str]) -> dict[str, str]:
-    """PYTHONPATH with a private sitecustomize.py first, which calls envdoctor.attach() in
-    the command's interpreter (and in any Python it starts). The directory stays for the
-    job's life: after execve nothing of envdoctor is left to remove it (a few hundred
-    bytes under $TMPDIR)."""
-    import tempfile
-
+    """PYTHONPATH with a sitecustomize.py first, which calls envdoctor.attach() in the
+    command's interpreter (and in any Python it starts). The directory must outlive this
+    process (after execve nothing of envdoctor is left to remove it), so it is one per
+    envdoctor installation, reused by every start, under the user's cache directory;
+    a fresh private one under $TMPDIR only when that cannot be used."""
     from envdoctor.attach import startup_hook
 
     try:
-        directory = tempfile.mkdtemp(prefix="envdoctor-attach-")
+        directory = _hook_directory()
         changes = startup_hook(directory, env)
-    except OSError as exc:  # no writable temporary directory: the job still starts, unattached (as for --report)
+    except OSError as exc:  # no writable cache or temporary directory: the job still starts, unattached (as for --report)
         log("error", f"--attach: cannot write the start-up hook: {exc.strerror or exc}; "
                      "the command starts without publishing its live settings (set TMPDIR to a writable directory)")
         return {}
     log("info", f"--attach: the command publishes its live settings (hook in {directory})", hook=directory)
     return changes
+
+
+def _hook_directory() -> str:
+    """~/.cache/envdoctor/attach-hook-<installation>, created 0700 and used only when it is
+    ours and writable by no one else (whatever is in it runs in the job); else a mkdtemp."""
+    import hashlib
+    import stat
+    import tempfile
+
+    from envdoctor import __version__, diskcache
+
+    installation = f"{os.path.dirname(os.path.abspath(__file__))}\0{__version__}"
+    directory = diskcache.cache_dir() / f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(directory)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            return str(directory)
+    except OSError:  # no writable home (a read-only container): a private temporary directory
+        pass
+    return tempfile.mkdtemp(prefix="envdoctor-attach-")
 
 
 def _write_report(path: str, text: str) -> None:

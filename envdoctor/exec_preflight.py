@@ -56,9 +56,10 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     chosen_ids = {p.check.id for p in chosen}
     refused = [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in only]
     if refused:
+        # every check exec can run, not only those left of this selection (which is often none)
+        runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
         raise UsageError(f"--only {', '.join(refused)}: does not run in exec (too slow or intrusive for every "
-                         f"container start; it runs in `envdoctor check`). exec runs: "
-                         f"{', '.join(sorted(p.check.id for p in chosen)) or 'nothing else selected'}")
+                         f"container start; it runs in `envdoctor check`). exec runs: {', '.join(runnable)}")
     return chosen
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from array import array
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -346,9 +347,25 @@ class Sampler:
 
 @dataclass
 class _Track:
+    """One target's samples, stored compactly: serve keeps maxlen of them for every
+    process it watches (64 processes x 720 points as tuples of two dicts were ~27 MiB).
+    A point is (names, array('d', [t, *values])), and consecutive points with the same
+    names share one tuple."""
+
     sampler: Sampler
-    points: deque  # of (t, values, counters)
+    points: deque  # of (names, array('d', [t, *values]))
     latest: Sample | None = None
+    names: tuple[str, ...] = ()
+
+    def append(self, sample: Sample) -> None:
+        names = (*sample.values, *sample.counters)
+        if names != self.names:
+            self.names = names
+        values = [sample.t, *sample.values.values(), *sample.counters.values()]
+        self.points.append((self.names, array("d", values)))
+
+    def last_time(self) -> float:
+        return self.points[-1][1][0] if self.points else 0.0
 
 
 class MemoryHistory:
@@ -380,10 +397,10 @@ class MemoryHistory:
             track = self._tracks.get(label)
             if track is None:
                 if len(self._tracks) >= self.max_targets:
-                    oldest = min(self._tracks, key=lambda k: self._tracks[k].points[-1][0] if self._tracks[k].points else 0)
+                    oldest = min(self._tracks, key=lambda k: self._tracks[k].last_time())
                     del self._tracks[oldest]
                 track = self._tracks[label] = _Track(sampler, deque(maxlen=self.maxlen))  # type: ignore[arg-type]
-            track.points.append((sample.t, dict(sample.values), dict(sample.counters)))
+            track.append(sample)
             track.latest = sample
 
     def sample(self, targets: Iterable[tuple[str, int | None]], roots: Roots = Roots(), nvml: Any = None,
@@ -430,8 +447,9 @@ class MemoryHistory:
             track = self._tracks.get(label)
             points = list(track.points) if track else []
         out: dict[str, tuple[list[float], list[float]]] = {}
-        for t, values, counters in points:
-            for name, value in (*values.items(), *counters.items()):
+        for names, row in points:
+            t = row[0]
+            for name, value in zip(names, row[1:]):
                 ts, ys = out.setdefault(name, ([], []))
                 ts.append(t)
                 ys.append(value)

@@ -121,13 +121,17 @@ def join_fixes(findings: Iterable[Finding]) -> str:
     """Every distinct fix of a check's findings, worst finding first, as one line.
 
     A check reports one result, but each of its findings needs its own fix: a
-    user who fixes only the first would meet the next on the following run.
+    user who fixes only the first would meet the next on the following run. Fixes
+    are compared clause by clause ("; "): two findings of one cause often share a
+    step (cpu.threads' unset variables and the live thread count both say `export
+    OMP_NUM_THREADS=...`), and the line should give it once.
     """
-    fixes: list[str] = []
+    clauses: list[str] = []
     for finding in loudest_first(findings):
-        if finding.fix and finding.fix not in fixes:
-            fixes.append(finding.fix)
-    return "; ".join(fixes)
+        for clause in finding.fix.split("; ") if finding.fix else ():
+            if clause and clause not in clauses:
+                clauses.append(clause)
+    return "; ".join(clauses)
 
 
 def verdict(findings: Iterable[Finding], facts: Mapping[str, Any], ok_summary: str, *, note: str = "") -> Result:

@@ -9,7 +9,7 @@ from envdoctor.units import format_bytes
 
 # System facts in display order, with their labels.
 SYSTEM_ROWS = (
-    ("os", "OS"), ("kernel", "Kernel"), ("python_version", "Python"), ("python_executable", "Interpreter probed"),
+    ("os", "OS"), ("kernel", "Kernel"), ("python_version", "Python"), ("python_executable", "Interpreter"),
     ("cpu_model", "CPU"), ("cpu_logical", "Logical CPUs"), ("cpu_affinity", "CPUs in affinity"),
     ("cpu_quota", "CPU quota (cgroup)"), ("memory_total_bytes", "Memory"), ("memory_available_bytes", "Memory available"),
     ("shm_size_bytes", "/dev/shm size"), ("shm_free_bytes", "/dev/shm free"),

@@ -128,3 +128,15 @@ def test_explain_settings_paste_into_envdoctor_toml(check_id, tmp_path):
     (tmp_path / "envdoctor.toml").write_text(toml)
     proc = cli("check", "--only", check_id, "--format", "json", cwd=tmp_path)
     assert proc.returncode in (0, 1), proc.stderr
+
+
+def test_check_help_names_every_built_in_format_and_exit_74(monkeypatch):
+    """`check --help` left out `compact` (what preflight() and logs use) and exit 74."""
+    from envdoctor import export
+
+    monkeypatch.setenv("ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD", "1")  # the built-ins only
+    proc = cli("check", "--help", env={"COLUMNS": "200"})
+    assert proc.returncode == 0
+    for name in export.names():
+        assert name in proc.stdout, name
+    assert "74 the report could not be written" in proc.stdout

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,12 @@ import pytest
 SCRIPT = Path(sys.executable).with_name("envdoctor")
 
 
-def run(*args: str, **kw) -> subprocess.CompletedProcess:
+def run(*args: str, env_extra: dict | None = None, **kw) -> subprocess.CompletedProcess:
     if not SCRIPT.exists():
         pytest.skip(f"no envdoctor console script beside {sys.executable} (not installed)")
     env = dict(os.environ)
     env.pop("ENVDOCTOR_CONFIG", None)
+    env.update(env_extra or {})
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120, **kw)
 
 
@@ -45,6 +47,72 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     proc.stdout.close()  # the reader went away, as `envdoctor check | head -c 5` does
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (0, 1, 120, -13) and "Traceback" not in err
+
+
+_BUSY_IN_ORT = '''
+from envdoctor.check import Check
+from envdoctor.onnxfacts import tiny_model
+
+
+def run(ctx):
+    import onnxruntime as ort
+    model = tiny_model(13, 7)
+    while True:  # a thread that never leaves onnxruntime's C++ for long
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+
+CHECK = Check(id="ortloop.busy", title="keeps a thread inside onnxruntime", run=run)
+'''
+
+
+def test_python_m_survives_a_check_stuck_inside_onnxruntime(tmp_path):
+    """`python -m envdoctor` with a check still inside onnxruntime at exit: the report and
+    the exit code, not SIGABRT ("terminate called without an active exception") from
+    onnxruntime's static destructors running under the stuck thread (6 of 6 runs before)."""
+    pytest.importorskip("onnxruntime")
+    from helpers import cli
+
+    site = tmp_path / "site"
+    (site / "ortloop-1.0.dist-info").mkdir(parents=True)
+    (site / "ortloop.py").write_text(_BUSY_IN_ORT)
+    (site / "ortloop-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: ortloop\nVersion: 1.0\n")
+    (site / "ortloop-1.0.dist-info" / "entry_points.txt").write_text("[envdoctor.checks]\nortloop.busy = ortloop:CHECK\n")
+    proc = cli("check", "--only", "ortloop.busy", "--timeout", "1", "-f", "json",
+               env={"PYTHONPATH": str(site), "ENVDOCTOR_NO_CACHE": "1"}, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "terminate called" not in proc.stderr
+    row = json.loads(proc.stdout)["results"][0]
+    assert row["check"] == "ortloop.busy" and row["status"] == "error" and "timed out" in row["summary"]
+
+
+def test_the_fast_exit_still_kills_a_probe_whose_check_timed_out(tmp_path):
+    """os._exit skips atexit, where the probes were killed: a probe that outlived its
+    check's timeout (and its child) stayed behind after every `envdoctor check`."""
+    pids = tmp_path / "pids.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > {pids}.part && mv {pids}.part {pids}\nsleep 300\n")
+    fake.chmod(0o755)
+    proc = run("check", "--only", "torch.cudnn", "--python", str(fake), "-f", "json", cwd=tmp_path,
+               env_extra={"ENVDOCTOR_NO_CACHE": "1", "ENVDOCTOR_CHECK__TORCH_CUDNN__TIMEOUT": "1"})
+    row = json.loads(proc.stdout)["results"][0]
+    assert row["status"] == "error" and "timed out after 1 s" in row["summary"], row["summary"]
+    alive = [int(p) for p in pids.read_text().split() if _running(int(p))]
+    for pid in alive:  # clean up before failing
+        os.kill(pid, 9)
+    assert not alive, f"probe processes outlived envdoctor: {alive}"
+
+
+def _running(pid: int) -> bool:
+    deadline = time.monotonic() + 5  # the kernel may take a moment to tear down a killed group
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_started_with_stdout_or_stderr_closed_there_is_no_traceback(tmp_path):

@@ -162,6 +162,7 @@ def test_a_command_is_found_on_the_path_it_will_get(tmp_path):
     (("--timeout", "0", "--", "true"), "--timeout must be a positive"),
     (("--only", "no.such_check", "--", "true"), "unknown check id 'no.such_check'"),
     (("--only", "onnx.opset", "--", "true"), "onnx.opset: does not run in exec"),
+    (("--only", "onnx.opset", "--", "true"), "exec runs: cpu.threads, cuda.runtime, cuda.visible_devices"),
     (("--only", "torch.pin_memory", "--", "true"), "torch.pin_memory: does not run in exec"),
     (("--report", "/nonexistent-dir-xyz/report.json", "--", "true"), "does not exist"),
     (("--no-such-flag", "--", "true"), "No such option"),
@@ -425,3 +426,15 @@ def test_attach_makes_the_command_publish_its_live_view_and_check_pid_reads_it(t
     assert job.returncode == 0
     assert "--attach: the command publishes its live settings" in stderr
     assert not Path(f"/dev/shm/envdoctor-attach-{job.pid}.json").exists(), "removed at exit"
+
+
+def test_attach_reuses_one_hook_directory_instead_of_leaving_one_per_start(tmp_path):
+    """Nothing of envdoctor is left after execve to remove the hook, so every start uses
+    the same directory in the user's cache (0700, ours): starts do not pile up in /tmp."""
+    env = {"XDG_CACHE_HOME": str(tmp_path), "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    for _ in range(3):
+        proc = envdoctor_exec("--attach", "--", sys.executable, "-c", "pass", env=env)
+        assert proc.returncode == 0, proc.stderr
+    hooks = list((tmp_path / "envdoctor").glob("attach-hook-*"))
+    assert len(hooks) == 1 and (hooks[0] / "sitecustomize.py").is_file()
+    assert hooks[0].stat().st_mode & 0o077 == 0

@@ -115,3 +115,13 @@ def test_join_fixes_keeps_every_distinct_fix_worst_first():
                 (Status.FAIL, "f2", "")]
     assert join_fixes(findings) == "export B=2; export A=1"
     assert join_fixes([]) == ""
+
+
+def test_join_fixes_gives_a_shared_step_once():
+    """Seen in cpu.threads of an attached job: 'export ...; torch.set_num_threads(1) in the
+    script; export ...' (the unset-variables finding and the live-threads one share the export)."""
+    from envdoctor.model import Status, join_fixes
+
+    export = "export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
+    findings = [(Status.WARN, "unset", export), (Status.WARN, "live", f"torch.set_num_threads(1) in the script; {export}")]
+    assert join_fixes(findings) == f"{export}; torch.set_num_threads(1) in the script"
