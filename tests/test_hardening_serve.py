@@ -181,3 +181,18 @@ def test_a_serve_table_interval_that_is_not_finite_names_the_key(tmp_path, value
     proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--config", str(config)],
                           capture_output=True, text=True, env=_env(), timeout=60)
     assert proc.returncode == 2 and "serve.interval" in proc.stderr and ":2" in proc.stderr, proc.stderr
+
+
+def test_a_textfile_that_is_a_fifo_with_a_stalled_reader_does_not_block(tmp_path):
+    """A reader that opened the FIFO and stopped reading: the second run's write filled the
+    pipe and blocked for good (in the daemon: the scheduler thread, every run after it)."""
+    fifo = tmp_path / "envdoctor.prom"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # holds the FIFO open, never reads
+    try:
+        for _ in range(3):
+            proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(fifo)],
+                                  capture_output=True, text=True, env=_env(), timeout=SLACK)
+            assert proc.returncode == 74 and "FIFO" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    finally:
+        os.close(reader)
