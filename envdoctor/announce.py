@@ -28,14 +28,31 @@ def announce_dirs(env: Mapping[str, str], defaults: Iterable[str] = ANNOUNCE_DIR
 
 
 def start_ticks(procfs: Path | str, pid: int | str) -> int | None:
-    """Field 22 of <procfs>/PID/stat (after the last ')' the comm may hold), or None."""
+    """Field 22 of <procfs>/PID/stat (after the last ')' the comm may hold), or None.
+
+    Opened non-blocking and read only when regular: serve calls this for every
+    announcement on every run, and a FIFO in a --path.procfs tree would hang them all."""
+    import stat
+
     try:
-        with open(Path(procfs) / str(pid) / "stat", "rb") as f:
-            text = f.read(MAX_BYTES).decode("ascii", "replace")
+        fd = os.open(Path(procfs) / str(pid) / "stat", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, MAX_BYTES).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     rest = text[text.rfind(")") + 1:].split()
-    return int(rest[19]) if len(rest) > 19 and rest[19].isdigit() else None
+    return int(rest[19]) if len(rest) > 19 and _digits(rest[19]) else None
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def own_start_ticks() -> int | None:
@@ -73,7 +90,7 @@ def announced_pids(dirs: Iterable[str], procfs: Path | str = "/proc") -> list[in
             continue
         for name in names:
             stem, _, ext = name.partition(".")
-            if ext != "json" or not stem.isdigit() or len(stem) > 10:
+            if ext != "json" or not _digits(stem) or len(stem) > 10:
                 continue
             doc = read(os.path.join(directory, name))
             ticks = doc.get("start_ticks") if doc else None

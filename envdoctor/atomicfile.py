@@ -62,7 +62,10 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
     if not name:
         raise OutputError("no file name given (an empty path)")
     payload = data.encode("utf-8", errors="surrogateescape") if isinstance(data, str) else bytes(data)
-    real = os.path.realpath(name)  # follows a symlink; a dangling one names the file to create
+    try:
+        real = os.path.realpath(name)  # follows a symlink; a dangling one names the file to create
+    except OSError:  # a relative name, and the working directory was removed (getcwd fails)
+        raise OutputError(f"cannot write {name}: the working directory was removed; give an absolute path") from None
     try:
         st = os.stat(real)
     except FileNotFoundError:

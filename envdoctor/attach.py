@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import sys
 import threading
@@ -80,11 +81,22 @@ def _writable_directory() -> str | None:
     return None
 
 
+def _seconds(name: str, value: Any) -> float:
+    """A finite number of seconds, or ValueError at the attach() call. An infinite interval
+    (or a NaN or infinite first_delay) reached Event.wait() in the publisher thread: an
+    OverflowError traceback in the job's stderr, and the document never written again."""
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds > 86400:
+        raise ValueError(f"envdoctor.attach: {name} must be a finite number of seconds up to a day, not {value!r}")
+    return seconds
+
+
 class Publisher:
     """The daemon thread that writes the document every `interval` seconds."""
 
     def __init__(self, interval: float = DEFAULT_INTERVAL, directory: str | None = None, first_delay: float = 0.0):
-        self.interval = max(0.5, float(interval))
+        self.interval = max(0.5, _seconds("interval", interval))
+        first_delay = max(0.0, _seconds("first_delay", first_delay))
         self.pid = os.getpid()
         self.directory = directory or _writable_directory()
         self.path = os.path.join(self.directory, document_name(self.pid)) if self.directory else None

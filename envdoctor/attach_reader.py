@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 import sys
@@ -56,20 +57,29 @@ def _open_under(root_fd: int, directory: str, name: str) -> int:
             os.close(fd)
 
 
+def _finite(value: Any) -> bool:
+    """A real number: NaN compares false with everything, so a NaN date was never stale."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def validate(doc: Any, nspid: int | None, now: float | None = None) -> str | None:
     """Why a parsed document cannot be used, or None when it can."""
     if not isinstance(doc, dict):
         return "the document is not a JSON object"
     if doc.get("schema") != SCHEMA:
         return f"unknown schema {str(doc.get('schema'))[:40]!r}, expected {SCHEMA}"
-    if nspid is not None and doc.get("pid") != nspid:
-        return f"the document names pid {str(doc.get('pid'))[:20]}, not {nspid}"
+    named = doc.get("pid")
+    if nspid is not None and (isinstance(named, bool) or named != nspid):  # true == 1: a container's PID 1
+        return f"the document names pid {str(named)[:20]}, not {nspid}"
     published, interval = doc.get("published_at"), doc.get("interval_seconds")
-    if not isinstance(published, (int, float)) or not isinstance(interval, (int, float)) or interval <= 0:
+    if not _finite(published) or not _finite(interval) or interval <= 0:
         return "the document has no valid published_at / interval_seconds"
     age = (time.time() if now is None else now) - published
-    if age > max(3 * interval, 15.0):
+    bound = max(3 * interval, 15.0)
+    if age > bound:
         return f"the document is stale ({age:.0f} s old; the job stopped publishing)"
+    if age < -bound:  # one clock for every container on the node: a date ahead of it never goes stale
+        return f"the document is dated {-age:.0f} s in the future; it is not a live publication"
     for key, kind in (("torch", (dict, type(None))), ("cuda", dict), ("dataloaders", list), ("env", dict)):
         if key in doc and not isinstance(doc[key], kind):
             return f"the document's {key!r} has the wrong type"

@@ -40,6 +40,7 @@ __all__ = ["ExecOptions", "run", "EX_CONFIG", "EXIT_USAGE", "DEFAULT_TIMEOUT"]
 
 EX_CONFIG = 78  # sysexits.h: the environment (configuration) is not fit to start the job
 EXIT_USAGE = 2
+MAX_TIMEOUT = 86400.0  # as envdoctor.config's (importing it here would cost exec ~15 ms at every start)
 SOURCE = "envdoctor.exec"  # the `source=` field of every line exec logs
 _SEVERITY = {"ok": 0, "skip": 0, "warn": 1, "fail": 2, "error": 2}
 
@@ -126,12 +127,17 @@ def run(options: ExecOptions, argv: Sequence[str]) -> int:
 def _validate(options: ExecOptions, argv: list[str]) -> None:
     if not argv:
         raise Stop(EXIT_USAGE, "no command given: envdoctor exec [OPTIONS] -- CMD ARGS...")
-    if options.timeout <= 0:
-        raise Stop(EXIT_USAGE, "--timeout must be a positive number of seconds")
+    if not 0 < options.timeout <= MAX_TIMEOUT:  # NaN fails this too: it reached select() and raised
+        raise Stop(EXIT_USAGE, f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT:g} (one day), "
+                               f"not {options.timeout:g}")
     if options.fail_on is not None and options.fail_on not in ("warn", "fail"):
         raise Stop(EXIT_USAGE, f"--fail-on must be warn or fail, not {options.fail_on!r}")
     if options.report:
-        directory = os.path.dirname(os.path.abspath(options.report))
+        try:
+            directory = os.path.dirname(os.path.abspath(options.report))
+        except OSError:  # abspath asks getcwd, which fails in a removed working directory
+            raise Stop(EXIT_USAGE, f"--report {options.report}: the working directory was removed; "
+                                   "give an absolute path") from None
         if not os.path.isdir(directory):
             raise Stop(EXIT_USAGE, f"--report {options.report}: directory {directory} does not exist")
         if os.path.isdir(options.report):
@@ -146,8 +152,13 @@ def _attach_hook(env: Mapping[str, str]) -> dict[str, str]:
     a fresh private one under $TMPDIR only when that cannot be used."""
     from envdoctor.attach import startup_hook
 
-    directory = _hook_directory()
-    changes = startup_hook(directory, env)
+    try:
+        directory = _hook_directory()
+        changes = startup_hook(directory, env)
+    except OSError as exc:  # no writable cache or temporary directory: the job still starts, unattached (as for --report)
+        log("error", f"--attach: cannot write the start-up hook: {exc.strerror or exc}; "
+                     "the command starts without publishing its live settings (set TMPDIR to a writable directory)")
+        return {}
     log("info", f"--attach: the command publishes its live settings (hook in {directory})", hook=directory)
     return changes
 

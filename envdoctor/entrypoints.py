@@ -66,10 +66,22 @@ class EntryPoint:
         return obj
 
 
+def _cwd() -> str | None:
+    """The working directory, or None when it was removed under us (getcwd raises then:
+    every command run from a deleted directory broke here, before any check ran)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
 def _search_path() -> list[str]:
-    """sys.path with '' spelled as the working directory it means (python -c)."""
-    cwd = os.getcwd()
-    return [os.path.abspath(p) if p else cwd for p in sys.path]
+    """sys.path with '' spelled as the working directory it means (python -c); '' and
+    relative entries are left out when that directory is gone (they name nothing then)."""
+    cwd = _cwd()
+    if cwd is None:
+        return [os.path.normpath(p) for p in sys.path if os.path.isabs(p)]
+    return [os.path.normpath(os.path.join(cwd, p)) if p else cwd for p in sys.path]  # = abspath, getcwd once
 
 
 def _fingerprint() -> list[Any]:
@@ -114,7 +126,7 @@ def _cache_file() -> Any:
     # `envdoctor` script (its bin/ first) do not evict each other's entry
     # (the working directory is left out of the name, or every directory the
     # command is run from would leave a file behind; it stays in the fingerprint)
-    cwd = os.getcwd()
+    cwd = _cwd()
     key = "\0".join([sys.executable, *(p for p in _search_path() if p != cwd)])
     digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:20]
     return diskcache.cache_dir() / f"entry-points-{digest}.json"

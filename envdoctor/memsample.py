@@ -31,6 +31,7 @@ whose process exited or whose pid was reused.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from array import array
@@ -73,12 +74,38 @@ class ProcessGone(Exception):
 # -- small readers --------------------------------------------------------------------
 
 
+def _number(text: str) -> int | None:
+    """A decimal count from a kernel file, or None. ASCII only: str.isdigit() also takes
+    '²', which int() refuses (a garbage file must cost its value, not the sample)."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+# The largest byte count or counter taken from an attached document: 2^60 bytes is an
+# exabyte. A bigger number is not a measurement (10**400 raised OverflowError in the trend
+# fit, which converts each point to float), and a bool is not a number at all.
+_MAX_FIGURE = 1 << 60
+# Device indices taken from the document: a node has at most a few dozen GPUs. Without a
+# bound, a 64 KiB document naming 2,000 devices kept 4,000 series x 720 points per process
+# in the daemon's history (hundreds of MiB); "01" and "1" are one device, not two.
+MAX_DEVICES = 64
+
+
+def _figure(value: Any) -> int | float | None:
+    """A byte count or counter from the untrusted document, or None when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if 0 <= value <= _MAX_FIGURE else None
+
+
 def _kib_field(text: str, name: str) -> int | None:
     for line in text.splitlines():
         if line.startswith(name + ":"):
             parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1]) * 1024
+            value = _number(parts[1]) if len(parts) >= 2 else None
+            if value is not None:
+                return value * 1024
     return None
 
 
@@ -89,15 +116,15 @@ def _int_file(path: Path) -> int | None:
         return None
     if text == "max":
         return UNLIMITED
-    return int(text) if text.isdigit() else None
+    return _number(text)
 
 
 def _stat_field(path: Path, name: str) -> int | None:
     try:
         for line in read_text(path, 1 << 20).splitlines():
             key, _, value = line.partition(" ")
-            if key == name and value.strip().isdigit():
-                return int(value)
+            if key == name and _number(value.strip()) is not None:
+                return _number(value.strip())
     except OSError:
         return None
     return None
@@ -111,7 +138,7 @@ def start_time(roots: Roots, pid: int | None) -> int | None:
     except OSError:
         return None
     rest = text[text.rfind(")") + 1:].split()
-    return int(rest[19]) if len(rest) > 19 and rest[19].isdigit() else None
+    return _number(rest[19]) if len(rest) > 19 else None
 
 
 def host_available(roots: Roots) -> tuple[int | None, int | None]:
@@ -282,29 +309,37 @@ class Sampler:
         except Exception as exc:  # an untrusted document: a note, never a crash
             notes.append(f"attached document: {exc}")
             return
-        cuda = (doc or {}).get("cuda") or {}
-        if not isinstance(cuda, dict):
+        cuda = (doc if isinstance(doc, dict) else {}).get("cuda") or {}
+        devices = cuda.get("devices") if isinstance(cuda, dict) else None
+        if not isinstance(devices, dict):  # a list or a string there (a hostile job) is no device at all
             return
-        for index, dev in (cuda.get("devices") or {}).items():
-            if not isinstance(dev, dict) or not str(index).isdigit():
+        for index, dev in devices.items():
+            number = _number(str(index))
+            if not isinstance(dev, dict) or number is None or number >= MAX_DEVICES:
                 continue
-            reserved, allocated = dev.get("reserved_bytes"), dev.get("allocated_bytes")
-            total = dev.get("total_bytes")
-            for kind, value in (("reserved", reserved), ("allocated", allocated)):
-                if isinstance(value, int) and value >= 0:
-                    name = f"cuda{index}_{kind}"
-                    values[name] = value
-                    if isinstance(total, int) and total > 0 and isinstance(reserved, int):
-                        # the allocator grows into the device's free memory (the driver's figure, which
-                        # counts other processes too), else into what it has not reserved yet
-                        free = dev.get("free_bytes")
-                        headroom = free if isinstance(free, int) and free >= 0 else total - reserved
-                        if kind == "allocated":
-                            headroom += max(0, reserved - value)  # cached blocks are reused first
-                        limits[name] = Limit(total, headroom, f"GPU {index} memory")
-            for key in ("num_alloc_retries", "inactive_split_bytes"):
-                if isinstance(dev.get(key), (int, float)):
-                    counters[f"cuda{index}_{key}"] = dev[key]
+            self._device(str(number), dev, values, limits, counters)
+
+    @staticmethod
+    def _device(index: str, dev: Mapping[str, Any], values: dict, limits: dict, counters: dict) -> None:
+        """One device's allocator figures; each must be a plausible byte count (_figure)."""
+        reserved, allocated = _figure(dev.get("reserved_bytes")), _figure(dev.get("allocated_bytes"))
+        total, free = _figure(dev.get("total_bytes")), _figure(dev.get("free_bytes"))
+        for kind, value in (("reserved", reserved), ("allocated", allocated)):
+            if not isinstance(value, int):
+                continue
+            name = f"cuda{index}_{kind}"
+            values[name] = value
+            if isinstance(total, int) and total > 0 and isinstance(reserved, int):
+                # the allocator grows into the device's free memory (the driver's figure, which
+                # counts other processes too), else into what it has not reserved yet
+                headroom = free if isinstance(free, int) else total - reserved
+                if kind == "allocated":
+                    headroom += max(0, reserved - value)  # cached blocks are reused first
+                limits[name] = Limit(total, headroom, f"GPU {index} memory")
+        for key in ("num_alloc_retries", "inactive_split_bytes"):
+            value = _figure(dev.get(key))
+            if value is not None:
+                counters[f"cuda{index}_{key}"] = value
 
 
 # -- many targets over time -----------------------------------------------------------

@@ -76,8 +76,8 @@ class Daemon:
         for flag, path in (("--path.procfs", options.procfs), ("--path.sysfs", options.sysfs), ("--path.rootfs", options.rootfs)):
             if not Path(path).is_dir():
                 raise StartError(f"{flag} {path} is not a directory")
-        if options.interval is not None and options.interval < settings.MIN_INTERVAL:
-            raise StartError(f"--interval must be at least {settings.MIN_INTERVAL:g} s, not {options.interval:g}")
+        if options.interval is not None and not settings.valid_interval(options.interval):
+            raise StartError(f"--interval must be a finite number of seconds >= {settings.MIN_INTERVAL:g}, not {options.interval:g}")
         if options.textfile is not None:
             why = textfile.check_path(options.textfile)
             if why:

@@ -61,11 +61,37 @@ class Found:
 
 
 def _read(path: Path, limit: int = 4096) -> bytes | None:
+    """At most `limit` bytes of a /proc file, or None. Opened non-blocking and read only
+    when regular: a FIFO planted in a --path.procfs tree must not hang every run (a plain
+    open() waits for a writer forever); a longer file is cut at `limit`, not refused."""
+    import stat
+
     try:
-        with open(path, "rb") as f:
-            return f.read(limit)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, total = [], 0
+        while total < limit:
+            chunk = os.read(fd, min(1 << 20, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _pid_name(name: str) -> int | None:
+    """The pid a /proc entry or an announce file's stem names, or None. ASCII digits only:
+    str.isdigit() also accepts '²' and other Unicode digits that int() refuses, and one such
+    name (any job can drop files in the announce directory) would fail every run."""
+    return int(name) if name.isascii() and name.isdigit() else None
 
 
 def _is_python(procfs: Path, pid: int, comm: str) -> bool:
@@ -147,7 +173,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         chosen.setdefault(pid, "announced")
 
     try:
-        entries = [int(n) for n in os.listdir(procfs) if n.isdigit()]
+        entries = [pid for pid in map(_pid_name, os.listdir(procfs)) if pid is not None]
     except OSError as exc:
         found.notes.append(f"cannot list {procfs}: {exc.strerror or exc}")
         entries = []

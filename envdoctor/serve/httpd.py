@@ -11,9 +11,10 @@ Requests are not logged (one line per scrape would drown the events that matter)
 from __future__ import annotations
 
 import base64
-import binascii
 import socket
 import ssl
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -23,6 +24,13 @@ from envdoctor.serve.webconfig import WebConfig
 
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_TIMEOUT = 10.0  # seconds a connection may sit idle or half-sent before it is closed
+# The socket timeout bounds each read, not a request: a client that sends one byte every
+# 9 s (slowloris) would hold its thread for days. Every request, from the wait for its
+# first byte to its answer written (TLS handshake included), gets REQUEST_DEADLINE seconds
+# in all; past it the connection is shut down. And at most MAX_CONNECTIONS are served at
+# once (one thread each); beyond that a new connection is closed at once.
+REQUEST_DEADLINE = 30.0
+MAX_CONNECTIONS = 128
 INDEX = """<!doctype html>
 <html><head><title>envdoctor serve</title></head>
 <body><h1>envdoctor serve {version}</h1>
@@ -48,6 +56,9 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
+    request_deadline = REQUEST_DEADLINE
+    max_connections = MAX_CONNECTIONS
+
     def __init__(self, address: tuple[str, int], snapshot: Callable[[], Snapshot], web: WebConfig, health: Health):
         host = address[0]
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -56,11 +67,52 @@ class Server(ThreadingHTTPServer):
         self.web = web
         self.health = health
         self.index = INDEX.format(version=__version__).encode()
+        self._deadlines: dict[socket.socket, float] = {}  # every open connection -> when its request must be done
+        self._deadlines_lock = threading.Lock()
 
     def get_request(self):
         sock, addr = self.socket.accept()
         sock.settimeout(REQUEST_TIMEOUT)
         return sock, addr  # with TLS, Handler.setup wraps it: the handshake runs in the request's thread
+
+    def process_request(self, request, client_address) -> None:
+        with self._deadlines_lock:
+            full = len(self._deadlines) >= self.max_connections
+            if not full:
+                self._deadlines[request] = time.monotonic() + self.request_deadline
+        if full:  # no thread for it: closing costs the accept loop nothing
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)  # a thread that cannot start: handle_error, shutdown_request
+
+    def shutdown_request(self, request) -> None:
+        """Every connection ends here (also when setup failed: a refused TLS handshake), so
+        its slot is always given back."""
+        self.forget(request)
+        super().shutdown_request(request)
+
+    def arm(self, sock: socket.socket) -> None:
+        """A new request starts on `sock`: it has request_deadline seconds from now."""
+        with self._deadlines_lock:
+            if sock in self._deadlines:
+                self._deadlines[sock] = time.monotonic() + self.request_deadline
+
+    def forget(self, sock: socket.socket) -> None:
+        with self._deadlines_lock:
+            self._deadlines.pop(sock, None)
+
+    def service_actions(self) -> None:
+        """Called by serve_forever every poll interval: shut down connections past their
+        deadline (the thread blocked reading or writing them then returns at once)."""
+        super().service_actions()
+        now = time.monotonic()
+        with self._deadlines_lock:
+            late = [sock for sock, deadline in self._deadlines.items() if deadline <= now]
+        for sock in late:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def handle_error(self, request, client_address) -> None:
         pass  # a client that hangs up or fails its handshake is not an event worth a traceback
@@ -77,7 +129,12 @@ class Handler(BaseHTTPRequestHandler):
     sys_version = ""
     timeout = REQUEST_TIMEOUT
 
+    def handle_one_request(self) -> None:
+        self.server.arm(self._raw)  # each request on a kept-alive connection gets its own deadline
+        super().handle_one_request()
+
     def setup(self) -> None:
+        self._raw = self.request  # the accepted socket, the key of its deadline (TLS wraps a copy)
         tls = self.server.web.tls
         if tls is not None:
             raw = self.request
@@ -106,12 +163,21 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer(head=False)
 
+    def _has_body(self) -> bool:
+        """The request carries a body (none of ours takes one). It is never read, so the
+        connection must close after the answer: kept open, the body's bytes would be read
+        as the next request (one request in, two answers out: the smuggling shape)."""
+        length = self.headers.get("Content-Length", "").strip()
+        return bool(self.headers.get("Transfer-Encoding")) or (length not in ("", "0"))
+
     def _send(self, code: int, body: bytes, content_type: str, head: bool, extra: dict | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for key, value in {**self.server.web.headers, **(extra or {})}.items():
             self.send_header(key, value)
+        if self._has_body():
+            self.send_header("Connection", "close")  # also sets close_connection
         self.end_headers()
         if not head:
             self.wfile.write(body)
@@ -126,7 +192,7 @@ class Handler(BaseHTTPRequestHandler):
             return False
         try:
             user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError):  # binascii.Error, and the bare ValueError b64decode raises on non-ASCII
             return False
         return bool(sep) and web.check_password(user, password)
 
@@ -181,7 +247,7 @@ def healthz(snap: Snapshot, health: Health, now: float | None = None) -> tuple[i
 def parse_address(text: str) -> tuple[str, int]:
     """node_exporter's HOST:PORT ([::1]:PORT for IPv6; ':PORT' means every address)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"--web.listen-address must be HOST:PORT, not {text!r}")
     host = host.strip("[]")
     return (host or "0.0.0.0", int(port))

@@ -12,6 +12,7 @@ line and key (exit 2 at start; on SIGHUP the old settings stay and the log says 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,15 @@ class Settings:
     selectors: Selectors = Selectors()
 
 
+def valid_interval(value: Any) -> bool:
+    """A number of seconds >= MIN_INTERVAL and finite. NaN compares false with everything,
+    so `--interval nan` (or TOML's `interval = nan`) passed a plain `< MIN_INTERVAL` test:
+    the delay came out 0 (runs back to back, a core at 100 %) and /healthz said 503 forever;
+    `inf` ran once and never again while /healthz said ok."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and value >= MIN_INTERVAL)
+
+
 def _strings(value: Any) -> tuple[str, ...] | None:
     if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
         return tuple(value)
@@ -45,8 +55,8 @@ def from_config(config: Config, interval_flag: float | None = None) -> Settings:
         if key not in KEYS:
             raise ConfigError(f"unknown setting; known: {', '.join(KEYS)}", file=config.source, line=line, key=full)
         if key == "interval":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < MIN_INTERVAL:
-                raise ConfigError(f"expected a number of seconds >= {MIN_INTERVAL:g}", file=config.source, line=line, key=full)
+            if not valid_interval(value):
+                raise ConfigError(f"expected a finite number of seconds >= {MIN_INTERVAL:g}", file=config.source, line=line, key=full)
             values[key] = float(value)
         elif key == "max_targets":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

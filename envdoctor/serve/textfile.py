@@ -24,5 +24,20 @@ def check_path(path: Path) -> str | None:
 
 
 def write(path: Path, exposition: bytes) -> None:
-    """Write atomically; raises envdoctor.errors.OutputError with a one-line reason."""
+    """Write atomically; raises envdoctor.errors.OutputError with a one-line reason.
+
+    Not into a FIFO: write_atomic writes one as it is (right for `check -o` into a
+    pipe), but a reader that opened it and stopped reading would block the scheduler's
+    thread for good once the pipe's 64 KiB filled, and every later run with it."""
+    import os
+    import stat
+
+    from envdoctor.errors import OutputError
+
+    try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        fifo = False  # missing (created by the write) or unreadable (the write says why)
+    if fifo:
+        raise OutputError(f"cannot write {path}: it is a FIFO; the textfile collector reads regular files")
     write_atomic(path, exposition, mode=0o644)

@@ -30,6 +30,7 @@ own cache does.
 from __future__ import annotations
 
 import hashlib
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -58,6 +59,16 @@ UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCe
 # Headers the toolkit refuses to let a config set (they are the server's business).
 RESERVED_HEADERS = {"authorization", "www-authenticate", "content-encoding", "content-length", "content-type",
                     "upgrade", "connection", "transfer-encoding"}
+# $2a$/$2b$/$2x$/$2y$, a two-digit cost, then 53 characters of bcrypt's base64 (salt and digest).
+_BCRYPT = re.compile(rb"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
+# One check at cost 16 takes ~6 s on a 2-core CI machine (measured: cost 14, 1.6 s); 17 would
+# pass Prometheus' default 10 s scrape timeout. htpasswd's default is 5, the toolkit's docs use 10.
+MAX_COST = 16
+MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; a bigger file is a mistake
+# A header name is an RFC 9110 token; a value has no control characters (a CR or LF in
+# one would end the header early and let the config write a second one, or a body).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
 _DUMMY_HASH = bcrypt.hashpw(b"envdoctor-dummy-password", bcrypt.gensalt(rounds=10))
 
 
@@ -114,8 +125,12 @@ def load(path: str | None) -> WebConfig:
     import yaml  # only when a web config is given
 
     name = str(path)
+    from envdoctor.paths import read_bytes
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # non-blocking, regular files only, at most MAX_FILE_BYTES: a FIFO hung the start,
+        # /dev/zero filled memory until the OOM killer came
+        text = read_bytes(path, MAX_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise WebConfigError(name, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
@@ -151,13 +166,29 @@ def _users(name: str, users: Any) -> dict[str, bytes]:
         key = f"basic_auth_users.{user}"
         if not isinstance(hashed, str):
             raise WebConfigError(name, key, "expected a bcrypt hash as a string")
-        raw = hashed.encode("utf-8")
-        try:
-            bcrypt.checkpw(b"", raw)  # raises ValueError on anything that is not a bcrypt hash
-        except ValueError:
-            raise WebConfigError(name, key, "not a bcrypt hash (make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')") from None
-        out[str(user)] = raw
+        out[str(user)] = _bcrypt_hash(name, key, hashed)
     return out
+
+
+def _bcrypt_hash(name: str, key: str, hashed: str) -> bytes:
+    """The hash as bytes, checked without paying its cost. Checking it with checkpw at its
+    own cost ran 2^cost rounds: a $2b$31$ hash hung the start for days. So the shape is
+    checked here, the salt by bcrypt at the cheapest cost, and a cost above MAX_COST is
+    refused: every scrape with a wrong (or first) password would pay it."""
+    raw = hashed.encode("utf-8", "replace")
+    shape = _BCRYPT.fullmatch(raw)
+    how = "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
+    if shape is None:
+        raise WebConfigError(name, key, f"not a bcrypt hash ({how})")
+    cost = int(shape.group(1))
+    if not 4 <= cost <= MAX_COST:
+        raise WebConfigError(name, key, f"bcrypt cost {cost} is outside 4..{MAX_COST} (one check at cost {cost} takes "
+                                        f"about 2^{cost} rounds; scrapes would time out); {how}")
+    try:
+        bcrypt.checkpw(b"", raw[:4] + b"04" + raw[6:])  # raises ValueError on a salt bcrypt cannot use
+    except ValueError:
+        raise WebConfigError(name, key, f"not a bcrypt hash ({how})") from None
+    return raw
 
 
 def _http(name: str, http: Any) -> dict[str, str]:
@@ -171,10 +202,20 @@ def _http(name: str, http: Any) -> dict[str, str]:
     headers = http.get("headers") or {}
     if not isinstance(headers, dict):
         raise WebConfigError(name, "http_server_config.headers", "expected a mapping of header: value")
-    for header in headers:
+    for header, value in headers.items():
+        key = f"http_server_config.headers.{header}"
         if str(header).lower() in RESERVED_HEADERS:
-            raise WebConfigError(name, f"http_server_config.headers.{header}", "this header cannot be set by the config")
-    return {str(k): str(v) for k, v in headers.items()}
+            raise WebConfigError(name, key, "this header cannot be set by the config")
+        if not isinstance(header, str) or not _HEADER_NAME.fullmatch(header):
+            raise WebConfigError(name, key, "not a valid header name")
+        if not isinstance(value, (str, int, float)) or not _HEADER_VALUE.fullmatch(_scalar(value)):
+            raise WebConfigError(name, key, "expected one line of text as the value (no control characters)")
+    return {str(k): _scalar(v) for k, v in headers.items()}
+
+
+def _scalar(value: Any) -> str:
+    """A YAML scalar as the toolkit's Go decoder spells it into a string (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
@@ -215,6 +256,8 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
     context.minimum_version = versions("min_version", "TLS12")
     context.maximum_version = versions("max_version", "TLS13")
     cert, key = base / str(tls["cert_file"]), base / str(tls["key_file"])
+    for field_name, path in (("cert_file", cert), ("key_file", key)):
+        _regular(name, f"tls_server_config.{field_name}", path)
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
@@ -226,6 +269,7 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
         if context.verify_mode == ssl.CERT_NONE:
             raise WebConfigError(name, "tls_server_config.client_ca_file",
                                  "client CA's have been configured without a Client Auth Policy (set client_auth_type)")
+        _regular(name, "tls_server_config.client_ca_file", base / str(ca))
         try:
             context.load_verify_locations(cafile=str(base / str(ca)))
         except (OSError, ssl.SSLError) as exc:
@@ -234,6 +278,19 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
     elif context.verify_mode != ssl.CERT_NONE:
         context.load_default_certs(ssl.Purpose.CLIENT_AUTH)  # as the toolkit does: the system's roots
     return context, auth or "NoClientCert"
+
+
+def _regular(name: str, key: str, path: Path) -> None:
+    """OpenSSL opens and reads a certificate path as it is: a FIFO there hung the start
+    (waiting for a writer), /dev/zero would read forever. Only a regular file is loaded."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise WebConfigError(name, key, f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise WebConfigError(name, key, f"{path} is not a regular file")
 
 
 def describe(config: WebConfig) -> Mapping[str, Any]:

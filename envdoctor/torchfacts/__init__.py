@@ -288,7 +288,10 @@ def for_interpreter(python: str, env: dict[str, str], rootfs: Path = Path("/")) 
     if python == sys.executable and str(rootfs) == "/":
         # our own interpreter: its search path is known exactly, minus the working
         # directory (the probe, too, runs from / so a ./torch folder is not taken)
-        cwd = os.getcwd()
+        try:
+            cwd = os.getcwd()
+        except OSError:  # removed under us: no path entry can be it (torch checks broke here)
+            cwd = None
         dirs = [p for p in sys.path if p and p != cwd]
     else:
         dirs = [p for p in env.get("PYTHONPATH", "").split(":") if p.startswith("/")]

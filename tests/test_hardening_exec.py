@@ -1,0 +1,67 @@
+"""`envdoctor exec` where the machine says no: here, no writable temporary directory for
+--attach's start-up hook (a read-only root with a read-only /tmp, as hardened images
+have). The job must still start, with one line saying why it is not attached."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a private mount")
+def test_attach_without_a_writable_tmp_still_starts_the_job():
+    """No writable cache directory either (XDG_CACHE_HOME under /proc): mkdtemp raised
+    FileNotFoundError out of exec: a traceback, exit 1, and the job never ran."""
+    script = (f"mount -t tmpfs -o ro none /tmp && mount -t tmpfs -o ro none /var/tmp && cd /proc && "
+              f"TMPDIR=/tmp XDG_CACHE_HOME=/proc/envdoctor-no-cache "
+              f"exec {sys.executable} -m envdoctor exec --attach -- sh -c 'echo job-ran'")
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "job-ran"
+    assert "Traceback" not in proc.stderr
+    assert "--attach: cannot write the start-up hook" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e300", "0", "-1"])
+def test_a_timeout_that_is_not_a_bound_is_bad_usage(value):
+    """NaN passed `timeout <= 0` and reached select(): ValueError, a traceback, exit 1,
+    and the job never started; inf and 1e300 overflowed the clock the same way."""
+    from helpers import cli
+
+    out = cli("exec", "--timeout", value, "--", "true", timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "--timeout" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("kwargs", ["interval=float('inf')", "first_delay=float('nan')", "first_delay=float('inf')",
+                                    "interval=1e300"])
+def test_attach_with_a_non_finite_interval_is_a_value_error_at_the_call(kwargs):
+    """Before: attach() returned, then its thread died with an OverflowError traceback in the
+    job's stderr. Now the call says what is wrong, and no thread is left running."""
+    code = ("import envdoctor, threading\n"
+            "try:\n"
+            f"    envdoctor.attach({kwargs})\n"
+            "except ValueError as exc:\n"
+            "    print('refused:', exc)\n"
+            "print('threads', sorted(t.name for t in threading.enumerate() if t.name.startswith('envdoctor')))\n")
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_ATTACH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "refused: envdoctor.attach:" in proc.stdout and "threads []" in proc.stdout, proc.stdout
+
+
+def test_attach_with_an_ordinary_interval_still_publishes():
+    code = ("import envdoctor, os, time\n"
+            "p = envdoctor.attach(0.5)\n"
+            "time.sleep(1.2)\n"
+            "print('published', p.publications > 0 and os.path.exists(p.path))\n"
+            "p.close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_ATTACH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert "published True" in proc.stdout, proc.stderr
