@@ -161,3 +161,12 @@ def test_once_that_cannot_write_the_textfile_says_so_and_exits_74(tmp_path):
     out = cli("serve", "--once", "--textfile", str(tmp_path / "taken.prom"), timeout=120)
     assert out.returncode == 74 and "textfile not written" in out.stderr and "Traceback" not in out.stderr
     assert (tmp_path / "taken.prom").is_dir()
+
+
+@pytest.mark.parametrize("header, gzip", [("gzip", True), ("gzip, deflate", True), ("deflate, gzip;q=0.5", True),
+                                          ("gzip;q=0", False), ("*", True), ("*, gzip;q=0", False),
+                                          ("identity", False), ("", False), ("gzip;q=abc", False)])
+def test_gzip_only_where_the_client_accepts_it(header, gzip):
+    from envdoctor.serve.httpd import accepts_gzip
+
+    assert accepts_gzip(header) is gzip

@@ -43,6 +43,24 @@ INDEX = """<!doctype html>
 """
 
 
+def accepts_gzip(header: str) -> bool:
+    """Whether an Accept-Encoding header allows gzip: named (or `*`) with a q above 0
+    (RFC 9110 12.5.3; `gzip;q=0` means "not gzip")."""
+    allowed: dict[str, bool] = {}
+    for item in header.split(","):
+        name, _, params = item.strip().partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        allowed[name.strip().lower()] = q > 0
+    return allowed.get("gzip", allowed.get("*", False))
+
+
 class Health:
     """What /healthz needs from the scheduler: the interval and what is stuck now."""
 
@@ -205,7 +223,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             if not snap.metrics:
                 self._send(503, b"no run has completed yet\n", "text/plain; charset=utf-8", head)
-            elif "gzip" in self.headers.get("Accept-Encoding", ""):
+            elif accepts_gzip(self.headers.get("Accept-Encoding", "")):
                 self._send(200, snap.metrics_gzip, METRICS_TYPE, head, {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
             else:
                 self._send(200, snap.metrics, METRICS_TYPE, head, {"Vary": "Accept-Encoding"})
