@@ -250,8 +250,20 @@ def _kill_probes() -> None:
         probe.kill_running()
 
 
+def _kill_everything_started() -> None:
+    """On SIGTERM/SIGINT: the probes, then every child this process still has, each with
+    its group where it leads one. The command owns all of its children (probes, the
+    pre-flight's forked child), and a probe whose worker thread had not yet registered
+    it when the signal came would otherwise run on in its own session after envdoctor
+    exits (seen on a loaded CI machine)."""
+    _kill_probes()
+    from envdoctor import forked
+
+    forked.kill_tree(forked.children_of(os.getpid()))
+
+
 def _on_sigterm(signum, frame) -> None:
-    _kill_probes()  # first: a probe runs in its own session and would not hear the signal
+    _kill_everything_started()  # first: a probe runs in its own session and would not hear the signal
     raise SystemExit(128 + signum)
 
 
@@ -267,7 +279,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
-        _kill_probes()
+        _kill_everything_started()
         try:
             sys.stderr.write("envdoctor: interrupted\n")
         except (OSError, ValueError):

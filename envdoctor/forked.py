@@ -58,7 +58,7 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def _kill_tree(pids: list[int]) -> None:
+def kill_tree(pids: list[int]) -> None:
     """SIGKILL each pid and, where it leads a process group (the torch probe does), its group."""
     for pid in pids:
         try:
@@ -111,7 +111,7 @@ def _child(fn: Callable[[Callable[[Any], None]], Any], fd: int) -> None:
     finally:
         try:
             strays = children_of(os.getpid())
-            _kill_tree(strays)
+            kill_tree(strays)
             _reap(strays, _REAP_SECONDS)
         finally:
             os._exit(code)
@@ -167,7 +167,7 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOut
     seconds = time.monotonic() - started
     if payload is None:
         strays = children_of(pid)
-        _kill_tree([pid, *strays])
+        kill_tree([pid, *strays])
         _reap([pid], _REAP_SECONDS)
         if os.getpid() == 1:  # orphans of the killed child come to PID 1: reap the ones that went
             _reap_any(_REAP_SECONDS)

@@ -30,6 +30,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
@@ -157,6 +158,18 @@ class Watchdog:
         self._serial = 0
         self.timeouts_total = 0  # calls that ever timed out (a counter for the monitor)
         self.refused_total = 0  # calls refused because too many keys were stuck
+        _INSTANCES.add(self)
+
+    def _forget_threads(self) -> None:
+        """In a forked child: only the thread that forked exists there. The counts of
+        idle and stuck workers copied from the parent describe threads the child does
+        not have (a call queued there would wait for a worker that never comes), and
+        the lock may have been copied held. Start from an empty pool."""
+        self._lock = threading.Lock()
+        self._queue = queue.SimpleQueue()
+        self._workers = 0
+        self._idle = 0
+        self._stuck = {}
 
     # -- public --------------------------------------------------------------------
     def call(self, key: Hashable, fn: Callable[[], Any], timeout: float) -> Outcome:
@@ -269,6 +282,17 @@ def _waiting_at(thread: threading.Thread | None) -> str:
 
 _DEFAULT: Watchdog | None = None
 _DEFAULT_LOCK = threading.Lock()
+_INSTANCES: "weakref.WeakSet[Watchdog]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _DEFAULT_LOCK
+    _DEFAULT_LOCK = threading.Lock()
+    for watchdog in list(_INSTANCES):
+        watchdog._forget_threads()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_watchdog() -> Watchdog:

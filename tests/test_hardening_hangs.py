@@ -172,3 +172,44 @@ def test_everything_blocking_at_once_still_ends_within_the_bound(tmp_path, plugi
     assert "did not finish within 5 s" in rows["block.import"]["summary"]
     print(f"everything blocking: the run took {took:.2f} s (--timeout 2, plug-in import deadline 5 s)")
     _assert_dead(pids)
+
+
+def test_a_probe_started_after_the_kill_order_kills_itself(tmp_path):
+    """The race a loaded CI machine hit: SIGTERM lands while a worker thread has started a
+    probe but not yet registered it. kill_running() leaves a flag that such a late
+    registration obeys: the probe is killed at once, and so is what it started."""
+    fake, pids = _fake_python(tmp_path, "sleep 300")
+    script = ("import sys\n"
+              "from envdoctor import probe\n"
+              "probe.kill_running()\n"
+              "try:\n"
+              f"    probe.run_probe({str(fake)!r}, timeout=60, use_cache=False)\n"
+              "except probe.ProbeError as exc:\n"
+              "    print(exc)\n")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=SLACK + 10)
+    assert "killed by SIGKILL" in proc.stdout, (proc.stdout, proc.stderr)
+    assert time.monotonic() - started < 30  # not the probe's 60 s
+    if pids.exists():  # killed before its shell got as far as writing them: nothing to outlive it
+        _assert_dead(pids)
+
+
+def test_a_signal_also_ends_children_nobody_registered(tmp_path):
+    """The CLI's signal path sweeps every child the process has, with its group: a probe
+    in its own session that no registry knew of does not outlive envdoctor."""
+    fake, pids = _fake_python(tmp_path, "sleep 300")
+    script = ("import subprocess, time\n"
+              "from envdoctor import cli\n"
+              f"subprocess.Popen([{str(fake)!r}], start_new_session=True)\n"
+              f"subprocess.Popen(['sleep', '300'])\n"
+              "import os\n"
+              "while not os.path.exists(" + repr(str(pids)) + "):\n"
+              "    time.sleep(0.02)\n"
+              "cli._kill_everything_started()\n"
+              "time.sleep(0.5)\n"
+              "from envdoctor.forked import children_of\n"
+              "print('left', len([p for p in children_of(os.getpid()) "
+              "if open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] not in 'ZX']))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=SLACK + 10)
+    assert "left 0" in proc.stdout, (proc.stdout, proc.stderr)
+    _assert_dead(pids)

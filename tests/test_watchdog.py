@@ -111,3 +111,26 @@ def test_sys_exit_in_a_check_is_reported_as_such_not_as_a_timeout():
     assert row.status is Status.ERROR
     assert "SystemExit(3)" in row.summary and "timed out" not in row.summary
     assert "test_watchdog.py" in row.summary
+
+
+def test_a_forked_child_gets_a_working_pool_not_the_parents_idle_workers():
+    """The parent has an idle worker waiting in the pool; a forked child has no such
+    thread. A call in the child must still run (it used to wait "for a free worker" until
+    its deadline: the exec pre-flight's fixes timed out on a CI machine this way)."""
+    from envdoctor import forked
+    from envdoctor.watchdog import default_watchdog
+
+    watchdog = default_watchdog()
+    assert watchdog.call("warm-up", lambda: 1, 5).value == 1  # leaves an idle worker behind
+    deadline = time.monotonic() + 5
+    while watchdog._idle == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watchdog._idle >= 1
+
+    def in_child(send):
+        outcome = default_watchdog().call("in-child", lambda: 42, 5)
+        return [outcome.kind, outcome.value, outcome.describe()]
+
+    result = forked.call(in_child, 20)
+    assert result.kind == forked.DONE, result.error
+    assert result.value[:2] == [DONE, 42], result.value

@@ -46,6 +46,7 @@ _STDOUT_LIMIT = 16 * 1024 * 1024  # what is kept of the probe's stdout (its answ
 _STDERR_LIMIT = 256 * 1024  # what is kept of the end of its stderr
 _LIVE: dict[int, subprocess.Popen] = {}  # probe process groups still running, by pid
 _LIVE_LOCK = threading.Lock()
+_STOPPING = False  # set by kill_running(): a probe registered after it kills itself
 
 
 def kill_running() -> None:
@@ -54,14 +55,37 @@ def kill_running() -> None:
     Called at exit (atexit), on SIGTERM/SIGINT (the CLI), and so after a run whose
     check timed out while its probe was still working: a probe never outlives
     envdoctor, and neither does anything it started in its group.
+
+    A signal can land between a probe's start and its registration (the worker
+    thread that started it has not run again yet). The flag closes that gap: a
+    registration made after this call sees it and kills its own probe. The lock is
+    taken with a limit because the signal handler may run on a thread that holds it.
     """
-    with _LIVE_LOCK:
+    global _STOPPING
+    _STOPPING = True
+    locked = _LIVE_LOCK.acquire(timeout=1.0)
+    try:
         procs = list(_LIVE.values())
+    finally:
+        if locked:
+            _LIVE_LOCK.release()
     for proc in procs:
         _kill_group(proc)
 
 
 atexit.register(kill_running)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (exec's pre-flight) owns none of its parent's probes, and the
+    lock may have been copied held by a thread the child does not have."""
+    global _LIVE_LOCK, _STOPPING
+    _LIVE_LOCK = threading.Lock()
+    _LIVE.clear()
+    _STOPPING = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ProbeError(EnvdoctorError):
@@ -203,6 +227,8 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         raise Unavailable(f"no torch: cannot start {python}: {exc.strerror or exc}") from None
     with _LIVE_LOCK:
         _LIVE[proc.pid] = proc
+        if _STOPPING:  # kill_running() ran while this probe was starting
+            _kill_group(proc)
     try:
         out, err, timed_out = _communicate(proc, timeout)
     finally:
