@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
 DONE, RAISED, TIMED_OUT, STUCK = "done", "raised", "timed_out", "stuck"
+_SIGNAL_SLICE = 0.1  # seconds the main thread waits at a time, so its signal handlers run
 
 
 @dataclass
@@ -138,7 +139,17 @@ class Pending:
             return self._outcome
         job = self._job
         assert job is not None
-        job.done.wait(max(0.0, deadline - time.monotonic()))
+        if threading.current_thread() is threading.main_thread():
+            # In slices: a signal the kernel delivers to a worker thread (one that was
+            # starting a subprocess, with the main thread's signals blocked around its
+            # fork) sets Python's flag but does not wake the main thread's lock wait, so
+            # its handler (SIGTERM, Ctrl-C) would wait for the check's whole timeout.
+            # Seen: `envdoctor check` ignoring SIGINT for 90 s under load.
+            while not job.done.wait(min(_SIGNAL_SLICE, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    break
+        else:
+            job.done.wait(max(0.0, deadline - time.monotonic()))
         self._outcome = self._watchdog._settle(job, time.monotonic() - self._t0)
         return self._outcome
 

@@ -134,3 +134,33 @@ def test_a_forked_child_gets_a_working_pool_not_the_parents_idle_workers():
     result = forked.call(in_child, 20)
     assert result.kind == forked.DONE, result.error
     assert result.value[:2] == [DONE, 42], result.value
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_signal_delivered_to_a_worker_thread_still_reaches_the_waiting_main_thread():
+    """The kernel may deliver SIGTERM or SIGINT to a worker (one starting a subprocess
+    blocks them on the main thread around its fork). Python's handler must still run on
+    the main thread promptly, not when the check's timeout ends: `envdoctor check`
+    ignored Ctrl-C for the whole torch-check timeout 2 times in 40 under load."""
+    import signal
+
+    def handler(signum, frame):
+        raise _Interrupted
+
+    def check():
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # to this worker, not to the main thread
+        time.sleep(20)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    started = time.monotonic()
+    try:
+        Watchdog().call("signalled", check, timeout=20)
+        raise AssertionError("the handler never ran")
+    except _Interrupted:
+        pass
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert time.monotonic() - started < 10  # 0.1 s slices; a missed signal waits the full 20 s
