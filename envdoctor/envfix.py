@@ -26,17 +26,18 @@ _LOUD = ("warn", "fail", "error")
 
 @dataclass(frozen=True)
 class Change:
-    """One variable set for the command: from `old` (None: unset) to `new`, and why."""
+    """One variable set for the command: from `old` to `new` (None: unset), and why."""
 
     name: str
     old: str | None
-    new: str
+    new: str | None
     reason: str
     check: str
 
     def describe(self) -> str:
         """`OMP_NUM_THREADS 16 -> 2 (2 CPUs of cgroup quota)`; an unset variable shows as `unset`."""
-        return f"{self.name} {self.old if self.old is not None else 'unset'} -> {self.new} ({self.reason})"
+        return (f"{self.name} {self.old if self.old is not None else 'unset'} -> "
+                f"{self.new if self.new is not None else 'unset'} ({self.reason})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "from": self.old, "to": self.new, "reason": self.reason, "check": self.check}
@@ -108,13 +109,14 @@ _RULES: dict[str, tuple[Callable[[Mapping[str, Any]], dict[str, str]], Callable[
 }
 
 
-def wanted(result: Mapping[str, Any]) -> dict[str, str]:
-    """The variables that would fix `result` (a Result.to_dict()): its fix_env, else a rule's."""
+def wanted(result: Mapping[str, Any]) -> dict[str, str | None]:
+    """The variables that would fix `result` (a Result.to_dict()): its fix_env, else a rule's.
+    None unsets the variable (model.Finding's convention), never the string "None"."""
     if result.get("status") not in _LOUD:
         return {}
     given = result.get("fix_env") or {}
     if given:
-        return {str(k): str(v) for k, v in given.items()}
+        return {str(k): (None if v is None else str(v)) for k, v in given.items()}
     rule = _RULES.get(result.get("check", ""))
     return rule[0](result) if rule else {}
 
@@ -146,8 +148,11 @@ def plan(results: Sequence[Mapping[str, Any]], env: Mapping[str, str], keep: Seq
 
 
 def apply(env: Mapping[str, str], changes: Sequence[Change]) -> dict[str, str]:
-    """A copy of `env` with `changes` made."""
+    """A copy of `env` with `changes` made (a change to None unsets the variable)."""
     out = dict(env)
     for change in changes:
-        out[change.name] = change.new
+        if change.new is None:
+            out.pop(change.name, None)
+        else:
+            out[change.name] = change.new
     return out
