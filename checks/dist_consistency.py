@@ -53,27 +53,31 @@ same driver); export the same NCCL_* and determinism variables on every rank
 torchrun (rank N uses cuda:LOCAL_RANK) or give each local rank its own GPU; start
 the missing rank, or raise `wait_seconds` when nodes start slowly.
 
-Run it under the launcher: `torchrun --nproc-per-node=8 ... -m envdoctor check`.
-It binds a port (rank 0, without an agent store), so it runs in `check` only,
-never in `serve` or `exec`.
+Run it under the launcher: `torchrun --nproc-per-node=8 ... -m envdoctor check`,
+or before the job on every rank: `torchrun ... --no-python envdoctor exec --strict --
+python train.py`. An srun step counts as a launch too (envdoctor.launch maps
+SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID... to torch's names; the batch
+script exports MASTER_PORT). It binds a port (rank 0, without an agent store), so
+it never runs in `serve`; in `exec` the job has not started yet and the port is
+given back, proved free, before it does. Its waits shrink to fit the time the
+runner gives it (exec's bound), so it answers rather than being cut off.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
-import re
 import socket
+import time
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from envdoctor import log, probe, rendezvous, visible_devices as vd
+from envdoctor import launch, log, probe, rendezvous, visible_devices as vd
 from envdoctor.check import Check
 from envdoctor.errors import Unavailable
 from envdoctor.model import Finding, Result, Status, skip, verdict
 from envdoctor.redact import is_allowed, looks_secret
 
-_INT = re.compile(r"^\s*[+-]?[0-9]+\s*$")
 
 MUST_MATCH = [
     "NCCL_*", "TORCH_NCCL_*", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -104,12 +108,13 @@ UNIFORM_FIX = {
 # -- gathering ----------------------------------------------------------------------------------
 
 
-def _int(value: str | None) -> int | None:
-    return int(value) if value is not None and _INT.match(value) else None
-
-
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _digested(name: str) -> bool:
+    """Does this variable leave its rank as a digest (a secret-looking name)?"""
+    return looks_secret(name) or not (is_allowed(name) or name == "PYTHONHASHSEED")
 
 
 def shared_env(env: Mapping[str, str], patterns: Iterable[str]) -> dict[str, str]:
@@ -120,7 +125,7 @@ def shared_env(env: Mapping[str, str], patterns: Iterable[str]) -> dict[str, str
     for name, value in env.items():
         if not (_matches(name, patterns) or name in SHOWN_TOO):
             continue
-        if looks_secret(name) or not (is_allowed(name) or name == "PYTHONHASHSEED"):
+        if _digested(name):
             value = "sha256:" + hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()[:12]
         out[name] = value
     return out
@@ -168,44 +173,38 @@ def _nvml_facts(ctx, env: Mapping[str, str], local_rank: int | None) -> dict[str
 
 
 def launch_of(env: Mapping[str, str]) -> dict[str, Any] | str:
-    """The launch this process belongs to, or why there is none (a skip reason)."""
-    names = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
-    missing = [n for n in names if not env.get(n, "").strip()]
-    if missing:
-        return (f"not a distributed launch ({', '.join(missing)} not set); run it under the launcher: "
-                "torchrun --nproc-per-node=N -m envdoctor check")
-    world, rank, port = _int(env["WORLD_SIZE"]), _int(env["RANK"]), _int(env["MASTER_PORT"])
-    if world is None or rank is None or port is None or not 0 <= rank < world or not 1 <= port <= 65535:
-        return "the launch variables are not usable (dist.env says why): nothing to compare"
-    if world == 1:
-        return "WORLD_SIZE=1: a single rank, nothing to compare"
-    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    run = f"{env.get('TORCHELASTIC_RUN_ID', 'none')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}" if agent else "own"
-    return {"rank": rank, "world_size": world, "master_addr": env["MASTER_ADDR"].strip(), "master_port": port,
-            "agent_store": agent, "run_id": re.sub(r"[^A-Za-z0-9_./-]", "_", run)}
+    """The launch this process belongs to (envdoctor.launch: torchrun's variables, or an
+    srun step's), as the exchange's request fields; or why there is none (a skip reason)."""
+    found = launch.of(env)
+    if isinstance(found, str):
+        return found
+    return {"rank": found.rank, "world_size": found.world_size, "master_addr": found.master_addr,
+            "master_port": found.master_port, "agent_store": found.agent_store, "run_id": found.run_id}
 
 
 def gather(ctx) -> dict[str, Any]:
     env = ctx.env
-    launch = launch_of(env)
-    if isinstance(launch, str):
-        return {"skip": launch}
+    found = launch.of(env)
+    if isinstance(found, str):
+        return {"skip": found}
     if ctx.target.pid is not None:
         return {"skip": "compares ranks only when each rank runs it itself (torchrun ... -m envdoctor check), not for --pid"}
     settings = ctx.config
-    local_rank = _int(env.get("LOCAL_RANK"))
     own = {
-        "rank": launch["rank"], "world_size": launch["world_size"], "local_rank": local_rank,
-        "local_world_size": _int(env.get("LOCAL_WORLD_SIZE")), "group_rank": _int(env.get("GROUP_RANK")),
+        "rank": found.rank, "world_size": found.world_size, "local_rank": found.local_rank,
+        "local_world_size": found.local_world_size, "group_rank": found.group_rank,
         "host": socket.gethostname(), "env": shared_env(env, settings.get("must_match", MUST_MATCH)),
     }
-    own.update(_nvml_facts(ctx, env, local_rank))
+    own.update(_nvml_facts(ctx, env, found.local_rank))
     request = rendezvous.Request(facts=own, wait_seconds=float(settings.get("wait_seconds", 60.0)),
                                  ack_seconds=float(settings.get("ack_seconds", 10.0)),
-                                 import_seconds=probe.default_timeout(), **launch)
-    store = "torchrun's agent store" if launch["agent_store"] else "rank 0's own store"
-    base = {"rank": launch["rank"], "world_size": launch["world_size"], "store": store,
-            "master": f"{launch['master_addr']}:{launch['master_port']}", "wait_seconds": request.wait_seconds}
+                                 import_seconds=probe.default_timeout(), **launch_of(env))
+    if ctx.deadline is not None:  # exec's budget, or a --timeout shorter than the exchange would take
+        request = request.fitted(0.9 * (ctx.deadline - time.monotonic()) - 0.2)
+    store = {"torchrun": "torchrun's agent store", "slurm": "rank 0's own store (an srun step)"}.get(found.launcher,
+                                                                                                    "rank 0's own store")
+    base = {"rank": found.rank, "world_size": found.world_size, "store": store,
+            "master": found.master, "wait_seconds": round(request.wait_seconds, 3)}
     try:
         outcome = rendezvous.exchange(ctx.python, request, lambda o: _decide(o, base, settings))
     except rendezvous.StoreUnreachable as exc:
@@ -215,7 +214,7 @@ def gather(ctx) -> dict[str, Any]:
         facts.update(ranks=outcome.ranks, claims=outcome.claims, waited_seconds=outcome.waited_seconds,
                      acked=outcome.acked, expected_acks=outcome.expected_acks)
         if outcome.hosted:
-            facts["port_after"] = _port_after(launch["master_port"])
+            facts["port_after"] = _port_after(found.master_port)
     else:
         facts.update(verdict=outcome.verdict, waited_seconds=outcome.waited_seconds)
     return facts
@@ -350,11 +349,13 @@ def rule_env(ranks: Mapping[int, dict], hosts: Mapping[int, str], per_node: Iter
             if len({repr(v) for v in scope.values()}) <= 1:
                 continue
             majority = _groups(scope)[0][0]
+            # The value as data, for exec --fix; never a secret's digest (it is not the value).
+            env = {} if _digested(name) else {name: majority}
             if majority is None:
-                findings.append(Finding(Status.FAIL, _differs(name, scope, hosts), f"unset {name} on every rank"))
+                findings.append(Finding(Status.FAIL, _differs(name, scope, hosts), f"unset {name} on every rank", env=env))
             else:
                 findings.append(Finding(Status.FAIL, _differs(name, scope, hosts),
-                                        f"export {name}={majority} on every rank", env={name: majority}))
+                                        f"export {name}={majority} on every rank", env=env))
     return findings
 
 
@@ -454,6 +455,9 @@ def compare(ranks: Mapping[int, dict], claims: Mapping[int, int], base: Mapping[
         "compared_variables": sorted({n for f in readable.values() for n in (f.get("env") or {}) if n not in SHOWN_TOO}),
         "gpus": {str(r): (f.get("gpu") or {}).get("uuid") for r, f in sorted(readable.items())},
         "findings": [f.message for f in findings],
+        # Every problem is a variable with the majority's value as its fix: when every rank
+        # applies it (exec --fix on every rank), the ranks agree without judging again.
+        "fixable_by_env": bool(findings) and all(f.env for f in findings),
     }
     n_hosts = len(facts["hosts"])
     names = facts["compared_variables"]
@@ -509,8 +513,9 @@ CHECK = Check(
     gather=gather,
     judge=judge,
     explain=__doc__,
-    modes=("check",),
-    intrusive=True,  # rank 0 binds MASTER_PORT when there is no launcher store; never in serve or exec
+    modes=("check", "exec"),
+    intrusive=True,  # rank 0 binds MASTER_PORT when there is no launcher store: never in serve
+    released_before_job=True,  # ...and closes it, proving the port free, before exec becomes the job
     timeout=300.0,  # the exchange bounds itself within this: import + 2 x wait_seconds + acks (rendezvous.Request)
     config={
         "wait_seconds": 60.0,

@@ -26,6 +26,11 @@ env:// rendezvous reads); LOCAL_RANK is required when LOCAL_WORLD_SIZE is set;
 LOCAL_RANK and LOCAL_WORLD_SIZE are otherwise optional (mpirun- or Slurm-style
 launchers do not always set them).
 
+Under an srun step without torch's names (the script maps them itself, later),
+SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, the node's SLURM_STEP_TASKS_PER_NODE
+entry and the step's first node stand in for RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE and MASTER_ADDR (envdoctor.launch); the summary says so.
+
 NCCL_SOCKET_IFNAME grammar (as NCCL's socket code reads it): a comma-separated
 list of interface-name prefixes (`eth` selects eth0, eth1, ...); a leading `^`
 excludes the listed prefixes instead; a leading `=` (after any `^`) makes them
@@ -54,6 +59,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from envdoctor import launch as launch_module
 from envdoctor.check import Check
 from envdoctor.errors import ParseError
 from envdoctor.paths import read_text
@@ -215,12 +221,29 @@ def master_port(env: Mapping[str, str]) -> int | None:
     return port if port is not None and 1 <= port <= 65535 else None
 
 
+def from_srun(env: Mapping[str, str]) -> dict[str, str]:
+    """An srun step's SLURM_* variables in torch's names (envdoctor.launch), where RANK and
+    WORLD_SIZE are absent: the script maps them itself, after this check has run."""
+    found = launch_module.of(env)
+    if isinstance(found, str) or found.launcher != "slurm":
+        return {}
+    mapped = {"WORLD_SIZE": str(found.world_size), "RANK": str(found.rank), "MASTER_ADDR": found.master_addr}
+    if found.local_rank is not None:
+        mapped["LOCAL_RANK"] = str(found.local_rank)
+    if found.local_world_size is not None:
+        mapped["LOCAL_WORLD_SIZE"] = str(found.local_world_size)
+    return mapped
+
+
 def gather(ctx) -> DistFacts:
     env = {k: v for k, v in ctx.env.items() if k in LAUNCH_VARS or k in NCCL_VARS}
+    srun = from_srun(ctx.env)
+    env = {**srun, **env}
     if not env:
         return DistFacts(env)
     timeout = float(ctx.settings["resolve_timeout_seconds"])
-    facts: dict[str, Any] = {"resolve_timeout": timeout, "target_is_self": ctx.target.pid is None}
+    facts: dict[str, Any] = {"resolve_timeout": timeout, "target_is_self": ctx.target.pid is None,
+                             "extra": {"from_srun": sorted(srun)} if srun else {}}
     if "NCCL_SOCKET_IFNAME" in env or "GLOO_SOCKET_IFNAME" in env:
         facts["interfaces"], facts["interfaces_reason"] = _interfaces(ctx)
     addr = (env.get("MASTER_ADDR") or "").strip()
@@ -430,7 +453,11 @@ def judge(facts: DistFacts, settings: Mapping[str, Any]) -> Result:
         "nccl": nccl,
         "findings": [f.message for f in findings],
     }
-    return verdict(findings, facts_out, _ok_summary(facts, launch, nccl), note=facts.interfaces_reason or "")
+    notes = [n for n in (facts.interfaces_reason,) if n]
+    if facts.extra.get("from_srun"):
+        facts_out["from_srun"] = facts.extra["from_srun"]
+        notes.append(f"{', '.join(facts.extra['from_srun'])} from srun's SLURM_* variables")
+    return verdict(findings, facts_out, _ok_summary(facts, launch, nccl), note="; ".join(notes))
 
 
 def _loopback(address: str) -> bool:

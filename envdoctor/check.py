@@ -34,7 +34,8 @@ NEEDS = ("nvml", "torch", "onnx")
 # Where a check may run. `check` is the one-shot report, `serve` the node monitor
 # (every interval, over every process on the node), `exec` the container entrypoint
 # (on every container start, before the job), `inprocess` preflight() and attach()
-# inside the training script. serve and exec never run an intrusive check.
+# inside the training script. serve never runs an intrusive check; exec runs one only
+# when what it takes is given back before the job starts (released_before_job).
 MODES = ("check", "serve", "exec", "inprocess")
 DEFAULT_MODES = ("check", "serve", "exec", "inprocess")
 
@@ -70,6 +71,9 @@ class Check:
     judge: Callable[[Any, Mapping[str, Any]], "Result"] | None = None  # pure: (facts, settings) -> Result
     modes: tuple[str, ...] = DEFAULT_MODES  # where it may run
     intrusive: bool = False  # creates a CUDA context, loads onnxruntime, binds a port...
+    # Intrusive, but everything it takes is given back before exec becomes the job (rank 0's
+    # exchange store closes and its port is proved free): exec may run it when `modes` says so.
+    released_before_job: bool = False
 
     def __post_init__(self) -> None:
         if not ID_PATTERN.match(self.id):
@@ -89,10 +93,13 @@ class Check:
         return self.config
 
     def runs_in(self, mode: str) -> bool:
-        """May this check run in `mode`? serve and exec never run intrusive checks."""
+        """May this check run in `mode`? serve never runs an intrusive check (it would take
+        from the jobs it watches); exec only one whose intrusion ends before the job starts."""
         if mode not in self.modes:
             return False
-        return not (self.intrusive and mode in ("serve", "exec"))
+        if self.intrusive and mode == "serve":
+            return False
+        return not (self.intrusive and mode == "exec" and not self.released_before_job)
 
     def execute(self, ctx: "Context") -> "Result":
         """Gather then judge (or the older run). Both see every declared setting: the

@@ -404,7 +404,7 @@ def exec_command(
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
     skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL", help="What --strict refuses: warn or fail (default fail; error counts as fail)."),
-    timeout: float = typer.Option(5.0, "--timeout", metavar="SECONDS", help="Bound on the whole pre-flight; past it the command starts anyway (not with --strict)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Bound on the whole pre-flight; past it the command starts anyway (not with --strict). Default 5, or 120 for a rank of a distributed launch (torchrun, srun), whose ranks compare themselves first (dist.consistency)."),
     attach: bool = typer.Option(False, "--attach", help="Make the command publish its live torch settings (as envdoctor.attach() would), for check --pid and serve."),
     command: Optional[List[str]] = typer.Argument(None, metavar="-- CMD [ARGS]...", help="The command to become."),
 ) -> None:

@@ -221,6 +221,7 @@ class Context:
 
     session: Session
     config: Mapping[str, Any] = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() when the runner stops waiting for this check
 
     @property
     def settings(self) -> Mapping[str, Any]:

@@ -29,12 +29,13 @@ starts a thread and never imports a check):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Mapping, Sequence
 
 from envdoctor.become import CannotRun, become, resolve_command
-from envdoctor.exec_preflight import DEFAULT_TIMEOUT, ExecOptions, in_child
+from envdoctor.exec_preflight import DEFAULT_TIMEOUT, ExecOptions, default_budget, in_child
 
 __all__ = ["ExecOptions", "run", "EX_CONFIG", "EXIT_USAGE", "DEFAULT_TIMEOUT"]
 
@@ -195,8 +196,9 @@ def _write_report(path: str, text: str) -> None:
 
 
 def _run(options: ExecOptions, argv: list[str]) -> int:
-    _validate(options, argv)
     env = dict(os.environ)
+    options = dataclasses.replace(options, timeout=default_budget(options, env))
+    _validate(options, argv)
     path = resolve_command(argv[0], env.get("PATH"))
     command = os.path.basename(argv[0])  # never its arguments: they may hold secrets
 

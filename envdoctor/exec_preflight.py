@@ -18,6 +18,11 @@ from typing import Any, Mapping, Sequence
 
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 5.0
+# Under a distributed launch the ranks compare themselves (dist.consistency) before the
+# job: a rank may have to wait for the others to arrive and import torch, so the default
+# bound is longer. It is only a bound: with every rank present the exchange takes ~2 s.
+LAUNCH_TIMEOUT = 120.0
+CROSS_RANK = ("dist.consistency",)
 
 @dataclass
 class ExecOptions:
@@ -28,8 +33,22 @@ class ExecOptions:
     only: Sequence[str] = ()
     skip: Sequence[str] = ()
     fail_on: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: float | None = None  # None: DEFAULT_TIMEOUT, or LAUNCH_TIMEOUT under a distributed launch
     attach: bool = False
+
+
+def default_budget(options: ExecOptions, env: Mapping[str, str]) -> float:
+    """--timeout when given; else LAUNCH_TIMEOUT when this is one rank of a distributed
+    launch (envdoctor.launch) and the cross-rank check is not left out; else DEFAULT_TIMEOUT."""
+    if options.timeout is not None:
+        return options.timeout
+    from envdoctor import launch
+
+    only, skip = _split(options.only), _split(options.skip)
+    compared = any(c in only for c in CROSS_RANK) if only else not all(c in skip for c in CROSS_RANK)
+    if compared and not isinstance(launch.of(env), str):
+        return LAUNCH_TIMEOUT
+    return DEFAULT_TIMEOUT
 
 
 # ----------------------------------------------------------------------------- choosing checks
@@ -39,9 +58,10 @@ def _split(items: Sequence[str]) -> list[str]:
 
 def runs_in_exec(check: Any) -> bool:
     """What each check declares (Check.modes): cheap reads of files, the environment, NVML and
-    the torch facts, paid on every container start; never an intrusive check (onnx.opset,
-    torch.pin_memory, dist.master_port, dist.consistency)."""
-    return check.runs_in("exec") and not check.intrusive
+    the torch facts, paid on every container start; an intrusive check only when what it takes
+    is given back before the job starts (dist.consistency: rank 0's exchange store), never
+    onnx.opset, torch.pin_memory or dist.master_port."""
+    return check.runs_in("exec")
 
 
 def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
@@ -140,19 +160,52 @@ def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[
     fix = envfix.plan([r.to_dict() for r in sorted(results, key=lambda r: -r.status.severity)], env, keep)
     fixed_env = envfix.apply(env, fix.changes)
     if fix.changes:
+        os.environ.clear()  # exactly the fixed environment: a fix may unset a variable
         os.environ.update(fixed_env)
-        again = {c.check for c in fix.changes}
+        # A cross-rank check cannot be judged again by one rank alone (the others have
+        # moved on): its row keeps rank 0's verdict, with what was changed here.
+        again = {c.check for c in fix.changes} - set(CROSS_RANK)
         fixed = Session(env_override=fixed_env, host=session.host, torch_factory=lambda s: session.need("torch"))
         plans = _clamped([p for p in plans if p.check.id in again], deadline - time.monotonic())
         rejudged = {r.check: r for r in runner.run(plans, fixed)}
         for result in rejudged.values():
             result.facts["exec_fixed"] = {c.name: {"from": c.old, "to": c.new} for c in fix.changes if c.check == result.check}
         results = [rejudged.get(r.check, r) for r in results]
+    for result in results:
+        if result.check in CROSS_RANK:
+            _settle_cross_rank(result, fix, fixed_env)
     for change in fix.kept:
         for result in results:
             if result.check == change.check:
                 result.facts.setdefault("exec_kept", {})[change.name] = {"value": change.old, "wanted": change.new}
     return fix, fixed_env, results
+
+
+def _settle_cross_rank(result: Any, fix: Any, fixed_env: Mapping[str, str]) -> None:
+    """A cross-rank row after --fix. Every rank runs the same `exec --fix` and holds the same
+    verdict from rank 0; when each of its problems is a variable whose fix is the majority's
+    value and this rank's fixed environment has that value for every one of them (it changed
+    its own, or had it), every rank does (each checks the same on its own), so the ranks
+    agree. A --keep that blocked one, or any other kind of problem (versions, GPUs, a missing
+    rank), leaves rank 0's verdict as it was."""
+    from envdoctor.model import Status
+
+    changed = {c.name: {"from": c.old, "to": c.new} for c in fix.changes if c.check == result.check}
+    if changed:
+        result.facts["exec_fixed"] = changed
+    wanted = result.fix_env or {}
+    holds = bool(wanted) and all(fixed_env.get(name) == value for name, value in wanted.items())
+    if result.status in (Status.WARN, Status.FAIL) and result.facts.get("fixable_by_env") and holds:
+        here = ", ".join(f"{n} {_or_unset(v['from'])} -> {_or_unset(v['to'])}" for n, v in changed.items()) or "nothing"
+        result.summary = (f"fixed by --fix on every rank (each takes the majority's value; here: {here}); "
+                          f"rank 0 had found: {result.summary}")
+        result.status = Status.OK
+        result.remediation = ""
+        result.fix_env = {}
+
+
+def _or_unset(value: Any) -> str:
+    return "unset" if value is None else str(value)
 
 
 def job_python(argv: Sequence[str], env: Mapping[str, str]) -> str | None:

@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -92,6 +92,20 @@ class Request:
     def deadline_seconds(self) -> float:
         """The most the whole exchange may take on this rank, import included."""
         return self.import_seconds + self.connect_seconds + self.verdict_seconds + self.ack_seconds + self.slack_seconds
+
+    def fitted(self, seconds: float) -> "Request":
+        """This request with every wait shrunk in proportion so the whole exchange ends
+        within `seconds` (exec's budget, a short --timeout): an answer inside the limit,
+        not a check killed by the runner mid-exchange while other ranks still wait on it.
+        Every rank of one launch runs with the same limit, so their waits still agree."""
+        fitted = self
+        for _ in range(4):  # the agent store's connect wait is capped, not proportional: shrink again
+            if seconds >= fitted.deadline_seconds:
+                break
+            scale = max(0.0, seconds) / fitted.deadline_seconds
+            fitted = replace(fitted, wait_seconds=fitted.wait_seconds * scale, ack_seconds=fitted.ack_seconds * scale,
+                             import_seconds=fitted.import_seconds * scale, slack_seconds=fitted.slack_seconds * scale)
+        return fitted
 
     def to_json(self) -> str:
         return json.dumps({

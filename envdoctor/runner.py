@@ -38,12 +38,12 @@ class Plan:
     timeout: float
 
 
-def _call(plan: Plan, session: Session) -> Result:
+def _call(plan: Plan, session: Session, deadline: float | None = None) -> Result:
     """Meet the check's needs, then gather and judge, in a watchdog worker."""
     check = plan.check
     for need in check.needs:
         session.need(need)
-    result = check.execute(Context(session, plan.config))
+    result = check.execute(Context(session, plan.config, deadline))
     if not isinstance(result, Result):
         return error(f"check returned {type(result).__name__}, not a Result (a bug in {check.id})")
     return result
@@ -78,7 +78,8 @@ def run(plans: Iterable[Plan], session: Session) -> list[Result]:
     plans = list(plans)
     watchdog = session.watchdog
     started = time.monotonic()
-    pending = [watchdog.start((plan.check.id, session.target.label), lambda plan=plan: _call(plan, session))
+    pending = [watchdog.start((plan.check.id, session.target.label),
+                              lambda plan=plan: _call(plan, session, started + plan.timeout))
                for plan in plans]
     results: list[Result] = []
     for plan, call in zip(plans, pending):

@@ -252,9 +252,20 @@ def test_skips_for_another_process():
     assert r.status is Status.SKIP and "not for --pid" in r.summary
 
 
-def test_declared_intrusive_and_check_mode_only():
+def test_declared_intrusive_never_in_serve_but_in_exec_before_the_job():
+    """Rank 0 may bind MASTER_PORT: never in serve (the job holds it). In exec the job has
+    not started, and the port is given back (proved free) before exec becomes it."""
     assert dc.CHECK.intrusive and dc.CHECK.runs_in("check")
-    assert not dc.CHECK.runs_in("serve") and not dc.CHECK.runs_in("exec")
+    assert not dc.CHECK.runs_in("serve") and not dc.CHECK.runs_in("inprocess")
+    assert dc.CHECK.released_before_job and dc.CHECK.runs_in("exec")
+
+
+def test_an_intrusive_check_that_keeps_what_it_takes_never_runs_in_exec():
+    from envdoctor.check import Check
+    from envdoctor.model import ok as ok_result
+
+    binder = Check(id="plugin.binds", title="t", run=lambda ctx: ok_result("x"), intrusive=True)
+    assert binder.runs_in("check") and not binder.runs_in("exec") and not binder.runs_in("serve")
 
 
 def test_torchrun_namespaces_by_run_and_restart():
@@ -368,3 +379,18 @@ def test_a_chatty_interpreter_cannot_block_the_exchange_and_an_absent_store_is_u
         port = s.getsockname()[1]  # bound, never listening: nothing answers there
         with pytest.raises(rendezvous.StoreUnreachable, match=f"could not reach the store at 127.0.0.1:{port} within 0.5 s"):
             rendezvous.exchange(str(python), request(master_port=port, import_seconds=60), lambda o: {})
+
+
+def test_a_request_shrinks_its_waits_to_fit_the_time_it_is_given():
+    from envdoctor import rendezvous
+
+    base = rendezvous.Request(rank=1, world_size=2, master_addr="h", master_port=29500, agent_store=False,
+                              run_id="own", facts={}, wait_seconds=60, ack_seconds=10, import_seconds=60)
+    assert base.fitted(1000) is base
+    for seconds in (84.0, 10.0, 1.0):
+        fitted = base.fitted(seconds)
+        assert fitted.deadline_seconds <= seconds + 1e-9
+        assert fitted.wait_seconds / fitted.import_seconds == pytest.approx(1.0)  # in proportion
+    agent = rendezvous.Request(rank=1, world_size=2, master_addr="h", master_port=29500, agent_store=True,
+                               run_id="r", facts={}, wait_seconds=60, ack_seconds=10, import_seconds=60)
+    assert agent.fitted(40.0).deadline_seconds <= 40.0 + 1e-9  # the capped connect wait shrinks too

@@ -25,7 +25,8 @@ from helpers import cli
 
 REPO = Path(__file__).resolve().parent.parent
 TOO_MANY = str(len(os.sched_getaffinity(0)) * 8)  # OMP_NUM_THREADS that oversubscribes this machine
-EXEC_IDS = {"shm.size", "cpu.threads", "cuda.visible_devices", "dist.env", "gpu.health", "cuda.runtime", "torch.cudnn"}
+EXEC_IDS = {"shm.size", "cpu.threads", "cuda.visible_devices", "dist.env", "gpu.health", "cuda.runtime", "torch.cudnn",
+            "dist.consistency"}  # (it skips at once outside a distributed launch)
 
 
 def envdoctor_exec(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -205,8 +206,8 @@ def test_the_log_is_one_line_per_problem_with_its_fix_and_one_summary(tmp_path):
     assert warn["level"] == "warn" and warn["status"] == "warn"
     assert warn["msg"].startswith("warn cpu.threads: ") and f"OMP_NUM_THREADS={TOO_MANY}" in warn["msg"]
     assert warn["fix"].startswith("export OMP_NUM_THREADS=")
-    assert summary["msg"].startswith("7 checks in ") and summary["msg"].endswith("; starting true")
-    assert int(summary["warn"]) >= 1 and summary["checks"] == "7" and summary["action"] == "start"
+    assert summary["msg"].startswith("8 checks in ") and summary["msg"].endswith("; starting true")
+    assert int(summary["warn"]) >= 1 and summary["checks"] == "8" and summary["action"] == "start"
     assert "--fix would set OMP_NUM_THREADS" in summary["msg"]
 
 
@@ -438,3 +439,13 @@ def test_attach_reuses_one_hook_directory_instead_of_leaving_one_per_start(tmp_p
     hooks = list((tmp_path / "envdoctor").glob("attach-hook-*"))
     assert len(hooks) == 1 and (hooks[0] / "sitecustomize.py").is_file()
     assert hooks[0].stat().st_mode & 0o077 == 0
+
+
+def test_fix_unsets_a_variable_for_the_job_when_that_is_the_fix():
+    proc = envdoctor_exec("--fix", "--only", "cuda.runtime", "--", sys.executable, "-c",
+                          "import os; print(repr(os.environ.get('CUDA_LAUNCH_BLOCKING')))",
+                          env={"CUDA_LAUNCH_BLOCKING": "1"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None", proc.stdout  # unset, not the string 'None'
+    (change,) = [e for e in events(proc.stderr) if e.get("var") == "CUDA_LAUNCH_BLOCKING"]
+    assert change["old"] == "1" and change["new"] == "unset"
