@@ -42,9 +42,9 @@ from __future__ import annotations
 import errno
 import math
 import os
+import posixpath
 import stat
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any, Mapping
 
 from envdoctor.cgroup import parse_mountinfo
@@ -76,12 +76,14 @@ def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:
         mounts = parse_mountinfo(read_text(ctx.proc("mountinfo")))  # non-blocking: a FIFO here cannot hold the check
     except (OSError, ParseError):
         return None, None
-    best = None
+    target = posixpath.normpath(path)
+    best, best_depth = None, -1
     for mount in mounts:  # later mounts shadow earlier ones at the same point
-        mp = PurePosixPath(mount.mount_point)
-        if PurePosixPath(path) == mp or mp in PurePosixPath(path).parents:
-            if best is None or len(mp.parts) >= len(PurePosixPath(best.mount_point).parts):
-                best = mount
+        mp = posixpath.normpath(mount.mount_point)
+        if target == mp or target.startswith(mp.rstrip("/") + "/"):
+            depth = 0 if mp == "/" else mp.count("/")
+            if depth >= best_depth:
+                best, best_depth = mount, depth
     return (best.fstype, best.mount_point) if best else (None, None)
 
 

@@ -31,6 +31,7 @@ the kernel writes.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -146,9 +147,27 @@ def parse_mountinfo_line(line: str) -> Mount:
 
 
 def parse_mountinfo(text: str) -> tuple[Mount, ...]:
+    """Every mount of a mountinfo file. Processes in one mount namespace have the same
+    table, and serve reads it for each of them every run (cpu.threads, shm.size, memory):
+    a table seen recently is parsed once (immutable Mounts, so sharing is safe; a huge or
+    hostile file is never kept)."""
     if not isinstance(text, str):
         raise ParseError(f"mountinfo must be text, got {type(text).__name__}")
+    if len(text) <= _MEMO_TEXT_LIMIT:
+        return _parse_mountinfo_memo(text)
+    return _parse_mountinfo(text)
+
+
+_MEMO_TEXT_LIMIT = 256 * 1024  # a container's table is a few KiB; a host's with many pods, tens
+
+
+def _parse_mountinfo(text: str) -> tuple[Mount, ...]:
     return tuple(parse_mountinfo_line(line) for line in text.splitlines() if line.strip())
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_mountinfo_memo(text: str) -> tuple[Mount, ...]:
+    return _parse_mountinfo(text)
 
 
 def parse_cpu_max(text: str) -> tuple[int | None, int]:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-_INT = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+_INT = re.compile(r"^\s*[+-]?[0-9]{1,30}\s*$")  # longer is no rank or port (and int() refuses > 4300 digits)
 TORCH_NAMES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
 HOW_TO_LAUNCH = "run it under the launcher: torchrun --nproc-per-node=N -m envdoctor check (or srun ... envdoctor check)"
 

@@ -38,6 +38,7 @@ import json
 import re
 import socket
 import sys
+import time
 import urllib.parse
 from dataclasses import replace
 from typing import Any, Iterable, Mapping
@@ -181,17 +182,36 @@ def public_values(envs: Iterable[Mapping[str, str]], extra: Iterable[str] = ()) 
         for name, value in env.items():
             if value and not looks_secret(name) and (is_allowed(name) or _is_harmless(name)):
                 public.add(value)
+    public.update(_host_public())
+    return public
+
+
+_HOST_PUBLIC: tuple[float, frozenset[str]] = (-1e9, frozenset())
+_HOST_PUBLIC_SECONDS = 10.0  # serve asks for every target of every run; interfaces come and go slowly
+
+
+def _host_public() -> frozenset[str]:
+    """The host name, the network interfaces and this interpreter: asked of the kernel at
+    most every 10 s (if_nameindex is a netlink round trip, once per target per run before)."""
+    global _HOST_PUBLIC
+    at, names = _HOST_PUBLIC
+    now = time.monotonic()
+    if now - at < _HOST_PUBLIC_SECONDS:
+        return names
+    found: set[str] = set()
     try:
-        public.add(socket.gethostname())
+        found.add(socket.gethostname())
     except OSError:
         pass
     try:
-        public.update(name for _, name in socket.if_nameindex())
+        found.update(name for _, name in socket.if_nameindex())
     except OSError:
         pass
     if sys.executable:
-        public.add(sys.executable)
-    return public
+        found.add(sys.executable)
+    names = frozenset(found)
+    _HOST_PUBLIC = (now, names)
+    return names
 
 
 def _spellings(secret: str) -> set[str]:

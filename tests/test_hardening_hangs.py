@@ -103,14 +103,19 @@ def test_a_check_timeout_shorter_than_the_probe_kills_its_group_when_the_run_end
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_kills_the_probes_whole_group(tmp_path, sig, code):
     fake, pids = _fake_python(tmp_path, "sleep 300")
-    env = {**os.environ, **QUIET}
+    env = {**os.environ, **QUIET, "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack
     env.pop("ENVDOCTOR_CONFIG", None)
     proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "--only", "torch.cudnn", "--python", str(fake)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         _wait_for(pids)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=SLACK)
+        try:
+            _, err = proc.communicate(timeout=SLACK)
+        except subprocess.TimeoutExpired:  # say where it was stuck, not only that it was
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=SLACK)
+            pytest.fail(f"still running {SLACK:g} s after {sig.name}; its threads:\n{err[-8000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()

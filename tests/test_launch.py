@@ -80,3 +80,9 @@ def test_exec_waits_longer_by_default_only_for_a_rank_that_will_compare_itself()
     assert default_budget(ExecOptions(only=["shm.size"]), TORCHRUN) == DEFAULT_TIMEOUT
     assert default_budget(ExecOptions(only=["shm.size,dist.consistency"]), TORCHRUN) == LAUNCH_TIMEOUT
     assert default_budget(ExecOptions(timeout=3.0), TORCHRUN) == 3.0  # --timeout always wins
+
+
+def test_a_number_too_long_for_int_is_not_a_number():
+    huge = "9" * 5000  # int() refuses more than 4300 digits
+    assert "not usable" in launch.of({**TORCHRUN, "RANK": huge})
+    assert "without a usable SLURM_PROCID" in launch.of({**SRUN, "SLURM_PROCID": huge})
