@@ -105,8 +105,12 @@ def test_a_signal_kills_the_probes_whole_group(tmp_path, sig, code):
     fake, pids = _fake_python(tmp_path, "sleep 300")
     env = {**os.environ, **QUIET, "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack
     env.pop("ENVDOCTOR_CONFIG", None)
+    # SIGINT at its default, as in a terminal: a suite started in the background (`pytest &`
+    # in a script) has SIGINT ignored, every child inherits that, and a program that finds
+    # SIGINT ignored at start rightly keeps ignoring it (Python then installs no handler).
     proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "--only", "torch.cudnn", "--python", str(fake)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for(pids)
         proc.send_signal(sig)
