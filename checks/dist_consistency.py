@@ -79,8 +79,11 @@ from envdoctor.model import Finding, Result, Status, skip, verdict
 from envdoctor.redact import is_allowed, looks_secret
 
 
+MIN_EXCHANGE_SECONDS = 3.0  # start the subprocess, import torch's store (warm), meet, read the verdict
+
 MUST_MATCH = [
     "NCCL_*", "TORCH_NCCL_*", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID",  # an srun step's WORLD_SIZE and identity
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
     "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "TORCH_DISTRIBUTED_DEBUG", "PYTHONHASHSEED",
 ]
@@ -196,11 +199,17 @@ def gather(ctx) -> dict[str, Any]:
         "host": socket.gethostname(), "env": shared_env(env, settings.get("must_match", MUST_MATCH)),
     }
     own.update(_nvml_facts(ctx, env, found.local_rank))
-    request = rendezvous.Request(facts=own, wait_seconds=float(settings.get("wait_seconds", 60.0)),
-                                 ack_seconds=float(settings.get("ack_seconds", 10.0)),
-                                 import_seconds=probe.default_timeout(), **launch_of(env))
+    waits = {k: float(settings.get(k, d)) for k, d in (("wait_seconds", 60.0), ("ack_seconds", 10.0))}
+    bad = [f"{k} = {v!r}" for k, v in waits.items() if not 0 < v <= 86400]  # NaN fails this too
+    if bad:
+        return {"bad_setting": f"[check.\"dist.consistency\"] {', '.join(bad)}: must be a number of seconds "
+                               "above 0 and at most 86400"}
+    request = rendezvous.Request(facts=own, import_seconds=probe.default_timeout(), **waits, **launch_of(env))
     if ctx.deadline is not None:  # exec's budget, or a --timeout shorter than the exchange would take
-        request = request.fitted(0.9 * (ctx.deadline - time.monotonic()) - 0.2)
+        left = 0.9 * (ctx.deadline - time.monotonic()) - 0.2
+        if left < MIN_EXCHANGE_SECONDS:
+            return {"too_short": round(max(0.0, left), 2), "rank": found.rank, "master": found.master}
+        request = request.fitted(left)
     store = {"torchrun": "torchrun's agent store", "slurm": "rank 0's own store (an srun step)"}.get(found.launcher,
                                                                                                     "rank 0's own store")
     base = {"rank": found.rank, "world_size": found.world_size, "store": store,
@@ -209,6 +218,8 @@ def gather(ctx) -> dict[str, Any]:
         outcome = rendezvous.exchange(ctx.python, request, lambda o: _decide(o, base, settings))
     except rendezvous.StoreUnreachable as exc:
         return {**base, "role": "unreachable", "reason": str(exc)}
+    except rendezvous.ExchangeError as exc:  # a broken torch, a port taken, a subprocess that died: a reason
+        return {**base, "role": "broken", "reason": str(exc)}
     facts: dict[str, Any] = {**base, "role": outcome.role, "own": outcome.own or own}
     if outcome.role == "judge":
         facts.update(ranks=outcome.ranks, claims=outcome.claims, waited_seconds=outcome.waited_seconds,
@@ -312,8 +323,9 @@ def rule_missing(present: Iterable[int], world: int, hosts: Mapping[int, str], l
     waited_text = f" within {waited:g} s" if isinstance(waited, (int, float)) else ""
     return [Finding(Status.FAIL, f"{len(missing)} of {world} ranks did not arrive{waited_text}: {shown}; they did not "
                     f"start the check, died, or cannot reach the store at {master}",
-                    "start every rank (check the missing ranks' logs and nodes); raise "
-                    "[check.\"dist.consistency\"] wait_seconds when nodes start slowly")]
+                    "start every rank (check the missing ranks' logs and nodes); when nodes start slowly, raise "
+                    "[check.\"dist.consistency\"] wait_seconds (under envdoctor exec, its --timeout: the wait "
+                    "is shrunk to fit it)")]
 
 
 def rule_claims(claims: Mapping[int, int]) -> list[Finding]:
@@ -474,8 +486,25 @@ def compare(ranks: Mapping[int, dict], claims: Mapping[int, int], base: Mapping[
 def judge(facts: Mapping[str, Any], settings: Mapping[str, Any]) -> Result:
     if "skip" in facts:
         return skip(facts["skip"])
+    if "bad_setting" in facts:
+        return Result(Status.ERROR, facts["bad_setting"], "[check.\"dist.consistency\"] wait_seconds = 60", dict(facts))
+    if "too_short" in facts:
+        return Result(Status.ERROR, f"only {facts['too_short']:g} s left for the cross-rank exchange (rank "
+                      f"{facts['rank']}, {facts['master']}); it needs at least {MIN_EXCHANGE_SECONDS:g} s to start "
+                      "torch's store client and meet the other ranks",
+                      "give it time: envdoctor exec --timeout 120 (the default under a launch), or "
+                      "[check.\"dist.consistency\"] timeout = 300 for check", dict(facts))
     role = facts.get("role")
     rank = facts.get("rank")
+    if role == "broken":
+        reason = str(facts.get("reason", ""))
+        if "in use" in reason.lower() or "EADDRINUSE" in reason:
+            return Result(Status.FAIL, f"rank {rank} could not host the exchange store at {facts.get('master')}: "
+                          f"{reason}; the job's own store could not bind it either",
+                          "export MASTER_PORT=<a free port> on every rank  # something else holds this one",
+                          {"rank": rank, "store": facts.get("store"), "master": facts.get("master")})
+        return Result(Status.ERROR, f"rank {rank}: the cross-rank exchange could not be completed: {reason}", "",
+                      {"rank": rank, "store": facts.get("store"), "master": facts.get("master")})
     if role == "unreachable":
         return Result(Status.FAIL, f"rank {rank} {facts['reason']}: rank 0 did not start the check, or "
                       f"{facts['master']} is not reachable from this host",

@@ -221,9 +221,22 @@ def master_port(env: Mapping[str, str]) -> int | None:
     return port if port is not None and 1 <= port <= 65535 else None
 
 
+def slurm_context(env: Mapping[str, str]) -> str | None:
+    """Why the torch variables are legitimately incomplete here, or None:
+    "batch": a Slurm batch script exporting MASTER_ADDR/MASTER_PORT for the srun steps to
+    come (its tasks get their ranks there); "step: <reason>": an srun step whose SLURM_*
+    variables cannot stand in for torch's (the reason names what is wrong)."""
+    if all(env.get(n, "").strip() for n in ("WORLD_SIZE", "RANK")) or not env.get("SLURM_JOB_ID", "").strip():
+        return None
+    if not env.get("SLURM_STEP_ID", "").strip():
+        return "batch"
+    found = launch_module.of(env)
+    return f"step: {found}" if isinstance(found, str) else None
+
+
 def from_srun(env: Mapping[str, str]) -> dict[str, str]:
-    """An srun step's SLURM_* variables in torch's names (envdoctor.launch), where RANK and
-    WORLD_SIZE are absent: the script maps them itself, after this check has run."""
+    """An srun step's SLURM_* variables in torch's names (envdoctor.launch), where RANK or
+    WORLD_SIZE is absent: the script maps them itself, after this check has run."""
     found = launch_module.of(env)
     if isinstance(found, str) or found.launcher != "slurm":
         return {}
@@ -237,10 +250,13 @@ def from_srun(env: Mapping[str, str]) -> dict[str, str]:
 
 def gather(ctx) -> DistFacts:
     env = {k: v for k, v in ctx.env.items() if k in LAUNCH_VARS or k in NCCL_VARS}
-    srun = from_srun(ctx.env)
+    srun = {k: v for k, v in from_srun(ctx.env).items() if not ctx.env.get(k, "").strip()}  # torch's, where set, win
     env = {**srun, **env}
     if not env:
         return DistFacts(env)
+    slurm = slurm_context(ctx.env) if any(k in ctx.env for k in LAUNCH_VARS) else None
+    if slurm is not None:
+        return DistFacts(env, extra={"slurm": slurm})
     timeout = float(ctx.settings["resolve_timeout_seconds"])
     facts: dict[str, Any] = {"resolve_timeout": timeout, "target_is_self": ctx.target.pid is None,
                              "extra": {"from_srun": sorted(srun)} if srun else {}}
@@ -437,6 +453,15 @@ def judge(facts: DistFacts, settings: Mapping[str, Any]) -> Result:
     nccl = {k: facts.env[k] for k in NCCL_VARS if k in facts.env}
     if not facts.env:
         return skip("no distributed launch variables are set (WORLD_SIZE, RANK, MASTER_ADDR, ...): not a DDP launch")
+    slurm = facts.extra.get("slurm")
+    if slurm == "batch":
+        return skip("a Slurm batch script, not a rank: the variables set here are for the srun steps to come "
+                    "(run `srun ... envdoctor check` to check each task in its step)")
+    if slurm:
+        return Result(Status.FAIL, slurm.removeprefix("step: "),
+                      "export MASTER_PORT=<a free port> (and MASTER_ADDR=<rank 0's host>) in the batch script; "
+                      "srun sets SLURM_PROCID, SLURM_STEP_NUM_TASKS and SLURM_LOCALID itself",
+                      {"slurm_step": True, "reason": slurm.removeprefix("step: ")})
     launch = _launch(facts.env)
     findings = [finding for rule in RULES for finding in rule(facts, launch)]
     v = launch.values

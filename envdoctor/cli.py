@@ -397,8 +397,10 @@ class _window_progress:
 @app.command("exec", context_settings={"allow_interspersed_args": False})
 def exec_command(
     strict: bool = typer.Option(False, "--strict", help="Do not start the command when a result is at or above --fail-on: exit 78."),
-    fix: bool = typer.Option(False, "--fix", help="Set the variables the findings say would fix them (thread counts, "
-                                                  "CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG) for the command."),
+    fix: bool = typer.Option(False, "--fix", help="Set or unset the variables the findings say would fix them (thread "
+                                                  "counts, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, CUDA_LAUNCH_BLOCKING; "
+                                                  "under a launch, the majority's value of a variable the ranks disagree "
+                                                  "on) for the command."),
     keep: List[str] = typer.Option([], "--keep", metavar="VAR", help="Never change this variable with --fix (repeatable)."),
     report: Optional[str] = typer.Option(None, "--report", metavar="FILE", help="Also write the JSON report to FILE (atomically)."),
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),

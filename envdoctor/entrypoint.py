@@ -236,11 +236,15 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
     summary = (f"{len(rows)} check{'s' if len(rows) != 1 else ''} in {outcome.seconds:.2f} s: "
                + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to check"))
     if changes:
-        summary += f"; {len(changes)} variable{'s' if len(changes) != 1 else ''} set by --fix"
+        summary += f"; {len(changes)} variable{'s' if len(changes) != 1 else ''} changed by --fix"
     would = [] if options.fix else envfix.plan(sorted(rows, key=lambda r: -_SEVERITY.get(r["status"], 0)), env,
                                                options.keep).changes
     if would:
-        summary += f"; --fix would set {', '.join(c.name for c in would)}"
+        sets = [c.name for c in would if c.new is not None]
+        unsets = [c.name for c in would if c.new is None]
+        summary += "; --fix would " + " and ".join(
+            part for part in (f"set {', '.join(sets)}" if sets else "", f"unset {', '.join(unsets)}" if unsets else "")
+            if part)
     fields = dict(checks=len(rows), seconds=f"{outcome.seconds:.3f}", **{k: v for k, v in counts.items() if v},
                   fixed=len(changes) or None, command=command)
     at_or_above = [r for r in rows if _SEVERITY.get(r["status"], 0) >= (1 if fail_on == "warn" else 2)]

@@ -23,6 +23,7 @@ DEFAULT_TIMEOUT = 5.0
 # bound is longer. It is only a bound: with every rank present the exchange takes ~2 s.
 LAUNCH_TIMEOUT = 120.0
 CROSS_RANK = ("dist.consistency",)
+LAUNCH_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 @dataclass
 class ExecOptions:
@@ -162,9 +163,18 @@ def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[
     if fix.changes:
         os.environ.clear()  # exactly the fixed environment: a fix may unset a variable
         os.environ.update(fixed_env)
-        # A cross-rank check cannot be judged again by one rank alone (the others have
-        # moved on): its row keeps rank 0's verdict, with what was changed here.
-        again = {c.check for c in fix.changes} - set(CROSS_RANK)
+        # Judged again: every check that wanted one of the changed variables (a change is
+        # credited to one check, the loudest, but others may have asked for it too). A
+        # cross-rank check cannot be judged again by one rank alone (the others have moved
+        # on): its row keeps rank 0's verdict, with what was changed here; unless it never
+        # ran because the launch variables were unusable and the fix changed them: then every
+        # rank in that state runs it now, for the first time.
+        changed = {c.name for c in fix.changes}
+        again = {c.check for c in fix.changes} | {r.check for r in results
+                                                  if changed & set(envfix.wanted(r.to_dict()))}
+        again -= set(CROSS_RANK)
+        again |= {r.check for r in results if r.check in CROSS_RANK and r.status.value == "skip"
+                  and changed & LAUNCH_VARIABLES}
         fixed = Session(env_override=fixed_env, host=session.host, torch_factory=lambda s: session.need("torch"))
         plans = _clamped([p for p in plans if p.check.id in again], deadline - time.monotonic())
         rejudged = {r.check: r for r in runner.run(plans, fixed)}
@@ -173,7 +183,7 @@ def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[
         results = [rejudged.get(r.check, r) for r in results]
     for result in results:
         if result.check in CROSS_RANK:
-            _settle_cross_rank(result, fix, fixed_env)
+            _settle_cross_rank(result, fix, fixed_env, set(keep))
     for change in fix.kept:
         for result in results:
             if result.check == change.check:
@@ -181,7 +191,7 @@ def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[
     return fix, fixed_env, results
 
 
-def _settle_cross_rank(result: Any, fix: Any, fixed_env: Mapping[str, str]) -> None:
+def _settle_cross_rank(result: Any, fix: Any, fixed_env: Mapping[str, str], keep: set[str]) -> None:
     """A cross-rank row after --fix. Every rank runs the same `exec --fix` and holds the same
     verdict from rank 0; when each of its problems is a variable whose fix is the majority's
     value and this rank's fixed environment has that value for every one of them (it changed
@@ -194,7 +204,10 @@ def _settle_cross_rank(result: Any, fix: Any, fixed_env: Mapping[str, str]) -> N
     if changed:
         result.facts["exec_fixed"] = changed
     wanted = result.fix_env or {}
-    holds = bool(wanted) and all(fixed_env.get(name) == value for name, value in wanted.items())
+    # --keep is the same on every rank (one command line): a kept variable may differ on
+    # some rank, so no rank may call the ranks agreed, the one that has the value included.
+    holds = bool(wanted) and not keep & set(wanted) and all(fixed_env.get(name) == value
+                                                             for name, value in wanted.items())
     if result.status in (Status.WARN, Status.FAIL) and result.facts.get("fixable_by_env") and holds:
         here = ", ".join(f"{n} {_or_unset(v['from'])} -> {_or_unset(v['to'])}" for n, v in changed.items()) or "nothing"
         result.summary = (f"fixed by --fix on every rank (each takes the majority's value; here: {here}); "

@@ -53,13 +53,19 @@ def _int(value: str | None) -> int | None:
     return int(value) if value is not None and _INT.match(value) else None
 
 
+def _short(value: str | None) -> str:
+    """A value for a message: quoted, and cut when a hostile one is long."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _safe_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./-]", "_", text)
 
 
 def of(env: Mapping[str, str]) -> Launch | str:
     """The launch this environment belongs to, or why there is none (a skip reason)."""
-    if not any(env.get(n, "").strip() for n in ("WORLD_SIZE", "RANK")) and env.get("SLURM_STEP_ID", "").strip():
+    if env.get("SLURM_STEP_ID", "").strip() and not all(env.get(n, "").strip() for n in ("WORLD_SIZE", "RANK")):
         return _slurm(env)
     missing = [n for n in TORCH_NAMES if not env.get(n, "").strip()]
     if missing:
@@ -77,13 +83,19 @@ def of(env: Mapping[str, str]) -> Launch | str:
                   group_rank=_int(env.get("GROUP_RANK")), agent_store=agent, run_id=_safe_id(run))
 
 
+def _torch_or(env: Mapping[str, str], name: str, slurm: str | None) -> str | None:
+    """torch's variable where it is set (a script may export some itself), else Slurm's."""
+    value = env.get(name, "")
+    return value if value.strip() else slurm
+
+
 def _slurm(env: Mapping[str, str]) -> Launch | str:
-    """An srun step: its variables mapped to the torch ones (which, where set, win)."""
-    world = _int(env.get("SLURM_STEP_NUM_TASKS")) or _int(env.get("SLURM_NTASKS"))
-    rank = _int(env.get("SLURM_PROCID"))
+    """An srun step: its variables mapped to the torch ones (each torch one set wins)."""
+    world = _int(_torch_or(env, "WORLD_SIZE", env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")))
+    rank = _int(_torch_or(env, "RANK", env.get("SLURM_PROCID")))
     if world is None or rank is None or not 0 <= rank < world:
         return ("an srun step without a usable SLURM_PROCID and SLURM_STEP_NUM_TASKS "
-                f"({env.get('SLURM_PROCID')!r} of {env.get('SLURM_STEP_NUM_TASKS')!r}): nothing to compare")
+                f"({_short(env.get('SLURM_PROCID'))} of {_short(env.get('SLURM_STEP_NUM_TASKS'))}): nothing to compare")
     if world == 1:
         return "a single srun task (SLURM_STEP_NUM_TASKS=1): nothing to compare"
     addr = env.get("MASTER_ADDR", "").strip() or first_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
@@ -97,9 +109,10 @@ def _slurm(env: Mapping[str, str]) -> Launch | str:
     per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "")
     local_world = per_node[node] if node is not None and 0 <= node < len(per_node) else None
     run = f"slurm-{env.get('SLURM_JOB_ID', 'none')}.{env.get('SLURM_STEP_ID', '0')}"
+    local_world = _int(_torch_or(env, "LOCAL_WORLD_SIZE", None)) or local_world
     return Launch(launcher="slurm", rank=rank, world_size=world, master_addr=addr, master_port=port,
-                  local_rank=_int(env.get("SLURM_LOCALID")), local_world_size=local_world, group_rank=node,
-                  run_id=_safe_id(run))
+                  local_rank=_int(_torch_or(env, "LOCAL_RANK", env.get("SLURM_LOCALID"))),
+                  local_world_size=local_world, group_rank=node, run_id=_safe_id(run))
 
 
 def tasks_per_node(text: str) -> list[int]:

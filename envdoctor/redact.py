@@ -50,6 +50,7 @@ MASK = "***"
 ALLOWED_PREFIXES = (
     "CUDA_", "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "VECLIB_", "NUMEXPR_", "KMP_", "GOMP_",
     "TORCH_", "PYTORCH_", "CUBLAS_", "CUDNN_", "NVIDIA_", "TORCHELASTIC_", "ENVDOCTOR_",
+    "SLURM_",  # job and step ids, task counts, node lists: what an srun launch is read from
 )
 ALLOWED_NAMES = frozenset({
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",

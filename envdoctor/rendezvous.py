@@ -100,7 +100,7 @@ class Request:
         Every rank of one launch runs with the same limit, so their waits still agree."""
         fitted = self
         for _ in range(4):  # the agent store's connect wait is capped, not proportional: shrink again
-            if seconds >= fitted.deadline_seconds:
+            if seconds >= fitted.deadline_seconds or fitted.deadline_seconds <= 0:
                 break
             scale = max(0.0, seconds) / fitted.deadline_seconds
             fitted = replace(fitted, wait_seconds=fitted.wait_seconds * scale, ack_seconds=fitted.ack_seconds * scale,

@@ -86,3 +86,19 @@ def test_a_number_too_long_for_int_is_not_a_number():
     huge = "9" * 5000  # int() refuses more than 4300 digits
     assert "not usable" in launch.of({**TORCHRUN, "RANK": huge})
     assert "without a usable SLURM_PROCID" in launch.of({**SRUN, "SLURM_PROCID": huge})
+
+
+def test_a_torch_variable_exported_alone_overrides_only_itself_under_srun():
+    found = launch.of({**SRUN, "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
+    assert found.launcher == "slurm" and found.rank == 3 and found.local_rank == 0 and found.world_size == 4
+
+
+def test_dist_env_under_a_batch_script_and_a_broken_step_says_what_it_is():
+    from envdoctor.checks import dist_env
+
+    batch = {"SLURM_JOB_ID": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "MASTER_PORT": "29500"}
+    assert dist_env.slurm_context(batch) == "batch"
+    step = {**SRUN, "MASTER_PORT": "abc"}
+    assert dist_env.slurm_context(step).startswith("step: an srun step, but MASTER_PORT is not usable")
+    assert dist_env.slurm_context(SRUN) is None  # a usable step: mapped, judged like torchrun's
+    assert dist_env.slurm_context(TORCHRUN) is None

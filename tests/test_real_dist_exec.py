@@ -91,10 +91,10 @@ def test_fix_gives_the_rank_that_differs_the_majoritys_value(tmp_path):
 def _srun_env(tmp_path, rank: int, port: int, **extra) -> dict:
     """What srun gives task `rank` of `srun -N1 -n2` (srun(1), OUTPUT ENVIRONMENT VARIABLES),
     with MASTER_PORT exported by the batch script; no torch launch variables."""
-    return launch_env(tmp_path, SLURM_JOB_ID="4711", SLURM_STEP_ID="0", SLURM_PROCID=str(rank),
-                      SLURM_LOCALID=str(rank), SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2",
-                      SLURM_STEP_TASKS_PER_NODE="2", SLURM_STEP_NODELIST="localhost", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OUT=str(tmp_path), **extra)
+    variables = dict(SLURM_JOB_ID="4711", SLURM_STEP_ID="0", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+                     SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="2", SLURM_NTASKS="2", SLURM_STEP_TASKS_PER_NODE="2",
+                     SLURM_STEP_NODELIST="localhost", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OUT=str(tmp_path))
+    return launch_env(tmp_path, **{**variables, **extra})
 
 
 def _srun(tmp_path, argv_for_rank, env_for_rank) -> list[subprocess.CompletedProcess]:
@@ -137,3 +137,74 @@ def test_an_srun_step_with_one_task_different_starts_no_job_under_strict(tmp_pat
     for proc in done:
         assert "fail dist.consistency: NCCL_ALGO differs: unset on rank 0 on" in proc.stderr, proc.stderr[-2000:]
         assert "via rank 0's own store (an srun step)" in proc.stderr
+
+
+def _by_hand(tmp_path, rank: int, port: int, **extra) -> dict:
+    """Rank `rank` of 2 with torch's variables set by hand (a script's launch, no torchrun)."""
+    return launch_env(tmp_path, WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OUT=str(tmp_path), **extra)
+
+
+EXEC_JOB = [PY, "-m", "envdoctor", "exec", "--strict", "--fix"]
+
+
+def test_keep_on_a_variable_the_ranks_disagree_on_refuses_on_every_rank(tmp_path):
+    """--keep is on every rank's command line: the rank that already has the majority's value
+    must not call the ranks agreed while the other keeps its own (it started alone before)."""
+    port = free_port()
+    done = _srun(tmp_path, lambda r: [*EXEC_JOB, "--keep", "NCCL_ALGO", "--", PY, "-c", JOB],
+                 lambda r: _by_hand(tmp_path, r, port, NCCL_ALGO="Tree" if r == 0 else "Ring"))
+    assert [p.returncode for p in done] == [78, 78], [p.stderr[-1500:] for p in done]
+    assert not list(tmp_path.glob("job*")), "a job started"
+
+
+def test_a_variable_unset_by_fix_is_judged_again_by_every_check_that_wanted_it(tmp_path):
+    """NCCL_P2P_DISABLE=1 on rank 1: dist.consistency (credited with the change) and dist.env
+    both want it unset; after --fix neither may still report it (rank 1 refused alone)."""
+    port = free_port()
+    done = _srun(tmp_path, lambda r: [*EXEC_JOB, "--fail-on", "warn", "--", PY, "-c", JOB + "; print(os.environ.get('NCCL_P2P_DISABLE'))"],
+                 lambda r: _by_hand(tmp_path, r, port, **({"NCCL_P2P_DISABLE": "1"} if r == 1 else {})))
+    assert [p.returncode for p in done] == [0, 0], [p.stderr[-2000:] for p in done]
+    assert done[1].stdout.strip() == "None"  # unset for rank 1's job
+    assert "NCCL_P2P_DISABLE=1" not in done[1].stderr.split("set NCCL_P2P_DISABLE")[-1]
+
+
+def test_srun_tasks_that_disagree_on_the_task_count_fail(tmp_path):
+    port = free_port()
+    done = _srun(tmp_path, lambda r: [PY, "-m", "envdoctor", "check", "-f", "json", "--only", "dist.consistency"],
+                 lambda r: _srun_env(tmp_path, r, port, **({"SLURM_STEP_NUM_TASKS": "3"} if r == 1 else {})))
+    row = rows(json.loads(done[0].stdout))["dist.consistency"]
+    assert row["status"] == "fail" and "SLURM_STEP_NUM_TASKS differs" in row["summary"], row
+
+
+def test_a_bound_too_short_for_the_exchange_is_one_clear_error(tmp_path):
+    env = _by_hand(tmp_path, 1, free_port())
+    proc = subprocess.run([PY, "-m", "envdoctor", "exec", "--strict", "--timeout", "0.3", "--", "true"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 78, proc.stderr
+    assert "Traceback" not in proc.stderr and "ZeroDivisionError" not in proc.stderr
+    assert "left for the cross-rank exchange" in proc.stderr and "it needs at least 3 s" in proc.stderr, proc.stderr
+
+
+def test_a_master_port_held_by_something_else_is_a_fail_that_says_so(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = _by_hand(tmp_path, 0, port, ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS="3")
+        proc = subprocess.run([PY, "-m", "envdoctor", "check", "-f", "json", "--only", "dist.consistency"],
+                              capture_output=True, text=True, env=env, timeout=90)
+    row = rows(json.loads(proc.stdout))["dist.consistency"]
+    assert row["status"] == "fail", row
+    assert "could not host the exchange store" in row["summary"] and "MASTER_PORT" in row["remediation"], row
+
+
+def test_the_ranks_still_compare_after_fix_repairs_the_launch_variables(tmp_path):
+    """MASTER_PORT=0 on every rank: dist.consistency cannot run until --fix gives the port
+    dist.env suggests; then every rank compares (they used to start with two ranks on
+    LOCAL_RANK 0, never compared)."""
+    done = _srun(tmp_path, lambda r: [*EXEC_JOB, "--", PY, "-c", JOB],
+                 lambda r: {**_by_hand(tmp_path, r, 0), "LOCAL_RANK": "0"})
+    assert [p.returncode for p in done] == [78, 78], [p.stderr[-2000:] for p in done]
+    assert not list(tmp_path.glob("job*")), "a job started"
+    assert "all have LOCAL_RANK=0" in done[0].stderr, done[0].stderr[-2000:]
