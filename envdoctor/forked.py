@@ -13,7 +13,9 @@ The child writes JSON lines to a pipe (early messages, then its answer) and
 leaves with os._exit (no atexit handlers, no flush of buffers copied from the
 parent). Before leaving, it kills what it started itself (a probe subprocess
 still running) and reaps it, so no stray process outlives the pre-flight and
-none is reparented to the job. A child that cannot be reaped within half a
+none is reparented to the job. The child is armed to die with its parent
+(PR_SET_PDEATHSIG), so `envdoctor exec` killed outright takes the pre-flight and what
+it started (a cross-rank exchange holding MASTER_PORT) with it. A child that cannot be reaped within half a
 second (a thread of it stuck in the kernel) is left behind: it becomes the
 command's child, and a zombie of the command's once it finally exits.
 """
@@ -88,6 +90,21 @@ def _reap(pids: list[int], seconds: float) -> list[int]:
     return left
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the child: be SIGKILLed when the parent dies (PR_SET_PDEATHSIG). If `envdoctor
+    exec` is killed mid-pre-flight, the child and what it started (the cross-rank exchange
+    holding MASTER_PORT, a torch probe) go too, instead of running to their own deadlines
+    as orphans. A parent already gone before the signal was armed: leave at once."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:  # not Linux, or no libc symbol: the parent's own kill still bounds us
+        pass
+    if os.getppid() != parent:
+        os._exit(2)
+
+
 def _write_line(fd: int, payload: dict[str, Any]) -> None:
     data = (json.dumps(payload, default=str) + "\n").encode("utf-8", "surrogateescape")
     while data:
@@ -155,9 +172,11 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOut
     child sent either way."""
     started = time.monotonic()
     r, w = (_above_stdio(fd) for fd in os.pipe())  # not inheritable (PEP 446): the command never sees them
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         os.close(r)
+        _die_with_parent(parent)
         _child(fn, w)
     os.close(w)
     try:

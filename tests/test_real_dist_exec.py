@@ -208,3 +208,38 @@ def test_the_ranks_still_compare_after_fix_repairs_the_launch_variables(tmp_path
     assert [p.returncode for p in done] == [78, 78], [p.stderr[-2000:] for p in done]
     assert not list(tmp_path.glob("job*")), "a job started"
     assert "all have LOCAL_RANK=0" in done[0].stderr, done[0].stderr[-2000:]
+
+
+def test_exec_killed_mid_exchange_takes_the_exchange_and_its_port_with_it(tmp_path):
+    """Rank 0 hosts the exchange store on MASTER_PORT and waits for rank 1, which never
+    comes; exec is SIGKILLed meanwhile. The forked pre-flight and the exchange it started
+    die with it: the port is free at once, not when the exchange's own wait ends (30 s)."""
+    import signal
+    import time
+
+    port = free_port()
+    env = _by_hand(tmp_path, 0, port, ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS="30")
+    proc = subprocess.Popen([PY, "-m", "envdoctor", "exec", "--", "true"], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until rank 0's store listens
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("rank 0 never hosted its store")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed = time.monotonic()
+        while time.monotonic() - killed < 10:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.1)
+        freed_after = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert freed_after < 5, f"MASTER_PORT still held {freed_after:.1f} s after exec was killed"
