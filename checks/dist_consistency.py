@@ -100,7 +100,8 @@ VERSIONS = (
 )
 UNIFORM_FIX = {
     "torch_version": "install one torch build on every node (one image or lock file): pip install 'torch=={value}'",
-    "cuda_version": "install one torch build on every node (same CUDA wheel): pip install 'torch==...' --index-url https://download.pytorch.org/whl/cuXXX",
+    "cuda_version": "install one torch build on every node, the CUDA {value} wheel on each: pip install 'torch==<the version "
+                    "the other ranks have>' --index-url https://download.pytorch.org/whl/{wheel_tag}",
     "hip_version": "install one torch build on every node (same ROCm wheel)",
     "cudnn_version": "use one image on every node: the cuDNN torch loads (nvidia-cudnn-cu* wheel or system libcudnn) must be the same",
     "nccl_version": "use one image on every node: the NCCL torch loads (nvidia-nccl-cu* wheel or NCCL_ROOT) must be the same",
@@ -337,6 +338,14 @@ def rule_claims(claims: Mapping[int, int]) -> list[Finding]:
                     "give every process its own RANK (torchrun sets RANK = node_rank * nproc_per_node + LOCAL_RANK)")]
 
 
+def _wheel_tag(cuda: Any) -> str:
+    """PyTorch's wheel index for a CUDA version: "12.8" -> "cu128"; "cpu" for none."""
+    if cuda is None:
+        return "cpu"
+    digits = "".join(str(cuda).split(".")[:2])
+    return f"cu{digits}" if digits.isdigit() else "cpu"
+
+
 def rule_versions(ranks: Mapping[int, dict], hosts: Mapping[int, str]) -> list[Finding]:
     findings = []
     for key, what in VERSIONS:
@@ -344,7 +353,8 @@ def rule_versions(ranks: Mapping[int, dict], hosts: Mapping[int, str]) -> list[F
         if len({repr(v) for v in values.values()}) > 1:
             majority = _groups(values)[0][0]
             findings.append(Finding(Status.FAIL, _differs(what, values, hosts, _version),
-                                    UNIFORM_FIX[key].format(value=majority if majority is not None else "...")))
+                                    UNIFORM_FIX[key].format(value=majority if majority is not None else "...",
+                                                            wheel_tag=_wheel_tag(majority))))
     return findings
 
 

@@ -72,6 +72,35 @@ def read_bytes(path: Path | str, limit: int = MAX_READ_BYTES) -> bytes:
         os.close(fd)
 
 
+def read_head(path: Path | str, limit: int) -> bytes | None:
+    """The first `limit` bytes of a regular file, or None: read_bytes for a file whose
+    head is enough (a longer one is cut, not refused) and whose absence is an answer.
+    Opened non-blocking and checked with fstat first: a FIFO planted where a target's
+    version.py or /proc/N/stat should be answers None at once instead of hanging the run."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, total = [], 0
+        while total < limit:
+            chunk = os.read(fd, min(1 << 20, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_text(path: Path | str, limit: int = MAX_READ_BYTES) -> str:
     """read_bytes() decoded as UTF-8, undecodable bytes replaced (a value never breaks a reader)."""
     return read_bytes(path, limit).decode("utf-8", "replace")

@@ -394,3 +394,10 @@ def test_a_request_shrinks_its_waits_to_fit_the_time_it_is_given():
     agent = rendezvous.Request(rank=1, world_size=2, master_addr="h", master_port=29500, agent_store=True,
                                run_id="r", facts={}, wait_seconds=60, ack_seconds=10, import_seconds=60)
     assert agent.fitted(40.0).deadline_seconds <= 40.0 + 1e-9  # the capped connect wait shrinks too
+
+
+def test_a_cuda_build_difference_names_the_majoritys_wheel_index():
+    ranks = {0: {"cuda_version": "12.8"}, 1: {"cuda_version": "12.8"}, 2: {"cuda_version": "13.0"}}
+    (finding,) = dc.rule_versions(ranks, {0: "a", 1: "a", 2: "b"})
+    assert "the CUDA 12.8 wheel on each" in finding.fix
+    assert finding.fix.endswith("https://download.pytorch.org/whl/cu128")

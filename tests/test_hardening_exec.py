@@ -16,7 +16,10 @@ import pytest
 def test_attach_without_a_writable_tmp_still_starts_the_job():
     """No writable cache directory either (XDG_CACHE_HOME under /proc): mkdtemp raised
     FileNotFoundError out of exec: a traceback, exit 1, and the job never ran."""
-    script = (f"mount -t tmpfs -o ro none /tmp && mount -t tmpfs -o ro none /var/tmp && cd /proc && "
+    # /tmp and /var/tmp made read-only in place (a bind remount), not hidden under an empty
+    # tmpfs: a checkout cloned under /tmp (mktemp -d) keeps its venv visible.
+    script = ("mount --bind /tmp /tmp && mount -o remount,bind,ro /tmp && "
+              "mount --bind /var/tmp /var/tmp && mount -o remount,bind,ro /var/tmp && cd /proc && "
               f"TMPDIR=/tmp XDG_CACHE_HOME=/proc/envdoctor-no-cache "
               f"exec {sys.executable} -m envdoctor exec --attach -- sh -c 'echo job-ran'")
     env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}

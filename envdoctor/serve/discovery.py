@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from envdoctor.paths import Roots
+from envdoctor.paths import Roots, read_head
 
 from envdoctor.announce import ANNOUNCE_DIRS, announced_pids
 MAPS_LIMIT = 64 << 20  # bytes of /proc/N/maps read at most (a torch process has ~1 MiB)
@@ -61,30 +61,9 @@ class Found:
 
 
 def _read(path: Path, limit: int = 4096) -> bytes | None:
-    """At most `limit` bytes of a /proc file, or None. Opened non-blocking and read only
-    when regular: a FIFO planted in a --path.procfs tree must not hang every run (a plain
-    open() waits for a writer forever); a longer file is cut at `limit`, not refused."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks, total = [], 0
-        while total < limit:
-            chunk = os.read(fd, min(1 << 20, limit - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    """At most `limit` bytes of a /proc file, or None (envdoctor.paths.read_head): a FIFO
+    planted in a --path.procfs tree must not hang every run; a longer file is cut, not refused."""
+    return read_head(path, limit)
 
 
 def _pid_name(name: str) -> int | None:

@@ -16,37 +16,13 @@ from __future__ import annotations
 import ast
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
+from envdoctor.paths import read_head  # also used as metadata.read_head by torchfacts
+
 MAX_TEXT = 256 * 1024  # a version.py or METADATA header is a few KB; a larger file is not one
 _NVIDIA = re.compile(r"^(nvidia[-_].+|cuda[-_]toolkit|cuda[-_]bindings|triton|pytorch[-_]triton.*)$", re.I)
-
-
-def read_head(path: Path | str, limit: int) -> bytes | None:
-    """The first `limit` bytes of a regular file, or None. Opened non-blocking and
-    checked with fstat first: a FIFO planted where a target's version.py should be
-    answers None at once instead of hanging the run."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except (OSError, ValueError):
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks, total = [], 0
-        while total < limit:
-            chunk = os.read(fd, min(1 << 20, limit - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _read_text(path: Path, limit: int = MAX_TEXT) -> str | None:
