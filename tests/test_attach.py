@@ -65,7 +65,7 @@ def test_importtime_shows_no_torch():
 
 
 def test_live_torch_settings_and_the_dataloader_hook_when_attach_comes_first():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     r = run_py("""
         import json, os
         import envdoctor
@@ -124,7 +124,7 @@ def test_forked_children_do_not_publish_and_do_not_remove_the_parents_document()
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_do_not_publish(tmp_path, context):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
         import os, time, json
@@ -272,7 +272,7 @@ def test_validate_on_junk_never_raises():
 
 
 def test_preflight_shares_the_live_facts():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     r = run_py("""
         import json, torch, envdoctor
         torch.set_num_threads(64)

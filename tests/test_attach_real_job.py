@@ -95,7 +95,7 @@ def _serve_report_rows(pid: int) -> dict:
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
 def test_check_pid_reports_the_live_numbers_of_an_attached_job(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     cgroup = _cpu_cgroup()
     script = tmp_path / "job.py"
     script.write_text(JOB)

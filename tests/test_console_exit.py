@@ -69,7 +69,7 @@ def test_python_m_survives_a_check_stuck_inside_onnxruntime(tmp_path):
     """`python -m envdoctor` with a check still inside onnxruntime at exit: the report and
     the exit code, not SIGABRT ("terminate called without an active exception") from
     onnxruntime's static destructors running under the stuck thread (6 of 6 runs before)."""
-    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime", reason="needs onnxruntime (the onnx extra, installed by scripts/test.sh)")
     from helpers import cli
 
     site = tmp_path / "site"

@@ -123,7 +123,7 @@ def stop(procs) -> None:
 
 
 def test_ground_truth_processes_get_the_right_verdicts(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     programs = {"autograd_leak": AUTOGRAD_LEAK, "noisy_growth": NOISY_GROWTH, "steady": STEADY,
                 "sawtooth": SAWTOOTH, "step": STEP}
     procs = {name: start(code, tmp_path, name) for name, code in programs.items()}
@@ -168,7 +168,7 @@ def _memory_cgroup(limit: int) -> Path:
 
 
 def test_eta_against_the_real_time_to_the_cgroup_limit(tmp_path):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     cgroup = _memory_cgroup(512 * MIB)
     proc = start(AUTOGRAD_LEAK, tmp_path, "leak", pre=f"echo $$ > {cgroup}/cgroup.procs && ")
     try:
