@@ -47,7 +47,9 @@ def default_budget(options: ExecOptions, env: Mapping[str, str]) -> float:
 
     only, skip = _split(options.only), _split(options.skip)
     compared = any(c in only for c in CROSS_RANK) if only else not all(c in skip for c in CROSS_RANK)
-    if compared and not isinstance(launch.of(env), str):
+    # A usable launch, or one whose launch variables --fix may repair (MASTER_PORT=0 on every
+    # rank): the ranks then compare after the fix, and need the same time to meet.
+    if compared and (not isinstance(launch.of(env), str) or launch.names_a_rank(env)):
         return LAUNCH_TIMEOUT
     return DEFAULT_TIMEOUT
 

@@ -83,6 +83,14 @@ def of(env: Mapping[str, str]) -> Launch | str:
                   group_rank=_int(env.get("GROUP_RANK")), agent_store=agent, run_id=_safe_id(run))
 
 
+def names_a_rank(env: Mapping[str, str]) -> bool:
+    """Does this environment say it is one rank of several, usable or not (WORLD_SIZE above
+    1 with a RANK, or an srun step of several tasks)?"""
+    world = _int(env.get("WORLD_SIZE")) or _int(env.get("SLURM_STEP_NUM_TASKS") if env.get("SLURM_STEP_ID") else None)
+    rank = env.get("RANK", "").strip() or (env.get("SLURM_PROCID", "").strip() if env.get("SLURM_STEP_ID") else "")
+    return bool(world and world > 1 and rank)
+
+
 def _torch_or(env: Mapping[str, str], name: str, slurm: str | None) -> str | None:
     """torch's variable where it is set (a script may export some itself), else Slurm's."""
     value = env.get(name, "")

@@ -102,3 +102,11 @@ def test_dist_env_under_a_batch_script_and_a_broken_step_says_what_it_is():
     assert dist_env.slurm_context(step).startswith("step: an srun step, but MASTER_PORT is not usable")
     assert dist_env.slurm_context(SRUN) is None  # a usable step: mapped, judged like torchrun's
     assert dist_env.slurm_context(TORCHRUN) is None
+
+
+def test_a_rank_with_unusable_launch_variables_still_gets_the_launch_bound():
+    """--fix may repair MASTER_PORT=0 and the ranks then compare: they need the time to meet."""
+    broken = {**TORCHRUN, "MASTER_PORT": "0"}
+    assert isinstance(launch.of(broken), str) and launch.names_a_rank(broken)
+    assert default_budget(ExecOptions(), broken) == LAUNCH_TIMEOUT
+    assert not launch.names_a_rank({"WORLD_SIZE": "1", "RANK": "0"}) and not launch.names_a_rank({})
