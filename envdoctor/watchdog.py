@@ -245,6 +245,11 @@ class Watchdog:
             with self._lock:
                 if job.abandoned and self._stuck.get(job.key) is job:
                     del self._stuck[job.key]  # it came back after all: the key may run again
+            # Let go of it before waiting for the next: an idle worker's frame kept its last
+            # call (the function's closure, its value, its exception with the traceback's
+            # frames), and through them a whole serve run: the session, every result, and
+            # the run's own frame. 16 idle workers pinned up to 16 old runs.
+            del job
 
     def _run(self, job: _Job) -> None:
         with self._lock:

@@ -164,3 +164,36 @@ def test_a_signal_delivered_to_a_worker_thread_still_reaches_the_waiting_main_th
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert time.monotonic() - started < 10  # 0.1 s slices; a missed signal waits the full 20 s
+
+
+def test_an_idle_worker_keeps_nothing_of_its_last_call():
+    """A worker waiting for work held its last job: the function's closure, its value and
+    its exception's traceback, and through them (in serve) a whole run's sessions and
+    results, up to one old run per idle worker."""
+    import gc
+    import weakref
+
+    class Payload:
+        pass
+
+    wd = Watchdog(max_workers=2)
+    kept = []
+
+    def make() -> Payload:
+        payload = Payload()
+        kept.append(weakref.ref(payload))
+        return payload
+
+    def fail() -> None:
+        payload = Payload()
+        kept.append(weakref.ref(payload))
+        raise ValueError("with a traceback whose frame holds the payload")
+
+    assert wd.call("value", make, 5).kind == DONE
+    assert wd.call("error", fail, 5).kind == RAISED
+    assert wd.threads() >= 1  # the workers are alive and idle, waiting for the next call
+    deadline = time.monotonic() + 5
+    while any(ref() is not None for ref in kept) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert [ref() for ref in kept] == [None, None]
