@@ -156,3 +156,47 @@ def test_a_hung_gpu_costs_one_stuck_call_not_the_daemon():
         assert stuck and code == 503 and stuck[0].split(" for ")[0] in text
     finally:
         fake.release()
+
+
+GC_SCRIPT = r"""
+import gc, json, sys, threading, weakref
+gc.disable()  # only the daemon's own collections may free anything here
+from envdoctor.serve import Daemon, Options
+sched = Daemon(Options(once=True, interval=1.0)).scheduler
+left = []
+real_run = sched.run_once
+
+def run_once():
+    snap = real_run()
+    box = {}
+    box["self"] = box  # a cycle left by a run, as a kept exception's traceback or a session's lazy facts leave
+    left.append(weakref.ref(cycle := type("Cycle", (), {})()))
+    cycle.box, cycle.me = box, cycle
+    if len(left) >= 3:
+        sched.stop.set()
+    return snap
+
+sched.run_once = run_once
+loop = threading.Thread(target=sched.loop)
+loop.start()
+loop.join(60)
+print(json.dumps({"runs": len(left), "alive": sum(ref() is not None for ref in left),
+                  "frozen": gc.get_freeze_count(), "garbage_after": gc.collect()}))
+"""
+
+
+def test_the_loop_frees_each_runs_cycles_itself(tmp_path):
+    """A run leaves thousands of objects in reference cycles; left to the collector's own
+    schedule they outlived several runs (RSS 45 -> 57 MiB in 30 runs with 64 targets).
+    With automatic collection off, nothing a run left may still be alive after the loop,
+    and what lives for the daemon's life is frozen out of later collections."""
+    import json
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", GC_SCRIPT], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["runs"] == 3
+    assert seen["alive"] == 0, seen
+    assert seen["frozen"] > 1000, seen  # the modules' objects, frozen after the first run
+    assert seen["garbage_after"] < 500, seen  # a run alone leaves ~11,000 in cycles

@@ -17,6 +17,7 @@ of every process into a bounded history that memory.cache_growth judges.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -96,6 +97,7 @@ class Scheduler:
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
         self._executor: ThreadPoolExecutor | None = None
+        self._frozen = False  # gc.freeze() done after the first run
 
     # -- one run ------------------------------------------------------------------
     def run_once(self) -> Snapshot:
@@ -222,9 +224,27 @@ class Scheduler:
                 self.run_once()
             except Exception as exc:  # the daemon outlives any one bad run; /healthz turns 503 if it persists
                 log.event("error", "run failed", error=f"{type(exc).__name__}: {exc}")
+            self.collect_garbage()
             delay = self.next_delay() - (time.monotonic() - t0)
             if delay > 0:
                 self._wait(delay)
+
+    def collect_garbage(self) -> None:
+        """Free the run's reference cycles now, and keep what lives for the daemon's life
+        out of every later collection.
+
+        A run leaves ~11,000 objects in cycles (an exception kept with its traceback keeps
+        its frames, a session's lazy facts close over the session). Left to the cyclic
+        collector's own schedule they outlived several runs, with the environments and
+        maps texts they hold: with 64 targets RSS climbed from 45 to 57 MiB in 30 runs.
+        And each of its automatic full collections walked every module's objects too,
+        ~120 ms of CPU a run. After the first run (the checks' lazy imports are done),
+        everything alive is frozen: a collection then walks only what the last run left,
+        ~3.5 ms (measured with 64 targets)."""
+        gc.collect()
+        if not self._frozen:
+            gc.freeze()
+            self._frozen = True
 
     def _wait(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
