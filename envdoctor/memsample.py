@@ -36,10 +36,9 @@ import os
 import threading
 from array import array
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from envdoctor.paths import Roots, read_text
 
@@ -345,27 +344,56 @@ class Sampler:
 # -- many targets over time -----------------------------------------------------------
 
 
-@dataclass
 class _Track:
     """One target's samples, stored compactly: serve keeps maxlen of them for every
-    process it watches (64 processes x 720 points as tuples of two dicts were ~27 MiB).
-    A point is (names, array('d', [t, *values])), and consecutive points with the same
-    names share one tuple."""
+    process it watches. As a deque of (names, array) per point, 64 processes x 720
+    points held ~9 MiB (a tuple and an array object per point), a third of serve's
+    RSS budget; as tuples of two dicts it was ~27 MiB. Here consecutive samples with
+    the same memory names share one segment, a flat array('d') of rows [t, *values]:
+    8 bytes a number. series() slices the columns out in C."""
 
-    sampler: Sampler
-    points: deque  # of (names, array('d', [t, *values]))
-    latest: Sample | None = None
-    names: tuple[str, ...] = ()
+    __slots__ = ("sampler", "maxlen", "segments", "rows", "latest")
+
+    def __init__(self, sampler: "Sampler | None", maxlen: int):
+        self.sampler = sampler
+        self.maxlen = max(1, maxlen)
+        self.segments: list[tuple[tuple[str, ...], array]] = []  # (names, rows of 1 + len(names))
+        self.rows = 0
+        self.latest: Sample | None = None
 
     def append(self, sample: Sample) -> None:
         names = (*sample.values, *sample.counters)
-        if names != self.names:
-            self.names = names
-        values = [sample.t, *sample.values.values(), *sample.counters.values()]
-        self.points.append((self.names, array("d", values)))
+        if not self.segments or self.segments[-1][0] != names:
+            self.segments.append((names, array("d")))
+        self.segments[-1][1].extend([sample.t, *sample.values.values(), *sample.counters.values()])
+        self.rows += 1
+        while self.rows > self.maxlen:  # the oldest row goes (a memmove of a few KiB)
+            names, rows = self.segments[0]
+            del rows[:len(names) + 1]
+            if not rows:
+                self.segments.pop(0)
+            self.rows -= 1
+        self.latest = sample
 
     def last_time(self) -> float:
-        return self.points[-1][1][0] if self.points else 0.0
+        if not self.segments:
+            return 0.0
+        names, rows = self.segments[-1]
+        return rows[-(len(names) + 1)]
+
+    def series(self) -> dict[str, tuple[array, array]]:
+        out: dict[str, tuple[array, array]] = {}
+        for names, rows in self.segments:
+            stride = len(names) + 1
+            ts = rows[0::stride]
+            for column, name in enumerate(names, 1):
+                ys = rows[column::stride]
+                if name in out:
+                    before_t, before_y = out[name]
+                    out[name] = (before_t + ts, before_y + ys)
+                else:
+                    out[name] = (ts, ys)
+        return out
 
 
 class MemoryHistory:
@@ -373,8 +401,8 @@ class MemoryHistory:
 
     serve calls `sample(targets)` every interval (one Sampler per target, kept while
     the process lives), `prune(alive)` after discovery, and the check reads
-    `series(label)` and `latest(label)`. Memory stays bounded: maxlen x targets small
-    dicts; a target whose process exited is dropped on its next sample.
+    `series(label)` and `latest(label)`. Memory stays bounded: maxlen x targets rows of
+    numbers; a target whose process exited is dropped on its next sample.
 
     Wiring in serve (one history for the daemon's life):
 
@@ -399,9 +427,8 @@ class MemoryHistory:
                 if len(self._tracks) >= self.max_targets:
                     oldest = min(self._tracks, key=lambda k: self._tracks[k].last_time())
                     del self._tracks[oldest]
-                track = self._tracks[label] = _Track(sampler, deque(maxlen=self.maxlen))  # type: ignore[arg-type]
+                track = self._tracks[label] = _Track(sampler, self.maxlen)
             track.append(sample)
-            track.latest = sample
 
     def sample(self, targets: Iterable[tuple[str, int | None]], roots: Roots = Roots(), nvml: Any = None,
                live: Callable[[int | None], Mapping[str, Any] | None] | None = None) -> dict[str, str]:
@@ -441,19 +468,12 @@ class MemoryHistory:
             track = self._tracks.get(label)
             return track.latest if track else None
 
-    def series(self, label: str) -> dict[str, tuple[list[float], list[float]]]:
-        """{memory name: (times, values)} over the kept window; counters under their own names."""
+    def series(self, label: str) -> dict[str, tuple[Sequence[float], Sequence[float]]]:
+        """{memory name: (times, values)} over the kept window; counters under their own names.
+        Each is an array('d'), a copy: later samples do not change it."""
         with self._lock:
             track = self._tracks.get(label)
-            points = list(track.points) if track else []
-        out: dict[str, tuple[list[float], list[float]]] = {}
-        for names, row in points:
-            t = row[0]
-            for name, value in zip(names, row[1:]):
-                ts, ys = out.setdefault(name, ([], []))
-                ts.append(t)
-                ys.append(value)
-        return out
+            return track.series() if track else {}
 
 
 def sample_window(sampler: Sampler, window: float, interval: float, history: MemoryHistory, label: str,

@@ -162,3 +162,34 @@ def test_sample_window_on_this_process_reports_progress():
     assert len(history.series("self")["rss"][0]) >= 3
     assert seen[-1][1] == 0.3 and seen[-1][0] >= 0.3
     assert history.latest("self").values["rss"] > 0 and os.getpid() > 0
+
+
+def test_history_keeps_samples_compactly_across_changes_of_names():
+    """serve keeps 720 samples of every process: rows of 8-byte numbers, not an object per
+    sample (a deque of (names, array) points was ~9 MiB for 64 processes)."""
+    import tracemalloc
+
+    history = MemoryHistory(maxlen=5)
+    for i in range(4):
+        history.add("pid:1", Sample(float(i), {"rss": 10.0 + i}))
+    for i in range(4, 8):  # a GPU appears: a new column from here on
+        history.add("pid:1", Sample(float(i), {"rss": 10.0 + i, "cuda0_reserved": 100.0 + i}))
+    series = history.series("pid:1")
+    assert list(series["rss"][0]) == [3.0, 4.0, 5.0, 6.0, 7.0] and list(series["rss"][1]) == [13.0, 14.0, 15.0, 16.0, 17.0]
+    assert list(series["cuda0_reserved"][0]) == [4.0, 5.0, 6.0, 7.0]
+    history.add("pid:1", Sample(8.0, {"rss": 18.0}))  # the older segment empties and goes
+    assert list(history.series("pid:1")["rss"][0]) == [4.0, 5.0, 6.0, 7.0, 8.0]
+    before = series["rss"][1][0]
+    history.add("pid:1", Sample(9.0, {"rss": 19.0}))
+    assert series["rss"][1][0] == before  # what series() handed out is a copy
+
+    tracemalloc.start()
+    try:
+        big = MemoryHistory(maxlen=720)
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(720):
+            big.add("pid:2", Sample(float(i), {"rss": 1.0, "shm": 2.0}, counters={"x": 3.0}))
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert held < 720 * 4 * 8 * 2, held  # 4 numbers a row; an object per sample was ~140 bytes each
