@@ -32,9 +32,13 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-# Above this many points, judge an evenly thinned series: the pairwise slopes are
-# O(n^2) and 160 points (12720 pairs) already pin the median down.
-MAX_POINTS = 160
+# Above this many points, judge an evenly thinned series: the pairwise slopes and the
+# Mann-Kendall sum are O(n^2) in pure Python. serve judges every process's history
+# (720 points) every run: at 160 points that was 2.5-3.1 ms a series, ~0.35 s of CPU a
+# run with 64 processes, more than all the other checks together. At 64 points (2016
+# pairs) it is 0.37-0.48 ms, and on 720 noisy points the slope moved by under 1 %
+# (benchmarks/serve_run_cpu.py --history-points 720 measures the whole run).
+MAX_POINTS = 64
 # A single step fits this much better than the line (mean absolute residuals): a step, not a leak.
 STEP_RATIO = 0.6
 
