@@ -231,6 +231,9 @@ def _token(form: str) -> str:
     return left + re.escape(form) + right
 
 
+_MEMO_TEXTS = 4096
+
+
 class Scrubber:
     """Masks secrets and credentials in any JSON-like structure, and makes every string writable."""
 
@@ -242,13 +245,24 @@ class Scrubber:
         ordered = sorted(forms, key=len, reverse=True)
         self._pattern = re.compile("|".join(_token(f) for f in ordered)) if ordered else None
         self._credentials = credentials
+        # The same texts come back again and again (check ids, target labels, fact names,
+        # the same summary for every process of a job): serve scrubbed ~7,000 a run.
+        self._memo: dict[str, str] = {}
 
     def text(self, value: str) -> str:
+        done = self._memo.get(value)
+        if done is not None:
+            return done
+        original = value
         if self._pattern is not None:  # whole values first: a credential mask would split them
             value = self._pattern.sub(MASK, value)
         if self._credentials:
             value = mask_credentials(value)
-        return writable(value)
+        value = writable(value)
+        if len(self._memo) >= _MEMO_TEXTS:  # a long-lived Scrubber (the log's) stays bounded
+            self._memo.clear()
+        self._memo[original] = value
+        return value
 
     def any(self, value: Any) -> Any:
         if isinstance(value, str):

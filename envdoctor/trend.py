@@ -132,17 +132,26 @@ def step_residual(ys: Sequence[float]) -> float:
     return (sum(abs(y - left) for y in ys[:k]) + sum(abs(y - right) for y in ys[k:])) / n
 
 
+def _finite(ts: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    """The (t, y) pairs where both are finite numbers, as two lists of floats. A series
+    with nothing to drop (every one serve keeps) is converted in C: a comprehension over
+    720 pairs cost more than the fit of the 64 thinned from them."""
+    t_all, y_all = list(map(float, ts)), list(map(float, ys))
+    if all(map(math.isfinite, t_all)) and all(map(math.isfinite, y_all)):
+        return t_all, y_all
+    keep = [i for i, (t, y) in enumerate(zip(t_all, y_all)) if math.isfinite(t) and math.isfinite(y)]
+    return [t_all[i] for i in keep], [y_all[i] for i in keep]
+
+
 def assess(ts: Sequence[float], ys: Sequence[float], *, min_window: float, min_rise: float,
            alpha: float = 0.01, min_points: int = 8) -> Trend:
     """Judge one series. `ts` ascending seconds, `ys` the values (bytes)."""
     if len(ts) != len(ys):
         raise ValueError("ts and ys differ in length")
-    pairs = [(float(t), float(y)) for t, y in zip(ts, ys) if math.isfinite(t) and math.isfinite(y)]
-    n_all = len(pairs)
+    t_all, y_all = _finite(ts, ys)
+    n_all = len(t_all)
     if n_all == 0:
         return Trend(False, 0.0, 0.0, 0.0, 0, 1.0, 0.0, "no samples")
-    t_all = [p[0] for p in pairs]
-    y_all = [p[1] for p in pairs]
     level = _median(y_all[-3:])
     window = t_all[-1] - t_all[0]
     if n_all < min_points:

@@ -80,3 +80,15 @@ def test_scrubber_masks_longest_first_and_leaves_short_values():
     scrub = redact.Scrubber(redact.secret_values([{"A_TOKEN": "abcdefgh", "B_TOKEN": "abcdefghijkl", "X_KEY": "1"}]))
     assert scrub.text("v=abcdefghijkl w=abcdefgh n=1") == "v=*** w=*** n=1"
     assert scrub.any({"k": ["abcdefgh", 3]}) == {"k": ["***", 3]}
+
+
+def test_scrubber_memo_gives_the_same_answers_and_stays_bounded():
+    """serve reuses a scrubber for every process of a job and scrubs the same texts again
+    and again; the memo must answer as the first pass did, and a long-lived scrubber
+    (the log's) must not grow with every distinct line."""
+    scrub = redact.Scrubber(["abcdefgh12"])
+    texts = [f"line {i} abcdefgh12 user:pw@host{i} token={i}x" for i in range(redact._MEMO_TEXTS + 50)]
+    first = [scrub.text(t) for t in texts]
+    assert all("abcdefgh12" not in t and ":pw@" not in t for t in first)
+    assert [scrub.text(t) for t in texts] == first
+    assert len(scrub._memo) <= redact._MEMO_TEXTS

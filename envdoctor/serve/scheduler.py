@@ -98,6 +98,9 @@ class Scheduler:
         self.history = MemoryHistory(maxlen=720)
         self._executor: ThreadPoolExecutor | None = None
         self._frozen = False  # gc.freeze() done after the first run
+        self._own_env: Mapping[str, str] = os.environ
+        self._scrubbers: dict[tuple[str, ...], redact.Scrubber] = {}
+        self._run_lock = threading.Lock()
 
     # -- one run ------------------------------------------------------------------
     def run_once(self) -> Snapshot:
@@ -110,6 +113,10 @@ class Scheduler:
         from envdoctor.checks.memory_cache_growth import HISTORY_FACT
 
         host.fact(HISTORY_FACT, lambda: self.history)
+        # for this run only: our own environment decoded once (os.environ decodes every item
+        # on every pass, and redaction passed over it twice per target), and the scrubbers
+        self._own_env = dict(os.environ)
+        self._scrubbers = {}
         found = discovery.discover(
             self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
             nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
@@ -117,6 +124,7 @@ class Scheduler:
         self.stats.targets_overflow_total += found.overflow
         per_target = list(self._pool().map(lambda t: self._examine(t, host), found.targets))
         results = [r for rows in per_target for r in rows]
+        self._scrubbers = {}  # their memos are this run's
         self.history.prune(t.label for t in found.targets)  # processes that are gone take their samples with them
         self._count_timeouts(results)
         report = Report(host=socket.gethostname(), version=__version__, started_at=started, target="node",
@@ -168,12 +176,22 @@ class Scheduler:
         # A target's environment can only have leaked into a result if a check read it.
         # (Not passed to log.protect: that set lives for the daemon's life and would grow
         # with every short job's tokens; no log line here carries a target's values.)
-        envs: list[Mapping[str, str]] = [os.environ]
+        envs: list[Mapping[str, str]] = [self._own_env]
         env = session.env_if_read()
         if env is not None:
             envs.append(env)
-        scrub = redact.Scrubber(redact.secret_values(envs))
+        scrub = self._scrubber(redact.secret_values(envs))
         return [scrub.result(r) for r in results]
+
+    def _scrubber(self, secrets: list[str]) -> redact.Scrubber:
+        """One Scrubber per distinct set of secrets in a run: the processes of one job share
+        their environment, so they share its compiled pattern and what it already scrubbed."""
+        key = tuple(secrets)
+        with self._run_lock:
+            scrub = self._scrubbers.get(key)
+            if scrub is None:
+                scrub = self._scrubbers[key] = redact.Scrubber(secrets)
+            return scrub
 
     def _sample_memory(self, target: discovery.TargetInfo, host: HostSession) -> None:
         """One memory sample of the process (rss, cgroup, shm, GPU, its attached allocator) into the history."""
