@@ -200,3 +200,4 @@ def test_the_loop_frees_each_runs_cycles_itself(tmp_path):
     assert seen["alive"] == 0, seen
     assert seen["frozen"] > 1000, seen  # the modules' objects, frozen after the first run
     assert seen["garbage_after"] < 500, seen  # a run alone leaves ~11,000 in cycles
+

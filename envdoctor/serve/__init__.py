@@ -47,20 +47,6 @@ class StartError(Exception):
     """Bad usage, config or web config at start: the CLI prints it and exits 2."""
 
 
-def _limit_malloc_arenas(arenas: int = 2) -> None:
-    """Cap glibc's malloc arenas: it makes one per thread that allocates, and a server
-    with a thread per connection would otherwise grow its RSS with every burst of
-    concurrent scrapes (measured: +5 MiB after 8 concurrent clients). No-op off glibc."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 class Daemon:
     """Everything `serve` runs, built and checked by start(); run() blocks until stopped."""
 
@@ -130,7 +116,7 @@ class Daemon:
 
     def run(self) -> int:
         from envdoctor import log
-        from envdoctor.serve import httpd, webconfig
+        from envdoctor.serve import httpd, malloc, webconfig
 
         scheduler = self.scheduler
         if self.options.once:
@@ -139,7 +125,7 @@ class Daemon:
                       textfile=str(self.options.textfile or ""))
             return EXIT_IO if self.textfile_error else 0
 
-        _limit_malloc_arenas()
+        malloc.limit_arenas()
         stop = scheduler.stop
         previous = {}
 

@@ -38,7 +38,7 @@ from envdoctor.errors import Unavailable
 from envdoctor.memsample import MemoryHistory
 from envdoctor.model import Report, Result
 from envdoctor.registry import Registry
-from envdoctor.serve import discovery, metrics
+from envdoctor.serve import discovery, malloc, metrics
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
 from envdoctor.watchdog import Watchdog
@@ -258,8 +258,10 @@ class Scheduler:
         And each of its automatic full collections walked every module's objects too,
         ~120 ms of CPU a run. After the first run (the checks' lazy imports are done),
         everything alive is frozen: a collection then walks only what the last run left,
-        ~3.5 ms (measured with 64 targets)."""
+        ~3.5 ms (measured with 64 targets). Then what malloc holds free goes back to the
+        kernel (serve.malloc): RSS 49 -> 38 MiB at 64 targets."""
         gc.collect()
+        malloc.release_free_memory()
         if not self._frozen:
             gc.freeze()
             self._frozen = True
