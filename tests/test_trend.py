@@ -127,3 +127,14 @@ def test_any_series_gives_a_trend_not_a_crash(points):
     tr = trend.assess([p[0] for p in points], [p[1] for p in points], **OPTS)
     assert isinstance(tr.rising, bool)
     assert math.isfinite(tr.slope) or not tr.rising
+
+
+def test_a_flat_series_answers_as_the_full_fit_does():
+    """The shortcut for a constant series (no fit at all) must say what the fit says."""
+    ts = [float(i) * 15 for i in range(200)]
+    ys = [4096.0] * 200
+    quick = trend.assess(ts, ys, min_window=10, min_rise=1)
+    slope, _ = trend.theil_sen(*trend.thin(ts, ys))
+    s, p = trend.mann_kendall(trend.thin(ts, ys)[1])
+    assert (quick.rising, quick.slope, quick.p_value, quick.reason) == (False, slope, p, "no upward trend") == (False, 0.0, 1.0, "no upward trend")
+    assert quick.points == 200 and quick.window == ts[-1] and quick.level == 4096.0
