@@ -237,7 +237,7 @@ _MEMO_TEXTS = 4096
 class Scrubber:
     """Masks secrets and credentials in any JSON-like structure, and makes every string writable."""
 
-    def __init__(self, secrets: Iterable[str], *, credentials: bool = True):
+    def __init__(self, secrets: Iterable[str], *, credentials: bool = True, memo: bool = False):
         forms: set[str] = set()
         for secret in secrets:
             if secret:
@@ -245,24 +245,29 @@ class Scrubber:
         ordered = sorted(forms, key=len, reverse=True)
         self._pattern = re.compile("|".join(_token(f) for f in ordered)) if ordered else None
         self._credentials = credentials
-        # The same texts come back again and again (check ids, target labels, fact names,
-        # the same summary for every process of a job): serve scrubbed ~7,000 a run.
-        self._memo: dict[str, str] = {}
+        # memo=True where one scrubber sees the same texts again and again: in a serve run,
+        # check ids, target labels, fact names and the same summary for every process of a
+        # job, ~7,000 texts a run. Off by default: a log line's or a report's scrubber sees
+        # each text once, and the memo would only cost memory. Bounded either way.
+        self._memo: dict[str, str] | None = {} if memo else None
 
     def text(self, value: str) -> str:
-        done = self._memo.get(value)
-        if done is not None:
-            return done
-        original = value
+        memo = self._memo
+        if memo is None:
+            return self._scrub(value)
+        done = memo.get(value)
+        if done is None:
+            if len(memo) >= _MEMO_TEXTS:
+                memo.clear()
+            done = memo[value] = self._scrub(value)
+        return done
+
+    def _scrub(self, value: str) -> str:
         if self._pattern is not None:  # whole values first: a credential mask would split them
             value = self._pattern.sub(MASK, value)
         if self._credentials:
             value = mask_credentials(value)
-        value = writable(value)
-        if len(self._memo) >= _MEMO_TEXTS:  # a long-lived Scrubber (the log's) stays bounded
-            self._memo.clear()
-        self._memo[original] = value
-        return value
+        return writable(value)
 
     def any(self, value: Any) -> Any:
         if isinstance(value, str):

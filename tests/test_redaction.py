@@ -86,9 +86,10 @@ def test_scrubber_memo_gives_the_same_answers_and_stays_bounded():
     """serve reuses a scrubber for every process of a job and scrubs the same texts again
     and again; the memo must answer as the first pass did, and a long-lived scrubber
     (the log's) must not grow with every distinct line."""
-    scrub = redact.Scrubber(["abcdefgh12"])
+    scrub = redact.Scrubber(["abcdefgh12"], memo=True)
     texts = [f"line {i} abcdefgh12 user:pw@host{i} token={i}x" for i in range(redact._MEMO_TEXTS + 50)]
     first = [scrub.text(t) for t in texts]
     assert all("abcdefgh12" not in t and ":pw@" not in t for t in first)
     assert [scrub.text(t) for t in texts] == first
     assert len(scrub._memo) <= redact._MEMO_TEXTS
+    assert redact.Scrubber(["abcdefgh12"])._memo is None  # off unless asked for

@@ -190,7 +190,7 @@ class Scheduler:
         with self._run_lock:
             scrub = self._scrubbers.get(key)
             if scrub is None:
-                scrub = self._scrubbers[key] = redact.Scrubber(secrets)
+                scrub = self._scrubbers[key] = redact.Scrubber(secrets, memo=True)
             return scrub
 
     def _sample_memory(self, target: discovery.TargetInfo, host: HostSession) -> None:
