@@ -67,6 +67,7 @@ class _Once:
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
+        self._where: Any = None  # the failure's own traceback, from the factory's raise down
 
     def peek(self) -> Any:
         """The value if it was computed successfully, else None; never computes."""
@@ -78,10 +79,15 @@ class _Once:
                 try:
                     self._value = self._factory()
                 except BaseException as exc:  # kept and re-raised to every caller
-                    self._error = exc
+                    self._error, self._where = exc, exc.__traceback__
                 self._done = True
         if self._error is not None:
-            raise self._error
+            # Each `raise` of one exception object adds the raising frames to its traceback.
+            # Re-raised as it was, the NVML failure grew by a few frames for every process
+            # in a serve run (64 processes: hundreds), and its traceback kept every one of
+            # those frames, and their sessions, alive until the run ended. Reset to the
+            # failure's own traceback first: where it failed stays the innermost frame.
+            raise self._error.with_traceback(self._where)
         return self._value
 
 

@@ -197,3 +197,32 @@ def test_an_idle_worker_keeps_nothing_of_its_last_call():
         gc.collect()
         time.sleep(0.05)
     assert [ref() for ref in kept] == [None, None]
+
+
+def test_a_kept_failure_does_not_grow_with_every_caller():
+    """A host fact that failed (NVML missing) is re-raised to every caller; its traceback
+    must stay the failure's own, not gain the callers' frames (and keep them alive) each
+    time, and it must still point at where it failed."""
+    from envdoctor.context import _Once
+    from envdoctor.errors import Unavailable
+    from envdoctor.watchdog import where_raised
+
+    def connect():
+        raise Unavailable("no NVIDIA driver here")
+
+    once = _Once(connect)
+
+    def depth(tb) -> int:
+        n = 0
+        while tb is not None:
+            n, tb = n + 1, tb.tb_next
+        return n
+
+    seen = []
+    for _ in range(50):
+        try:
+            once.get()
+        except Unavailable as exc:
+            seen.append(depth(exc.__traceback__))
+            assert where_raised(exc).startswith("test_watchdog.py:")  # connect()'s raise, innermost
+    assert max(seen) == seen[0] and seen[0] <= 4, seen
