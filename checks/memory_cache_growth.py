@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from envdoctor import trend
 from envdoctor.check import Check, Metric
@@ -82,7 +82,7 @@ DESCRIBE = {"rss": "resident memory", "cgroup": "cgroup working set", "shm": "/d
 
 @dataclass(frozen=True)
 class GrowthFacts:
-    series: Mapping[str, tuple[list[float], list[float]]]  # memory -> (times, bytes)
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]]  # memory -> (times, bytes)
     limits: Mapping[str, Any]  # memory -> memsample.Limit (latest)
     source: str  # "window" or "history"
     stopped: str | None = None  # why sampling ended early
