@@ -1,8 +1,11 @@
-"""Run checks concurrently on the watchdog's bounded pool, and never fall over.
+"""Run checks on the watchdog's bounded pool, and never fall over.
 
-Every check of a run starts at once on the watchdog (envdoctor.watchdog), keyed
-by (check id, target), and the runner waits for each only until that check's
-deadline. What comes back becomes exactly one row:
+Every check of a run is started on the watchdog (envdoctor.watchdog), keyed by
+(check id, target), and the runner waits for each only until that check's
+deadline. Checks start one after another: the next starts when the last has
+finished or has run SLOW_CHECK_SECONDS, so quick checks do not contend for the
+GIL and a session's facts while slow ones (a probe, a hung read) still overlap.
+What comes back becomes exactly one row:
 - a Result: the check's verdict;
 - Unavailable: `skip`, its hint in the fix column;
 - any other exception, SystemExit and KeyboardInterrupt included: `error`,
@@ -10,8 +13,9 @@ deadline. What comes back becomes exactly one row:
 - no answer by the deadline: `error` "timed out after N s, stuck at file:line";
 - the same (check, target) still stuck from an earlier run: `error` "still stuck
   since ..., not started again", without spending a thread on it.
-A run takes as long as its slowest check, not the sum, and a daemon that re-runs
-a hung check every interval keeps one stuck thread for it, not one per interval.
+A run takes about as long as its slowest check, not the sum (at most
+SLOW_CHECK_SECONDS more per check before it), and a daemon that re-runs a hung
+check every interval keeps one stuck thread for it, not one per interval.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from envdoctor.model import Result, Status, error, skip
 from envdoctor.watchdog import DONE, RAISED, STUCK, Outcome, describe_exception
 
 DEFAULT_TIMEOUT = 15.0
+# Started all at once, the ~7 checks of each process contended for the GIL and for its
+# session's facts: serve spent 2.5x the CPU over 64 processes (see serve.scheduler). A
+# check in serve takes ~0.3 ms; one still running after this is left to run beside the next.
+SLOW_CHECK_SECONDS = 0.05
 
 
 @dataclass
@@ -74,16 +82,19 @@ def run_one(plan: Plan, session: Session) -> Result:
 
 
 def run(plans: Iterable[Plan], session: Session) -> list[Result]:
-    """Run every plan concurrently; return one result per plan, in plan order."""
+    """Run every plan, overlapping only slow ones; return one result per plan, in plan order."""
     plans = list(plans)
     watchdog = session.watchdog
-    started = time.monotonic()
-    pending = [watchdog.start((plan.check.id, session.target.label),
-                              lambda plan=plan: _call(plan, session, started + plan.timeout))
-               for plan in plans]
+    pending = []
+    for plan in plans:
+        deadline = time.monotonic() + plan.timeout
+        call = watchdog.start((plan.check.id, session.target.label),
+                              lambda plan=plan, deadline=deadline: _call(plan, session, deadline))
+        pending.append((call, deadline))
+        call.finished_within(min(SLOW_CHECK_SECONDS, plan.timeout))
     results: list[Result] = []
-    for plan, call in zip(plans, pending):
-        outcome = call.wait(started + plan.timeout)
+    for plan, (call, deadline) in zip(plans, pending):
+        outcome = call.wait(deadline)
         result = _row(plan, outcome)
         result.check = plan.check.id
         result.target = session.target.label

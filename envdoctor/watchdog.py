@@ -133,6 +133,13 @@ class Pending:
         self._outcome = outcome
         self._t0 = time.monotonic()
 
+    def finished_within(self, seconds: float) -> bool:
+        """Whether the call ends within `seconds`; unlike wait(), says nothing final (a call
+        still running is not settled as timed out), so a caller can start the next one."""
+        if self._outcome is not None or self._job is None:
+            return True
+        return self._job.done.wait(seconds)
+
     def wait(self, deadline: float) -> Outcome:
         """Wait until `deadline` (time.monotonic()) at the latest."""
         if self._outcome is not None:
