@@ -135,6 +135,45 @@ def test_processes_nvml_lists_become_targets_and_gpu_health_runs_on_the_node():
         os.kill(pid, 9)
 
 
+def test_targets_are_examined_one_at_a_time_and_slow_ones_overlap(monkeypatch):
+    """16 processes examined at once cost 2.5x the CPU of one at a time (GIL hand-offs at
+    every read), so a run examines them in turn; one still running after
+    SLOW_TARGET_SECONDS (a hung read waiting out its timeout) is left to finish beside the
+    next, so a node of slow processes still takes about one's time, not the sum."""
+    from fake_pynvml import FakeNvml
+    from envdoctor.serve import scheduler as scheduler_module
+    from envdoctor.serve.discovery import TargetInfo
+
+    sched = _scheduler(FakeNvml(devices=[]))
+    targets = [TargetInfo(label=f"pid:{1000 + i}", pid=1000 + i, source="test", comm="t") for i in range(6)]
+    lock = threading.Lock()
+    running, most = [0], [0]
+
+    def examine(seconds):
+        def fn(target, host):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(seconds)
+            with lock:
+                running[0] -= 1
+            return [target.pid]
+        return fn
+
+    monkeypatch.setattr(scheduler_module, "SLOW_TARGET_SECONDS", 30.0)
+    monkeypatch.setattr(sched, "_examine", examine(0.02))
+    assert sched._examine_all(targets, None) == [[t.pid] for t in targets]  # in order
+    assert most[0] == 1, "quick targets overlapped"
+
+    monkeypatch.setattr(scheduler_module, "SLOW_TARGET_SECONDS", 0.05)
+    monkeypatch.setattr(sched, "_examine", examine(1.0))
+    most[0] = 0
+    started = time.monotonic()
+    assert sched._examine_all(targets, None) == [[t.pid] for t in targets]
+    assert most[0] == 6, "slow targets waited for one another"
+    assert time.monotonic() - started < 6 * 1.0
+
+
 def test_a_hung_gpu_costs_one_stuck_call_not_the_daemon():
     """NVML blocks on one device: the run still completes, the check says it is stuck,
     the next run does not start it again, and /healthz names it."""

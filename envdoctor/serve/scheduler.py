@@ -2,8 +2,8 @@
 
 A run: a fresh HostSession (node facts once), discovery, then each target's
 checks (those whose declared modes include "serve" and that are not intrusive)
-through the engine's runner on the shared watchdog, a few targets at a time. The
-results are redacted per target, rendered once into a Snapshot and swapped in
+through the engine's runner on the shared watchdog, one target at a time unless
+one is slow (see `_examine_all`). The results are redacted per target, rendered once into a Snapshot and swapped in
 whole. The loop sleeps interval ± 10 % jitter (so a fleet of nodes does not
 read NVML in lock-step), wakes at once to stop, and re-reads the config when
 asked (SIGHUP).
@@ -26,7 +26,7 @@ import random
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
@@ -45,7 +45,11 @@ from envdoctor.watchdog import Watchdog
 
 # Node-wide checks: run once on the node target, not repeated per process.
 NODE_ONLY = ("gpu.health", "onnx.opset")
-TARGETS_AT_ONCE = 16  # the default watchdog has 16 workers; pin_memory waits 0.5 s per process
+# Targets are examined one at a time; one that takes longer than SLOW_TARGET_SECONDS (its
+# checks wait on a hung file or time out) is left to finish beside the next ones, up to
+# TARGETS_AT_ONCE together (the default watchdog's 16 workers).
+TARGETS_AT_ONCE = 16
+SLOW_TARGET_SECONDS = 0.1  # a process is examined in ~2 ms (64 sleepers: 110 ms a run)
 JITTER = 0.1
 
 
@@ -122,7 +126,7 @@ class Scheduler:
             nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
             exclude=discovery.own_family(self.roots.procfs))
         self.stats.targets_overflow_total += found.overflow
-        per_target = list(self._pool().map(lambda t: self._examine(t, host), found.targets))
+        per_target = self._examine_all(found.targets, host)
         results = [r for rows in per_target for r in rows]
         self._scrubbers = {}  # their memos are this run's
         self.history.prune(t.label for t in found.targets)  # processes that are gone take their samples with them
@@ -156,6 +160,24 @@ class Scheduler:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=TARGETS_AT_ONCE, thread_name_prefix="envdoctor-target")
         return self._executor
+
+    def _examine_all(self, targets: list[discovery.TargetInfo], host: HostSession) -> list[list[Result]]:
+        """Every target's results, in order: one target at a time, overlapping only slow ones.
+
+        Examining 16 targets at once cost 2.5x the CPU of one at a time (282 against 114 ms
+        a run with 64 sleepers, 25,000 against 3,600 context switches a run): every file
+        read releases the GIL, and 16 threads, each handing its checks to the watchdog's
+        16, woke one another for it at every read. A target still running after
+        SLOW_TARGET_SECONDS (a hung read waiting out its timeout) keeps its thread while the
+        next one starts, so a node of hung processes still waits for 16 at a time, as before.
+        """
+        pool = self._pool()
+        futures = []
+        for target in targets:
+            future = pool.submit(self._examine, target, host)
+            futures.append(future)
+            wait([future], timeout=SLOW_TARGET_SECONDS)
+        return [f.result() for f in futures]
 
     def _selection(self, target: discovery.TargetInfo) -> pipeline.Selection:
         if target.pid is None:
