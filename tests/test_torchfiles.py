@@ -272,6 +272,30 @@ def test_system_site_packages_decides_whether_the_base_torch_counts(tmp_path, mo
         assert (facts["torch_version"] if facts else None) == found, include
 
 
+def test_a_kept_directory_listing_follows_a_python_installed_later(tmp_path):
+    """serve searches the same interpreters' lib/ every run, so the python3* names of a
+    directory are kept; a python3.X added (or removed) afterwards must still be seen."""
+    prefix = tmp_path / "usr"
+    (prefix / "lib" / "python3.11").mkdir(parents=True)
+    (prefix / "lib" / "other").mkdir()
+
+    def host(path: str) -> Path:
+        return Path(path)
+
+    first = locate._lib_python_dirs(str(prefix), host)
+    assert first == [f"{prefix}/lib/python3.11/site-packages", f"{prefix}/lib/python3.11/dist-packages"]
+    assert locate._lib_python_dirs(str(prefix), host) == first  # the kept listing answers alike
+    before = os.stat(prefix / "lib").st_mtime_ns
+    (prefix / "lib" / "python3.12").mkdir()
+    if os.stat(prefix / "lib").st_mtime_ns == before:  # a coarse clock: make the change visible
+        os.utime(prefix / "lib", ns=(before + 10**9, before + 10**9))
+    assert locate._lib_python_dirs(str(prefix), host)[:2] == [f"{prefix}/lib/python3.12/site-packages",
+                                                               f"{prefix}/lib/python3.12/dist-packages"]
+    shutil.rmtree(prefix / "lib" / "python3.11")
+    os.utime(prefix / "lib", ns=(before + 2 * 10**9, before + 2 * 10**9))
+    assert all("python3.11" not in d for d in locate._lib_python_dirs(str(prefix), host))
+
+
 def test_an_interpreter_without_torch_falls_back_to_the_probe_which_says_so(tmp_path):
     python = make_venv(tmp_path)
     with pytest.raises(Unavailable, match="no torch in"):

@@ -77,13 +77,33 @@ def _lib_python_dirs(prefix: str, host: Callable[[str], Path]) -> list[str]:
     out = []
     for lib in ("lib", "lib64"):
         try:
-            names = sorted((p.name for p in host(f"{prefix}/{lib}").iterdir() if p.name.startswith("python3")), reverse=True)
+            names = _python_names(host(f"{prefix}/{lib}"))
         except OSError:
             continue
         for name in names:
             for leaf in ("site-packages", "dist-packages"):
                 out.append(f"{prefix}/{lib}/{name}/{leaf}")
     return out
+
+
+# serve looks for torch in every process that has not mapped it, every run, and
+# /usr/lib lists hundreds of names: a directory's python3* names are kept while its
+# (device, inode, mtime) stay the same, which any entry added or removed changes.
+_NAMES_KEPT = 256
+_python_names_kept: dict[tuple[int, int, int], list[str]] = {}
+
+
+def _python_names(lib: Path) -> list[str]:
+    """The python3* entries of `lib`, newest first."""
+    st = os.stat(lib)
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+    names = _python_names_kept.get(key)
+    if names is None:
+        names = sorted((name for name in os.listdir(lib) if name.startswith("python3")), reverse=True)
+        if len(_python_names_kept) >= _NAMES_KEPT:
+            _python_names_kept.clear()
+        _python_names_kept[key] = names
+    return list(names)
 
 
 def _pyvenv(prefix: str, host: Callable[[str], Path]) -> dict[str, str] | None:
