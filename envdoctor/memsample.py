@@ -202,6 +202,13 @@ def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
 # -- one target -----------------------------------------------------------------------
 
 
+Shared = Callable[[str, Callable[[], Any]], Any]
+
+
+def _unshared(key: str, read: Callable[[], Any]) -> Any:
+    return read()
+
+
 class Sampler:
     """Samples one process. `live` returns the attached job's document (or None)."""
 
@@ -216,8 +223,14 @@ class Sampler:
     def _host_pid(self) -> int:
         return os.getpid() if self.pid is None else self.pid
 
-    def sample(self) -> Sample:
-        """One sample now. Raises ProcessGone when the process exited or its pid was reused."""
+    def sample(self, shared: Shared | None = None) -> Sample:
+        """One sample now. Raises ProcessGone when the process exited or its pid was reused.
+
+        `shared(key, read)`, when given, is a memo for this moment (serve: one run's node
+        facts): what every process reads alike (the host's meminfo) or what the processes of
+        one container do (their cgroup's memory files, three levels of three files) is
+        then read once a run, not once per process."""
+        share = shared if shared is not None else _unshared
         t = time.monotonic()
         notes: list[str] = []
         values: dict[str, float] = {}
@@ -232,7 +245,7 @@ class Sampler:
         if self.pid is not None and start_time(self.roots, self.pid) != self.started:
             raise ProcessGone(f"pid {self.pid} now names another process")
 
-        total, available = host_available(self.roots)
+        total, available = share("memsample.meminfo", lambda: host_available(self.roots))
         host = Limit(total, available, "host memory") if available is not None else None
         rss = _kib_field(status, "VmRSS")
         if rss is not None:
@@ -244,7 +257,8 @@ class Sampler:
         notes.extend(self._cgroup_notes)
         cg_limit = None
         if self._cgroup is not None:
-            working, cg_limit = _read_cgroup(self._cgroup)
+            files = self._cgroup
+            working, cg_limit = share(f"memsample.cgroup:{files.levels[0]}", lambda: _read_cgroup(files))
             # The cgroup's own series only where a limit makes it the constraint: without
             # one, the cgroup may be a whole slice or the root (other processes' growth,
             # not the target's), and rss against host memory says what matters.
@@ -431,8 +445,10 @@ class MemoryHistory:
             track.append(sample)
 
     def sample(self, targets: Iterable[tuple[str, int | None]], roots: Roots = Roots(), nvml: Any = None,
-               live: Callable[[int | None], Mapping[str, Any] | None] | None = None) -> dict[str, str]:
-        """Sample each (label, pid) once; returns {label: why it was dropped} for targets that are gone."""
+               live: Callable[[int | None], Mapping[str, Any] | None] | None = None,
+               shared: Shared | None = None) -> dict[str, str]:
+        """Sample each (label, pid) once; returns {label: why it was dropped} for targets that
+        are gone. `shared`: see Sampler.sample."""
         gone: dict[str, str] = {}
         for label, pid in targets:
             with self._lock:
@@ -441,7 +457,7 @@ class MemoryHistory:
             if sampler is None:
                 sampler = Sampler(roots, pid, nvml, (lambda pid=pid: live(pid)) if live else None)
             try:
-                sample = sampler.sample()
+                sample = sampler.sample(shared)
             except ProcessGone as exc:
                 self.forget(label)
                 gone[label] = str(exc)

@@ -5,6 +5,7 @@ allocator figures, pid reuse, and the bounded history."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,24 @@ def test_history_keeps_samples_compactly_across_changes_of_names():
     finally:
         tracemalloc.stop()
     assert held < 720 * 4 * 8 * 2, held  # 4 numbers a row; an object per sample was ~140 bytes each
+
+
+def test_processes_of_one_cgroup_share_its_reading_within_a_run(tmp_path):
+    """serve samples every process each run; those of one container share their cgroup's
+    memory files (three levels of three files) and the host's meminfo, so a run's node
+    memo (HostSession.fact) reads them once, and the next run reads them afresh."""
+    from envdoctor.context import HostSession
+
+    roots = make_tree(tmp_path, "v2")
+    other = PID + 1
+    shutil.copytree(roots.procfs / str(PID), roots.procfs / str(other), symlinks=True)
+    usage = roots.sysfs / "fs/cgroup/kubepods/pod1/memory.current"
+
+    run = HostSession(roots=roots)
+    first = Sampler(roots, PID).sample(run.fact)
+    usage.write_text(str(500 * MIB))  # changes between the two processes' samples of one run
+    second = Sampler(roots, other).sample(run.fact)
+    assert first.values["cgroup"] == second.values["cgroup"] == 250 * MIB  # read once this run
+    assert first.limits["rss"] == second.limits["rss"]
+    assert Sampler(roots, other).sample().values["cgroup"] == 450 * MIB  # unshared: read now
+    assert Sampler(roots, other).sample(HostSession(roots=roots).fact).values["cgroup"] == 450 * MIB  # next run

@@ -225,7 +225,7 @@ class Scheduler:
             nvml = None
         try:
             self.history.sample([(target.label, target.pid)], self.roots, nvml,
-                                lambda pid: live_document(self.roots, pid))
+                                lambda pid: live_document(self.roots, pid), shared=host.fact)
         except Exception as exc:  # a sample that breaks costs this target's point, not the run
             log.event("debug", "memory sample failed", target=target.label, reason=f"{type(exc).__name__}: {exc}")
 
