@@ -454,8 +454,11 @@ class MemoryHistory:
             with self._lock:
                 track = self._tracks.get(label)
             sampler = track.sampler if track is not None and track.sampler is not None else None
+            reader = (lambda pid=pid: live(pid)) if live else None
             if sampler is None:
-                sampler = Sampler(roots, pid, nvml, (lambda pid=pid: live(pid)) if live else None)
+                sampler = Sampler(roots, pid, nvml, reader)
+            else:  # kept for the process's life, it samples through this run's NVML and reader
+                sampler.nvml, sampler.live = nvml, reader
             try:
                 sample = sampler.sample(shared)
             except ProcessGone as exc:

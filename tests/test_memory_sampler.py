@@ -155,6 +155,22 @@ def test_history_sample_drops_exited_targets(tmp_path):
     assert history.latest(f"pid:{PID}").values["rss"] == 100 * MIB
 
 
+def test_a_kept_sampler_reads_through_each_runs_nvml_and_live_view(tmp_path):
+    """A process's sampler lives as long as the process; NVML and the live document are
+    each run's. Kept from the run that first saw the process, a GPU that NVML could not
+    reach then was never sampled, and every old facade read NVML again each run."""
+    roots = make_tree(tmp_path)
+    history = MemoryHistory()
+    label = f"pid:{PID}"
+    history.sample([(label, PID)], roots, nvml=None, live=lambda pid: None)  # NVML down on the first run
+    assert not [k for k in history.latest(label).values if k.startswith("gpu")]
+    nv = _nvml([FakeDevice(memory_total=80 * GIB, processes=[(PID, 3 * GIB)])])
+    doc = {"cuda": {"initialized": True, "devices": {"0": {"allocated_bytes": GIB, "reserved_bytes": 2 * GIB}}}}
+    history.sample([(label, PID)], roots, nvml=nv, live=lambda pid: doc)
+    latest = history.latest(label).values
+    assert latest["gpu0"] == 3 * GIB and latest["cuda0_reserved"] == 2 * GIB
+
+
 def test_sample_window_on_this_process_reports_progress():
     seen = []
     history = MemoryHistory()
