@@ -229,10 +229,19 @@ def live_facts(ctx: Any) -> LiveFacts:
             if live_torch is not None and getattr(ctx.session, "torch_factory", None) is live_torch:
                 return LiveFacts(snapshot(), "this process (preflight)")
             return LiveFacts(None, "this process is not attached")
-        doc, source = read_document(ctx.roots, pid)
-        return LiveFacts(doc, source)
+        return LiveFacts(*read_document(ctx.roots, pid))
 
+    return _shared(ctx.host, ctx.target.label, read)
+
+
+def process_live_facts(host: Any, roots: Any, label: str, pid: int) -> LiveFacts:
+    """Another process's live view through the run's node memo (`host`), under the key
+    live_facts() uses: serve's memory sample and the checks of one run read it once."""
+    return _shared(host, label, lambda: LiveFacts(*read_document(roots, pid)))
+
+
+def _shared(host: Any, label: str, read: Any) -> LiveFacts:
     try:
-        return ctx.host.fact(f"attach.live:{ctx.target.label}", read)
+        return host.fact(f"attach.live:{label}", read)
     except Exception as exc:
         return LiveFacts(None, f"{type(exc).__name__}: {exc}")

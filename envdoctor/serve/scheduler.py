@@ -217,7 +217,7 @@ class Scheduler:
 
     def _sample_memory(self, target: discovery.TargetInfo, host: HostSession) -> None:
         """One memory sample of the process (rss, cgroup, shm, GPU, its attached allocator) into the history."""
-        from envdoctor.attach_reader import live_document
+        from envdoctor.attach_reader import process_live_facts
 
         try:
             nvml = host.need("nvml")
@@ -225,7 +225,8 @@ class Scheduler:
             nvml = None
         try:
             self.history.sample([(target.label, target.pid)], self.roots, nvml,
-                                lambda pid: live_document(self.roots, pid), shared=host.fact)
+                                lambda pid: process_live_facts(host, self.roots, target.label, pid).doc,
+                                shared=host.fact)
         except Exception as exc:  # a sample that breaks costs this target's point, not the run
             log.event("debug", "memory sample failed", target=target.label, reason=f"{type(exc).__name__}: {exc}")
 
