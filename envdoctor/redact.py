@@ -34,6 +34,7 @@ exporter and no `-o FILE` fails to encode a report.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -167,12 +168,26 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
         for name, value in env.items():
             if not value or value in public:
                 continue
-            if looks_secret(name):
+            kind = _name_kind(name)
+            if kind is _SECRET:
                 if len(value) >= min_secret:
                     values.add(value)
-            elif not is_allowed(name) and not _is_harmless(name) and len(value) >= min_unknown:
+            elif kind is _UNKNOWN and len(value) >= min_unknown:
                 values.add(value)
     return sorted(values, key=len, reverse=True)
+
+
+_SECRET, _SHOWN, _UNKNOWN = "secret", "shown", "unknown"
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_kind(name: str) -> str:
+    """What a variable's name says of its value: a secret, shown (allowed or harmless), or
+    unknown. serve asks for every variable of every process every run, and the names
+    repeat (PATH, HOME, the job's own): each is matched against the patterns once."""
+    if looks_secret(name):
+        return _SECRET
+    return _SHOWN if is_allowed(name) or _is_harmless(name) else _UNKNOWN
 
 
 def public_values(envs: Iterable[Mapping[str, str]], extra: Iterable[str] = ()) -> set[str]:
@@ -181,7 +196,7 @@ def public_values(envs: Iterable[Mapping[str, str]], extra: Iterable[str] = ()) 
     public: set[str] = {v for v in extra if v}
     for env in envs:
         for name, value in env.items():
-            if value and not looks_secret(name) and (is_allowed(name) or _is_harmless(name)):
+            if value and _name_kind(name) is _SHOWN:
                 public.add(value)
     public.update(_host_public())
     return public
