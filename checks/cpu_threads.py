@@ -107,7 +107,7 @@ class ThreadFacts:
 def gather(ctx) -> ThreadFacts:
     env = ctx.env  # Unavailable (unreadable environ) becomes a skip in the runner
     variables = {name: env[name] for name in THREAD_VARS if name in env}
-    cpus = effective_cpus(ctx.roots, ctx.target.pid)
+    cpus = effective_cpus(ctx.roots, ctx.target.pid, ctx.host.fact)  # one quota lookup per cgroup per run
     from envdoctor.attach_reader import live_facts
 
     live = live_facts(ctx)

@@ -35,6 +35,7 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any, Callable
 
 from envdoctor.affinity import affinity, online_cpus
 from envdoctor.paths import Roots, read_text
@@ -46,6 +47,8 @@ _MAX_DIGITS = 20
 _DEVICE = re.compile(r"^\d+:\d+$")
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
+
+Shared = Callable[[str, Callable[[], Any]], Any]  # a memo for one moment: key, compute -> value
 
 # --------------------------------------------------------------------------- parsers
 
@@ -343,17 +346,21 @@ def _level_limit(directory: Path, v2: bool, notes: list[str]) -> tuple[float, Pa
     return quota / period, file
 
 
-def cpu_limit(roots: Roots, pid: int | None) -> CpuLimit:
+def cpu_limit(roots: Roots, pid: int | None, shared: Shared | None = None) -> CpuLimit:
     """The tightest CPU quota on the cgroup path of `pid` (None: this process), v1 and v2.
 
     Never raises for unreadable or malformed files: source is "unknown" and notes
     say why when nothing could be looked at, "none" when every hierarchy was
     searched and none sets a quota.
+
+    `shared(key, compute)`, when given, is a memo for this moment (serve: one run's node
+    facts). Processes whose /proc/N/cgroup says the same are in the same cgroups, and
+    when our own mount table shows them, their quota is one answer, looked up once.
     """
-    notes: list[str] = []
     cgroup_file = Path(roots.procfs) / _who(pid) / "cgroup"
     try:
-        entries = parse_proc_cgroup(_read(cgroup_file))
+        text = _read(cgroup_file)
+        entries = parse_proc_cgroup(text)
     except OSError as exc:
         return CpuLimit(None, "unknown", "", (f"cannot read {cgroup_file}: {exc.strerror or exc}",))
     except ParseError as exc:
@@ -363,8 +370,19 @@ def cpu_limit(roots: Roots, pid: int | None) -> CpuLimit:
     relevant = list(dict.fromkeys(e for e in entries if e.is_v2 or "cpu" in e.controllers))
     if not relevant:
         return CpuLimit(None, "unknown", "", (f"{cgroup_file} lists no cpu or unified cgroup hierarchy",))
-
     views = _views(roots, pid)
+    if shared is not None and pid is not None:
+        # the reader's own view names no path of the target's, so its answer is every such process's
+        seen = shared(f"cgroup.cpu_limit:{text}", lambda: _limit_over(relevant, views[:1], complete=True))
+        if seen is not None:
+            return seen
+    return _limit_over(relevant, views)
+
+
+def _limit_over(relevant: list[CgroupEntry], views: list[_View], complete: bool = False) -> CpuLimit | None:
+    """The tightest quota over every relevant hierarchy, as `views` show them. complete:
+    None unless every hierarchy was visible (the caller then asks the target's own view)."""
+    notes: list[str] = []
     mount_tables: dict[Path, object] = {}  # each mountinfo read and parsed once per call, however many entries
     best: tuple[float, Path, str] | None = None
     searched = 0
@@ -372,6 +390,8 @@ def cpu_limit(roots: Roots, pid: int | None) -> CpuLimit:
         located = _locate(entry, views, notes, mount_tables)
         version = "cgroup v2" if entry.is_v2 else "cgroup v1"
         if located is None:
+            if complete:
+                return None
             notes.append(f"{version} cgroup {entry.path} is not visible through any mount")
             continue
         searched += 1
@@ -385,17 +405,18 @@ def cpu_limit(roots: Roots, pid: int | None) -> CpuLimit:
     return CpuLimit(None, "none" if searched else "unknown", "", tuple(notes))
 
 
-def effective_cpus(roots: Roots, pid: int | None) -> EffectiveCpus:
+def effective_cpus(roots: Roots, pid: int | None, shared: Shared | None = None) -> EffectiveCpus:
     """CPUs the target can use at once: the smaller of its affinity mask and its cgroup
-    quota (falling back to the online count when the mask cannot be read)."""
+    quota (falling back to the online count when the mask cannot be read). `shared`:
+    see cpu_limit."""
     notes: list[str] = []
     try:
         mask: int | None = len(affinity(Path(roots.procfs), pid)) or None
     except (OSError, ParseError) as exc:
         mask = None
         notes.append(f"affinity of {_who(pid)} unknown: {getattr(exc, 'strerror', None) or exc}")
-    online = online_cpus(Path(roots.sysfs))
-    limit = cpu_limit(roots, pid)
+    online = online_cpus(Path(roots.sysfs)) if shared is None else shared("cgroup.online_cpus", lambda: online_cpus(Path(roots.sysfs)))
+    limit = cpu_limit(roots, pid, shared)
     notes.extend(limit.notes)
 
     candidates: list[tuple[float, str]] = []

@@ -226,6 +226,40 @@ def test_falls_back_to_the_targets_own_mount_table(tmp_path):
     assert "77/root" in limit.path
 
 
+def test_processes_of_one_cgroup_share_one_lookup_per_run(tmp_path):
+    """serve asks every process's quota every run; those whose /proc/N/cgroup says the
+    same are in the same cgroups, so a run's memo looks the quota up once for them. A
+    process our mount table cannot show is still looked up through its own."""
+    import shutil
+
+    from envdoctor.context import HostSession
+
+    shutil.copytree(FIXTURES / "cgroup_v2_pid", tmp_path / "t")
+    roots = Roots(procfs=tmp_path / "t" / "procfs", sysfs=tmp_path / "t" / "sys", rootfs=tmp_path / "t")
+    shutil.copytree(roots.procfs / "4242", roots.procfs / "4243")
+    cpu_max = roots.sysfs / "fs/cgroup/system.slice/train.service/cpu.max"
+
+    run = HostSession(roots=roots)
+    first = cpu_limit(roots, 4242, run.fact)
+    cpu_max.write_text("300000 100000\n")  # changes between two processes of one run
+    assert cpu_limit(roots, 4243, run.fact) == first and first.quota_cpus == 1.5  # looked up once this run
+    assert effective_cpus(roots, 4243, run.fact).cpus == 1.5
+    assert cpu_limit(roots, 4243).quota_cpus == 3.0  # without the memo: read now
+    assert cpu_limit(roots, 4243, HostSession(roots=roots).fact).quota_cpus == 3.0  # the next run reads afresh
+
+    # the reader's table cannot show this one's cgroup; its own mount table can
+    proc = roots.procfs
+    (proc / "77").mkdir()
+    (proc / "77" / "cgroup").write_text("4:cpu:/docker/x\n")
+    (proc / "77" / "mountinfo").write_text("9 1 0:27 /docker/x /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    cg = proc / "77" / "root" / "sys" / "fs" / "cgroup" / "cpu"
+    cg.mkdir(parents=True)
+    (cg / "cpu.cfs_quota_us").write_text("25000\n")
+    (cg / "cpu.cfs_period_us").write_text("100000\n")
+    limit = cpu_limit(roots, 77, run.fact)
+    assert limit.quota_cpus == 0.25 and "77/root" in limit.path
+
+
 def test_empty_tree_is_unknown_not_an_exception(tmp_path):
     roots = Roots(procfs=tmp_path, sysfs=tmp_path, rootfs=tmp_path)
     limit = cpu_limit(roots, None)
