@@ -42,6 +42,9 @@ from typing import Sequence
 # pairs) it is 0.37-0.48 ms, and on 720 noisy points the slope moved by under 1 %
 # (benchmarks/serve_run_cpu.py --history-points 720 measures the whole run).
 MAX_POINTS = 64
+# From this many samples on (over an hour at serve's 15 s), thin on a grid fixed in time
+# (thin_on_grid), whose picks, and so their fit, stay the same from run to run.
+GRID_FROM = 4 * MAX_POINTS
 # A single step fits this much better than the line (mean absolute residuals): a step, not a leak.
 STEP_RATIO = 0.6
 
@@ -109,6 +112,52 @@ def _theil_sen_of(slopes: list[float], ts: Sequence[float], ys: Sequence[float])
         return 0.0, (_median(ys) if ys else 0.0)
     slope = _median(slopes)
     return slope, _median([y - slope * t for t, y in zip(ts, ys)])
+
+
+def thin_on_grid(ts: Sequence[float], ys: Sequence[float], max_points: int = MAX_POINTS) -> tuple[list[float], list[float]]:
+    """Between about max_points/2 and max_points samples: the first one in each cell of a
+    time grid fixed to the clock (cells of a power of two seconds), the oldest cell left
+    out (the history may have dropped part of it).
+
+    A long history slides by one sample a run. Evenly spaced indices (thin()) then pick
+    64 new samples every run; the grid keeps the same ones until a cell is entered or
+    emptied (at 720 samples 15 s apart, cells of 256 s: about 2 runs in 17), so the fit
+    of those samples is kept between (see _fit_kept). The newest samples wait for their
+    cell's first one to be picked: the slope lags by up to one cell; `level` does not.
+    """
+    window = ts[-1] - ts[0]
+    if len(ts) <= max_points or not window > 0:
+        return thin(ts, ys, max_points)
+    cell = 2.0 ** math.ceil(math.log2(window / (max_points - 2)))
+    # the first sample at or after each cell's start, from the second cell on (ts ascend)
+    starts = range(math.floor(ts[0] / cell) + 1, math.floor(ts[-1] / cell) + 1)
+    picks = sorted({bisect.bisect_left(ts, k * cell) for k in starts})
+    if len(picks) < max_points // 4:  # samples far apart (a paused daemon): every cell is sparse
+        return thin(ts, ys, max_points)
+    return [ts[i] for i in picks], [ys[i] for i in picks]
+
+
+# Fits of the points thin_on_grid picked, by those points: serve judges every process's
+# history every run, and its picks change in about 2 runs of 17. Bounded: cleared when full.
+_FITS_KEPT = 4096
+_fits: dict[int, tuple[tuple[int, float, float, float], tuple[float, float, int, float]]] = {}
+
+
+def _fit_kept(ts: list[float], ys: list[float]) -> tuple[float, float, int, float]:
+    """_fit(ts, ys), kept by the points' values: by a hash of them, checked against their
+    number and ends (the points themselves would cost more memory than the fits save CPU)."""
+    if len(ts) <= 16:  # cheaper to fit than to keep
+        return _fit(ts, ys)
+    key = hash((tuple(ts), tuple(ys)))
+    check = (len(ts), ts[0], ts[-1], ys[-1])
+    kept = _fits.get(key)
+    if kept is not None and kept[0] == check:
+        return kept[1]
+    fit = _fit(ts, ys)
+    if len(_fits) >= _FITS_KEPT:
+        _fits.clear()
+    _fits[key] = (check, fit)
+    return fit
 
 
 def theil_sen(ts: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -205,8 +254,8 @@ def assess(ts: Sequence[float], ys: Sequence[float], *, min_window: float, min_r
         return Trend(False, 0.0, 0.0, window, n_all, 1.0, level, f"window {window:.1f} s, need {min_window:g} s")
     if min(y_all) == max(y_all):  # flat (a process that never touches /dev/shm): the fit's own answer, without the O(n^2)
         return Trend(False, 0.0, 0.0, window, n_all, 1.0, level, "no upward trend")
-    t, y = thin(t_all, y_all)
-    slope, intercept, s, p = _fit(t, y)
+    t, y = thin_on_grid(t_all, y_all) if n_all > GRID_FROM else thin(t_all, y_all)
+    slope, intercept, s, p = _fit_kept(t, y)
     rise = slope * window
 
     def done(rising: bool, reason: str) -> Trend:
