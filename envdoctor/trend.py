@@ -138,8 +138,9 @@ def thin_on_grid(ts: Sequence[float], ys: Sequence[float], max_points: int = MAX
 
 
 # Fits of the points thin_on_grid picked, by those points: serve judges every process's
-# history every run, and its picks change in about 2 runs of 17. Bounded: cleared when full.
-_FITS_KEPT = 4096
+# history every run, and its picks change in about 2 runs of 17. ~430 bytes a fit; when
+# full, the older half goes (64 processes add ~24 a run: ~200 KiB at most).
+_FITS_KEPT = 1024
 _fits: dict[int, tuple[tuple[int, float, float, float], tuple[float, float, int, float]]] = {}
 
 
@@ -155,7 +156,8 @@ def _fit_kept(ts: list[float], ys: list[float]) -> tuple[float, float, int, floa
         return kept[1]
     fit = _fit(ts, ys)
     if len(_fits) >= _FITS_KEPT:
-        _fits.clear()
+        for old in list(itertools.islice(_fits, _FITS_KEPT // 2)):  # the first kept: the oldest picks
+            del _fits[old]
     _fits[key] = (check, fit)
     return fit
 

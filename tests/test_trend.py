@@ -197,3 +197,16 @@ def test_a_long_history_sliding_by_a_sample_a_run_is_refitted_only_when_its_grid
     whole, _ = trend.theil_sen(ts, ys)  # every one of the 258,840 pairs
     # within 3 %, as the 64 evenly spaced samples judged before were (measured: -1.0 to +0.9 %)
     assert all(s == pytest.approx(whole, rel=0.03) for s in slopes), (whole, min(slopes), max(slopes))
+
+
+def test_kept_fits_stay_bounded_and_keep_the_newest(monkeypatch):
+    monkeypatch.setattr(trend, "_fits", {})
+    series = [([float(t) for t in range(40)], [float(i + (t * 7919) % 97) for t in range(40)]) for i in range(3000)]
+    for ts, ys in series:
+        trend._fit_kept(ts, ys)
+        assert len(trend._fits) <= trend._FITS_KEPT
+    assert len(trend._fits) > trend._FITS_KEPT // 2  # the newer half was kept, not everything dropped
+    calls = []
+    real_fit = trend._fit
+    monkeypatch.setattr(trend, "_fit", lambda ts, ys: calls.append(1) or real_fit(ts, ys))
+    assert trend._fit_kept(*series[-1]) == real_fit(*series[-1]) and not calls  # the newest is still kept
