@@ -465,6 +465,10 @@ class MemoryHistory:
                 self.forget(label)
                 gone[label] = str(exc)
                 continue
+            finally:
+                # ...and holds neither between runs: serve's reader closes over the run's node
+                # facts, which a kept sampler would keep alive after the run (gc.freeze: for good)
+                sampler.nvml = sampler.live = None
             self.add(label, sample, sampler)
         return gone
 

@@ -201,7 +201,7 @@ GC_SCRIPT = r"""
 import gc, json, sys, threading, weakref
 gc.disable()  # only the daemon's own collections may free anything here
 from envdoctor.serve import Daemon, Options
-sched = Daemon(Options(once=True, interval=1.0)).scheduler
+sched = Daemon(Options(once=True, interval=1.0, config_file=sys.argv[1])).scheduler
 left = []
 real_run = sched.run_once
 
@@ -219,7 +219,7 @@ sched.run_once = run_once
 loop = threading.Thread(target=sched.loop)
 loop.start()
 loop.join(60)
-print(json.dumps({"runs": len(left), "alive": sum(ref() is not None for ref in left),
+print(json.dumps({"runs": len(left), "alive": sum(ref() is not None for ref in left), "targets": len(sched.snapshot.targets),
                   "frozen": gc.get_freeze_count(), "garbage_after": gc.collect()}))
 """
 
@@ -232,10 +232,17 @@ def test_the_loop_frees_each_runs_cycles_itself(tmp_path):
     import json
     import sys
 
-    out = subprocess.run([sys.executable, "-c", GC_SCRIPT], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    # with a process to examine: what a run leaves behind is mostly its targets' (a kept
+    # memory sampler once held the run's node facts, and gc.freeze kept the first run's)
+    tag = f"ENVDOCTOR_GC_{os.getpid()}"
+    subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 &"], env={**os.environ, tag: "1"}, check=True)
+    config = tmp_path / "envdoctor.toml"
+    config.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
+    out = subprocess.run([sys.executable, "-c", GC_SCRIPT, str(config)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["runs"] == 3
+    assert seen["runs"] == 3 and seen["targets"] >= 2, seen  # the node and the sleeper
     assert seen["alive"] == 0, seen
     assert seen["frozen"] > 1000, seen  # the modules' objects, frozen after the first run
     assert seen["garbage_after"] < 500, seen  # a run alone leaves ~11,000 in cycles
