@@ -41,6 +41,7 @@ import socket
 import sys
 import time
 import urllib.parse
+from collections import abc
 from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
@@ -247,6 +248,7 @@ def _token(form: str) -> str:
 
 
 _MEMO_TEXTS = 4096
+_PLAIN = (int, float, bool, type(None))
 
 
 class Scrubber:
@@ -287,7 +289,10 @@ class Scrubber:
     def any(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)
-        if isinstance(value, Mapping):
+        kind = type(value)
+        if kind in _PLAIN:  # most facts: numbers (isinstance against typing's Mapping is slow)
+            return value
+        if kind is dict or isinstance(value, abc.Mapping):
             return {self.any(k): self.any(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.any(v) for v in value]
