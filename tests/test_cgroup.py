@@ -208,19 +208,25 @@ def test_other_process_through_the_readers_mount_table():
     assert (eff.cpus, eff.affinity) == (1.5, 4)
 
 
+def _only_its_own_mount_table_shows(proc: Path, pid: int) -> None:
+    """Process `pid` whose v1 cpu cgroup (a quarter CPU) only its own mount table shows,
+    reached through <procfs>/<pid>/root."""
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "cgroup").write_text("4:cpu:/docker/x\n")
+    (proc / str(pid) / "mountinfo").write_text("9 1 0:27 /docker/x /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    cg = proc / str(pid) / "root" / "sys" / "fs" / "cgroup" / "cpu"
+    cg.mkdir(parents=True)
+    (cg / "cpu.cfs_quota_us").write_text("25000\n")
+    (cg / "cpu.cfs_period_us").write_text("100000\n")
+
+
 def test_falls_back_to_the_targets_own_mount_table(tmp_path):
     # The reader cannot see the hierarchy (no cgroup mount of its own), the target
     # can: its mount is reached through <procfs>/<pid>/root.
     proc = tmp_path / "procfs"
     (proc / "self").mkdir(parents=True)
     (proc / "self" / "mountinfo").write_text("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n")
-    (proc / "77").mkdir()
-    (proc / "77" / "cgroup").write_text("4:cpu:/docker/x\n")
-    (proc / "77" / "mountinfo").write_text("9 1 0:27 /docker/x /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
-    cg = proc / "77" / "root" / "sys" / "fs" / "cgroup" / "cpu"
-    cg.mkdir(parents=True)
-    (cg / "cpu.cfs_quota_us").write_text("25000\n")
-    (cg / "cpu.cfs_period_us").write_text("100000\n")
+    _only_its_own_mount_table_shows(proc, 77)
     limit = cpu_limit(Roots(procfs=proc, sysfs=tmp_path / "sys", rootfs=tmp_path), 77)
     assert limit.quota_cpus == 0.25
     assert "77/root" in limit.path
@@ -248,14 +254,7 @@ def test_processes_of_one_cgroup_share_one_lookup_per_run(tmp_path):
     assert cpu_limit(roots, 4243, HostSession(roots=roots).fact).quota_cpus == 3.0  # the next run reads afresh
 
     # the reader's table cannot show this one's cgroup; its own mount table can
-    proc = roots.procfs
-    (proc / "77").mkdir()
-    (proc / "77" / "cgroup").write_text("4:cpu:/docker/x\n")
-    (proc / "77" / "mountinfo").write_text("9 1 0:27 /docker/x /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
-    cg = proc / "77" / "root" / "sys" / "fs" / "cgroup" / "cpu"
-    cg.mkdir(parents=True)
-    (cg / "cpu.cfs_quota_us").write_text("25000\n")
-    (cg / "cpu.cfs_period_us").write_text("100000\n")
+    _only_its_own_mount_table_shows(roots.procfs, 77)
     limit = cpu_limit(roots, 77, run.fact)
     assert limit.quota_cpus == 0.25 and "77/root" in limit.path
 
