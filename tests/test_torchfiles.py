@@ -221,6 +221,8 @@ def test_maps_give_the_torch_folder():
     assert locate.site_dirs_from_maps(files) == ["/opt/env/lib/python3.11/site-packages"]
     assert locate.deleted_files(maps) == ["/opt/env/lib/python3.11/site-packages/torch/lib/libtorch_python.so"]
     assert locate.mapped_files("garbage\n\x00\n1 2 3\n") == []
+    both = locate.mapped(maps + maps.replace(" (deleted)", ""))  # one pass: each file once, replaced if ever so
+    assert list(both) == files and [f for f, gone in both.items() if gone] == locate.deleted_files(maps)
 
 
 def make_venv(tmp_path: Path, name: str = "venv", system_site: bool = False) -> Path:

@@ -215,7 +215,8 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict
         maps_text = _read_bounded(maps, locate.MAX_MAPS)
     except OSError as exc:
         raise unavailable_from_oserror(exc, Target(pid), maps) from None
-    files = locate.mapped_files(maps_text)
+    mapped = locate.mapped(maps_text)  # parsed once: the files and which were replaced
+    files = list(mapped)
 
     def host(path: str) -> Path:
         return roots.seen_by(pid, path)
@@ -235,7 +236,7 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict
     facts = read_installation_cached(torch_dir, host)
     facts["python"] = exe
     facts["torch_imported"] = imported
-    replaced = [f for f in locate.deleted_files(maps_text) if f.startswith(torch_dir + "/")]
+    replaced = [f for f, deleted in mapped.items() if deleted and f.startswith(torch_dir + "/")]
     facts["torch_files_replaced"] = replaced
     if replaced:
         facts["warnings"].append(f"pid:{pid} runs a torch whose files were replaced on disk since it loaded them "

@@ -30,24 +30,31 @@ _SITE = re.compile(r"^(?P<site>/.*/(?:site|dist)-packages)/")
 
 def mapped_files(maps_text: str) -> list[str]:
     """The file paths in /proc/N/maps text (the sixth column), in order, each once."""
-    return list(_mapped(maps_text))
+    return list(mapped(maps_text))
 
 
 def deleted_files(maps_text: str) -> list[str]:
     """Mapped files that were deleted or replaced on disk since they were mapped
     (a `pip install` over a running job): what the process runs is no longer there."""
-    return [path for path, deleted in _mapped(maps_text).items() if deleted]
+    return [path for path, deleted in mapped(maps_text).items() if deleted]
 
 
-def _mapped(maps_text: str) -> dict[str, bool]:
+_DELETED = " (deleted)"
+
+
+def mapped(maps_text: str) -> dict[str, bool]:
+    """Every file path in maps text (the sixth column), in order of first appearance, each
+    once: whether it was deleted (or replaced) on disk since it was mapped. One pass gives
+    both the files and the replaced ones (serve reads every torch process's maps each run)."""
     seen: dict[str, bool] = {}
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith("/"):
-            path, deleted = parts[5], parts[5].endswith(" (deleted)")
-            if deleted:
-                path = path[: -len(" (deleted)")]
-            seen[path] = seen.get(path, False) or deleted
+            path = parts[5]
+            if path.endswith(_DELETED):
+                seen[path[: -len(_DELETED)]] = True
+            elif path not in seen:
+                seen[path] = False
     return seen
 
 
