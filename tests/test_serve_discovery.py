@@ -105,3 +105,30 @@ def test_a_broken_nvml_is_a_note_not_a_failure():
 def test_an_empty_procfs_finds_only_the_node(tmp_path):
     found = discovery.discover(Roots(procfs=tmp_path), max_targets=5, announce_dirs=[])
     assert [t.label for t in found.targets] == ["node"]
+
+
+def test_a_torch_process_keeps_its_torch_lines_and_they_give_the_whole_maps_facts():
+    """Discovery reads every python process's maps to find torch; the lines naming a torch
+    folder are kept for the run, so the torch facts do not read the whole maps again
+    (a CUDA build maps 1,000-2,000 lines). They must give what the whole maps give."""
+    import pytest
+
+    pytest.importorskip("torch")
+    from envdoctor import torchfacts
+
+    proc = subprocess.Popen([sys.executable, "-c", "import torch, sys; print('up', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        found = discovery.discover(Roots(), max_targets=1000, announce_dirs=[])
+        mine = next(t for t in found.targets if t.pid == proc.pid)
+        assert mine.source == "torch" and "libtorch" in mine.torch_maps
+        assert len(mine.torch_maps) < len(open(f"/proc/{proc.pid}/maps").read()) / 2
+        hinted = torchfacts.for_process(Roots(), proc.pid, {}, maps_hint=mine.torch_maps)
+        assert hinted == torchfacts.for_process(Roots(), proc.pid, {})
+        assert hinted["torch_imported"] is True and hinted["torch_files_replaced"] == []
+        # a hint without torch's libraries is no answer: the whole maps is read
+        assert torchfacts.for_process(Roots(), proc.pid, {}, maps_hint="garbage") == hinted
+    finally:
+        proc.kill()
+        proc.wait()

@@ -567,6 +567,9 @@ def test_a_torch_replaced_under_a_running_process_is_said(tmp_path):
         os.replace(replacement, lib)  # what pip does: a new file at the same path
         (pkg / "version.py").write_text("__version__ = '2.99.1+cu128'\ncuda = '12.8'\n")
         facts = torchfacts.for_process(Roots(), holder.pid)
+        # serve's discovery keeps the maps lines naming a torch folder; the replaced library is among them
+        lines = "\n".join(line for line in Path(f"/proc/{holder.pid}/maps").read_text().splitlines() if "/torch/" in line)
+        assert torchfacts.for_process(Roots(), holder.pid, maps_hint=lines) == facts
     finally:
         holder.kill()
         holder.wait()

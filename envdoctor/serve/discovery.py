@@ -51,6 +51,9 @@ class TargetInfo:
     comm: str = ""
     container_id: str = ""
     pod_uid: str = ""
+    # the lines of its maps naming a torch folder, when discovery read them this run (source
+    # "torch"): its torch facts come from them instead of a second read of the whole maps
+    torch_maps: str = field(default="", repr=False)
 
 
 @dataclass
@@ -83,9 +86,19 @@ def _is_python(procfs: Path, pid: int, comm: str) -> bool:
     return "python" in os.path.basename(exe)
 
 
-def _has_libtorch(procfs: Path, pid: int) -> bool:
+def _torch_maps(procfs: Path, pid: int) -> str | None:
+    """The lines of the process's maps that name a torch folder when it has libtorch
+    mapped, else None."""
     data = _read(procfs / str(pid) / "maps", MAPS_LIMIT)
-    return bool(data) and b"libtorch" in data
+    if not data or b"libtorch" not in data:
+        return None
+    lines, start = [], 0
+    while (at := data.find(b"/torch/", start)) != -1:
+        end = data.find(b"\n", at)
+        end = len(data) if end == -1 else end
+        lines.append(data[data.rfind(b"\n", 0, at) + 1:end])
+        start = end
+    return b"\n".join(lines).decode("utf-8", "surrogateescape")
 
 
 def _is_workload(procfs: Path, pid: int) -> tuple[bool, str]:
@@ -157,6 +170,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         found.notes.append(f"cannot list {procfs}: {exc.strerror or exc}")
         entries = []
     comms: dict[int, str] = {}
+    torch_maps: dict[int, str] = {}
     for pid in sorted(entries):
         if pid in skip:
             continue
@@ -169,8 +183,9 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
             continue
         if selectors.comm and any(fnmatch.fnmatchcase(comm, p) for p in selectors.comm):
             chosen[pid] = "selector"
-        elif _is_python(procfs, pid, comm) and _has_libtorch(procfs, pid):
+        elif _is_python(procfs, pid, comm) and (lines := _torch_maps(procfs, pid)) is not None:
             chosen[pid] = "torch"
+            torch_maps[pid] = lines
         elif selectors.env and _env_has(procfs, pid, selectors.env):
             chosen[pid] = "selector"
 
@@ -184,7 +199,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         cgroup = (_read(procfs / str(pid) / "cgroup", 65536) or b"").decode("utf-8", "replace")
         container, pod = container_of(cgroup)
         comm = comms.get(pid) or (_read(procfs / str(pid) / "comm", 256) or b"").decode("utf-8", "replace").strip()
-        found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod))
+        found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod, torch_maps.get(pid, "")))
     return found
 
 

@@ -17,6 +17,7 @@ of every process into a bounded history that memory.cache_growth judges.
 
 from __future__ import annotations
 
+import functools
 import gc
 import gzip
 import json
@@ -53,9 +54,10 @@ SLOW_TARGET_SECONDS = 0.1  # a process is examined in ~2 ms (64 sleepers: 110 ms
 JITTER = 0.1
 
 
-def _torch_from_files(session: Session) -> Any:
+def _torch_from_files(session: Session, maps_hint: str = "") -> Any:
     """A pid target's torch facts from its files (the libtorch it has mapped, read through
-    /proc/N/root); never an import, never a probe."""
+    /proc/N/root); never an import, never a probe. `maps_hint`: its torch lines of maps,
+    as discovery read them this run."""
     from envdoctor.torchfacts import for_process
 
     assert session.target.pid is not None
@@ -63,7 +65,7 @@ def _torch_from_files(session: Session) -> Any:
         env = dict(session.env)
     except Unavailable:  # its VIRTUAL_ENV/PYTHONPATH hints are lost, not the facts
         env = {}
-    return for_process(session.roots, session.target.pid, env)
+    return for_process(session.roots, session.target.pid, env, maps_hint=maps_hint)
 
 
 def _no_torch(session: Session) -> Any:
@@ -188,7 +190,10 @@ class Scheduler:
         if target.pid is None:
             session = Session(target=Target.node(), host=host, env_override={}, torch_factory=_no_torch)
         else:
-            session = Session(target=Target(target.pid), host=host, torch_factory=self.torch_factory)
+            factory = self.torch_factory
+            if target.torch_maps and factory is _torch_from_files:  # discovery read its maps this run
+                factory = functools.partial(_torch_from_files, maps_hint=target.torch_maps)
+            session = Session(target=Target(target.pid), host=host, torch_factory=factory)
             self._sample_memory(target, host)
         try:
             results = pipeline.run_checks(self.registry, self.config, session, self._selection(target), mode="serve")

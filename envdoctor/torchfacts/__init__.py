@@ -206,16 +206,22 @@ def _read_bounded(path: Path, limit: int) -> str:
     return read_bytes(path, limit).decode("utf-8", "surrogateescape")
 
 
-def for_process(roots: Any, pid: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Facts of the torch process `pid` has loaded, or would load, read through /proc/N/root."""
+def for_process(roots: Any, pid: int, env: dict[str, str] | None = None, maps_hint: str = "") -> dict[str, Any]:
+    """Facts of the torch process `pid` has loaded, or would load, read through /proc/N/root.
+
+    `maps_hint`: lines of its maps already read (serve's discovery keeps those naming a
+    torch folder). When they show torch's libraries, maps is not read again; they hold
+    every line under that folder, so replaced files are seen as in the whole maps."""
     from envdoctor.context import Target, unavailable_from_oserror
 
+    mapped = locate.mapped(maps_hint)  # parsed once: the files and which were replaced
     maps = roots.proc(pid, "maps")
-    try:
-        maps_text = _read_bounded(maps, locate.MAX_MAPS)
-    except OSError as exc:
-        raise unavailable_from_oserror(exc, Target(pid), maps) from None
-    mapped = locate.mapped(maps_text)  # parsed once: the files and which were replaced
+    if not locate.torch_dirs_from_maps(mapped):
+        try:
+            maps_text = _read_bounded(maps, locate.MAX_MAPS)
+        except OSError as exc:
+            raise unavailable_from_oserror(exc, Target(pid), maps) from None
+        mapped = locate.mapped(maps_text)
     files = list(mapped)
 
     def host(path: str) -> Path:
