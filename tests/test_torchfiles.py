@@ -576,3 +576,20 @@ def test_a_torch_replaced_under_a_running_process_is_said(tmp_path):
     assert facts["torch_version"] == "2.99.1+cu128"
     assert facts["torch_files_replaced"] == [str(lib)]
     assert any("replaced on disk" in w for w in facts["warnings"])
+
+
+def test_cached_facts_are_copies_a_caller_may_change(tmp_path):
+    """read_installation_cached hands out copies: a check that edits the facts it was given
+    (warnings appended, a list sorted) must not change what the next process is told."""
+    torch_dir = str(stub_torch(tmp_path / "site"))
+    first = torchfacts.read_installation_cached(torch_dir)
+    first["warnings"].append("changed by a caller")
+    first["torch_version"] = "0"
+    for value in first.values():
+        if isinstance(value, dict):
+            value["planted"] = True
+    second = torchfacts.read_installation_cached(torch_dir)
+    assert "changed by a caller" not in second["warnings"] and second["torch_version"] == "2.99.0+cu128"
+    assert not any(isinstance(v, dict) and "planted" in v for v in second.values())
+    fresh = torchfacts.read_installation(torch_dir)
+    assert {k: v for k, v in second.items() if k != "read_seconds"} == {k: v for k, v in fresh.items() if k != "read_seconds"}
