@@ -1,6 +1,6 @@
 """CPU one `envdoctor serve` run costs over N target processes, measured in-process.
 
-    .venv/bin/python benchmarks/serve_run_cpu.py [--targets 64] [--runs 20] [--rounds 3] [--history-points 720]
+    .venv/bin/python benchmarks/serve_run_cpu.py [--targets 64] [--runs 20] [--rounds 3] [--history-points 720] [--torch]
 
 Starts N `sleep` processes (not our children: serve never examines its own) tagged
 with an environment variable that a `[serve] select_env` config selects, builds the
@@ -9,6 +9,11 @@ daemon as `envdoctor serve --once` does, warms it with two runs, then times
 thread) and prints the median per run over `--rounds`, and what it means at a 15 s
 interval in percent of one core (the issue's target: 0.5 %). Each run is followed
 by the garbage collection the daemon's loop does after every run.
+
+`--torch` starts python processes that have imported torch instead (this
+interpreter's; ~250 MiB each with the CPU build, so fewer of them): a training
+node's targets, whose maps (hundreds of lines), environments and torch installation
+serve reads every run. Sleepers are the lower bound; these are what a node costs.
 
 A daemon that has run for hours judges each process's memory history (720 points
 at the default 15 s interval is 3 hours): `--history-points N` fills every
@@ -30,8 +35,10 @@ import dataclasses
 import os
 import random
 import resource
+import shlex
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,6 +69,23 @@ def fill_history(history, points: int, interval: float) -> None:
             history.add(label, dataclasses.replace(first, t=now - (points - i) * interval, values=values), sampler)
 
 
+def wait_for_torch(marker: str, count: int, timeout: float = 300.0) -> None:
+    """Until every torch sleeper has torch mapped (importing it takes seconds each)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["pgrep", "-f", f"time.sleep\\({marker}\\)$"], capture_output=True, text=True).stdout.split()
+        ready = 0
+        for pid in out:
+            try:
+                ready += "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                pass
+        if ready >= count:
+            return
+        time.sleep(1.0)
+    raise SystemExit(f"torch did not load in {count} processes within {timeout:g} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, default=64)
@@ -70,6 +94,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--history-points", type=int, default=0,
                         help="fill every target's memory history with this many samples first (720 = 3 h at 15 s)")
+    parser.add_argument("--torch", action="store_true",
+                        help="targets are python processes that imported torch (this interpreter's; ~250 MiB each "
+                             "with a CPU build), as on a training node, instead of sleep processes")
     args = parser.parse_args()
 
     tag = f"ENVDOCTOR_RUNCPU_{os.getpid()}"
@@ -78,9 +105,13 @@ def main() -> None:
     config.write_text(f'[serve]\nmax_targets = {args.targets + 8}\nselect_env = ["{tag}"]\n')
     marker = f"{3600 + os.getpid() % 1000}"  # a sleep length that names our sleepers for the cleanup
     # started by a shell that exits at once: the sleepers are reparented, not our children
-    subprocess.run(["sh", "-c", f"for i in $(seq {args.targets}); do sleep {marker} & done"],
+    sleeper = (f"{shlex.quote(sys.executable)} -c 'import torch, time; time.sleep({marker})'" if args.torch
+               else f"sleep {marker}")
+    subprocess.run(["sh", "-c", f"for i in $(seq {args.targets}); do {sleeper} & done"],
                    env={**os.environ, tag: "1"}, check=True)
     try:
+        if args.torch:
+            wait_for_torch(marker, args.targets)
         from envdoctor.serve import Daemon, Options
 
         scheduler = Daemon(Options(once=True, config_file=str(config))).scheduler
@@ -104,7 +135,7 @@ def main() -> None:
               f"at a {args.interval:g} s interval {cpu / args.interval * 100:.2f} % of one core; "
               f"history {args.history_points or 'as sampled'}; VmRSS {rss_mib():.1f} MiB")
     finally:
-        subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
+        subprocess.run(["pkill", "-f", f"time.sleep\\({marker}\\)$" if args.torch else f"^sleep {marker}$"])
 
 
 if __name__ == "__main__":
