@@ -415,7 +415,10 @@ def effective_cpus(roots: Roots, pid: int | None, shared: Shared | None = None) 
     except (OSError, ParseError) as exc:
         mask = None
         notes.append(f"affinity of {_who(pid)} unknown: {getattr(exc, 'strerror', None) or exc}")
-    online = online_cpus(Path(roots.sysfs)) if shared is None else shared("cgroup.online_cpus", lambda: online_cpus(Path(roots.sysfs)))
+    def read_online() -> int | None:
+        return online_cpus(Path(roots.sysfs))
+
+    online = read_online() if shared is None else shared("cgroup.online_cpus", read_online)
     limit = cpu_limit(roots, pid, shared)
     notes.extend(limit.notes)
 

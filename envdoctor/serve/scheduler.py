@@ -3,10 +3,10 @@
 A run: a fresh HostSession (node facts once), discovery, then each target's
 checks (those whose declared modes include "serve" and that are not intrusive)
 through the engine's runner on the shared watchdog, one target at a time unless
-one is slow (see `_examine_all`). The results are redacted per target, rendered once into a Snapshot and swapped in
-whole. The loop sleeps interval ± 10 % jitter (so a fleet of nodes does not
-read NVML in lock-step), wakes at once to stop, and re-reads the config when
-asked (SIGHUP).
+one is slow (see `_examine_all`). The results are redacted per target, rendered
+once into a Snapshot and swapped in whole. The loop sleeps interval ± 10 %
+jitter (so a fleet of nodes does not read NVML in lock-step), wakes at once to
+stop, and re-reads the config when asked (SIGHUP).
 
 Serve never imports torch: a target's torch facts come from its files
 (envdoctor.torchfacts: the libtorch it has mapped, read through /proc/N/root; a
