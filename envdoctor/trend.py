@@ -256,8 +256,12 @@ def assess(ts: Sequence[float], ys: Sequence[float], *, min_window: float, min_r
         return Trend(False, 0.0, 0.0, window, n_all, 1.0, level, f"window {window:.1f} s, need {min_window:g} s")
     if min(y_all) == max(y_all):  # flat (a process that never touches /dev/shm): the fit's own answer, without the O(n^2)
         return Trend(False, 0.0, 0.0, window, n_all, 1.0, level, "no upward trend")
-    t, y = thin_on_grid(t_all, y_all) if n_all > GRID_FROM else thin(t_all, y_all)
-    slope, intercept, s, p = _fit_kept(t, y)
+    if n_all > GRID_FROM:  # picks that stay put from run to run: their fit is kept
+        t, y = thin_on_grid(t_all, y_all)
+        slope, intercept, s, p = _fit_kept(t, y)
+    else:  # evenly spaced picks move with every new sample: keeping their fit would only churn
+        t, y = thin(t_all, y_all)
+        slope, intercept, s, p = _fit(t, y)
     rise = slope * window
 
     def done(rising: bool, reason: str) -> Trend:

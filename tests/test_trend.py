@@ -210,3 +210,17 @@ def test_kept_fits_stay_bounded_and_keep_the_newest(monkeypatch):
     real_fit = trend._fit
     monkeypatch.setattr(trend, "_fit", lambda ts, ys: calls.append(1) or real_fit(ts, ys))
     assert trend._fit_kept(*series[-1]) == real_fit(*series[-1]) and not calls  # the newest is still kept
+
+
+def test_only_a_long_historys_fit_is_kept(monkeypatch):
+    """A short history's evenly spaced picks move with every sample: keeping their fits
+    would only push the long histories' fits out of the bounded store."""
+    monkeypatch.setattr(trend, "_fits", {})
+    rng = random.Random(5)
+    for n in (40, 200, trend.GRID_FROM):
+        ts = times(n, 15.0)
+        trend.assess(ts, [1e9 + rng.gauss(0, 1e6) for _ in ts], **OPTS)
+    assert trend._fits == {}
+    ts = times(trend.GRID_FROM + 100, 15.0)
+    trend.assess(ts, [1e9 + rng.gauss(0, 1e6) for _ in ts], **OPTS)
+    assert len(trend._fits) == 1
