@@ -126,11 +126,14 @@ def thin_on_grid(ts: Sequence[float], ys: Sequence[float], max_points: int = MAX
     cell's first one to be picked: the slope lags by up to one cell; `level` does not.
     """
     window = ts[-1] - ts[0]
-    if len(ts) <= max_points or not window > 0:
+    if len(ts) <= max_points or not 0 < window < math.inf:
         return thin(ts, ys, max_points)
-    cell = 2.0 ** math.ceil(math.log2(window / (max_points - 2)))
-    # the first sample at or after each cell's start, from the second cell on (ts ascend)
-    starts = range(math.floor(ts[0] / cell) + 1, math.floor(ts[-1] / cell) + 1)
+    try:
+        cell = 2.0 ** math.ceil(math.log2(window / (max_points - 2)))
+        # the first sample at or after each cell's start, from the second cell on (ts ascend)
+        starts = range(math.floor(ts[0] / cell) + 1, math.floor(ts[-1] / cell) + 1)
+    except (ValueError, OverflowError, ZeroDivisionError):  # times no clock gives: too close or too far for a grid
+        return thin(ts, ys, max_points)
     picks = sorted({bisect.bisect_left(ts, k * cell) for k in starts})
     if len(picks) < max_points // 4:  # samples far apart (a paused daemon): every cell is sparse
         return thin(ts, ys, max_points)

@@ -224,3 +224,24 @@ def test_only_a_long_historys_fit_is_kept(monkeypatch):
     ts = times(trend.GRID_FROM + 100, 15.0)
     trend.assess(ts, [1e9 + rng.gauss(0, 1e6) for _ in ts], **OPTS)
     assert len(trend._fits) == 1
+
+
+def test_a_long_series_of_absurd_times_gives_a_trend_not_a_crash():
+    """The grid is taken from the times' span: spans no clock gives (infinite, subnormal,
+    times at +-1e308, many repeats) fall back to evenly spaced samples, never an error."""
+    rng = random.Random(11)
+    odd = [0.0, -0.0, 5e-324, 1e-300, 1e300, -1e300, 1e308, -1e308, math.inf, -math.inf, math.nan, 1.0]
+    for case in range(400):
+        n = rng.randint(trend.GRID_FROM + 1, 600)
+        kind = case % 4
+        if kind == 0:
+            ts = sorted(rng.choice(odd[:10]) + rng.random() * rng.choice([1, 1e-9, 1e9]) for _ in range(n))
+        elif kind == 1:
+            ts = [float(i // rng.randint(1, 50)) for i in range(n)]  # many repeated times
+        elif kind == 2:
+            ts = sorted(rng.uniform(-1e6, 1e6) for _ in range(n))
+        else:
+            ts = [5e-324 * i for i in range(n)]  # a span too small to divide
+        ys = [rng.choice([rng.choice(odd), rng.gauss(1e9, 1e6)]) for _ in range(n)]
+        tr = trend.assess(ts, ys, **OPTS)
+        assert isinstance(tr.rising, bool), case
