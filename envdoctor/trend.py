@@ -150,8 +150,6 @@ _fits: dict[int, tuple[tuple[int, float, float, float], tuple[float, float, int,
 def _fit_kept(ts: list[float], ys: list[float]) -> tuple[float, float, int, float]:
     """_fit(ts, ys), kept by the points' values: by a hash of them, checked against their
     number and ends (the points themselves would cost more memory than the fits save CPU)."""
-    if len(ts) <= 16:  # cheaper to fit than to keep
-        return _fit(ts, ys)
     key = hash((tuple(ts), tuple(ys)))
     check = (len(ts), ts[0], ts[-1], ys[-1])
     kept = _fits.get(key)

@@ -82,7 +82,7 @@ class Stats:
 class Scheduler:
     def __init__(self, registry: Registry, config: Config, settings: Settings, roots: Roots,
                  watchdog: Watchdog, nvml_factory: Callable[[], Any] | None = None,
-                 torch_factory: Callable[[Session], Any] = _torch_from_files,
+                 torch_factory: Callable[[Session], Any] | None = None,
                  reload: Callable[[], tuple[Config, Settings]] | None = None,
                  publish: Callable[[Snapshot], None] | None = None):
         self.registry = registry
@@ -91,7 +91,7 @@ class Scheduler:
         self.roots = roots
         self.watchdog = watchdog
         self.nvml_factory = nvml_factory
-        self.torch_factory = torch_factory
+        self.torch_factory = torch_factory  # None: from each process's files (_torch_from_files)
         self._reload = reload
         self._publish = publish  # called with each new snapshot (textfile mode writes it)
         self.stats = Stats()
@@ -190,9 +190,8 @@ class Scheduler:
         if target.pid is None:
             session = Session(target=Target.node(), host=host, env_override={}, torch_factory=_no_torch)
         else:
-            factory = self.torch_factory
-            if target.torch_maps and factory is _torch_from_files:  # discovery read its maps this run
-                factory = functools.partial(_torch_from_files, maps_hint=target.torch_maps)
+            # from its files, through the torch lines of maps discovery read this run (if any)
+            factory = self.torch_factory or functools.partial(_torch_from_files, maps_hint=target.torch_maps)
             session = Session(target=Target(target.pid), host=host, torch_factory=factory)
             self._sample_memory(target, host)
         try:
