@@ -17,14 +17,14 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric as PromMetric
 
 from envdoctor.check import Check
 from envdoctor.export import Exporter
-from envdoctor.model import Report, Status
+from envdoctor.model import Report, Result, Status
 
 PREFIX = "envdoctor_"
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -39,28 +39,38 @@ def _number(value) -> float | None:
     return None
 
 
-class ReportCollector:
-    """A custom collector yielding fresh families from one finished report."""
+def state_families(results: Sequence[Result]) -> Iterator[PromMetric]:
+    """check_status and check_success: functions of each row's (check, target, status)
+    alone, so a caller that sees those unchanged may reuse their rendering (serve does)."""
+    status = GaugeMetricFamily(PREFIX + "check_status", "Current status of each check: 1 for the current status, 0 for the others.",
+                               labels=["check", "target", "status"])
+    success = GaugeMetricFamily(PREFIX + "check_success", "1 when the check ran to a verdict, 0 when it broke or timed out.",
+                                labels=["check", "target"])
+    for r in results:
+        for s in Status:
+            status.add_metric([r.check, r.target, s.value], 1.0 if r.status is s else 0.0)
+        success.add_metric([r.check, r.target], 0.0 if r.status is Status.ERROR else 1.0)
+    yield status
+    yield success
 
-    def __init__(self, report: Report, catalog: Mapping[str, Check]):
+
+class ReportCollector:
+    """A custom collector yielding fresh families from one finished report.
+    `with_states=False` leaves out state_families(), for a caller that renders them itself."""
+
+    def __init__(self, report: Report, catalog: Mapping[str, Check], with_states: bool = True):
         self.report = report
         self.catalog = catalog
+        self.with_states = with_states
 
     def collect(self) -> Iterator[PromMetric]:
         report = self.report
-        status = GaugeMetricFamily(PREFIX + "check_status", "Current status of each check: 1 for the current status, 0 for the others.",
-                                   labels=["check", "target", "status"])
-        success = GaugeMetricFamily(PREFIX + "check_success", "1 when the check ran to a verdict, 0 when it broke or timed out.",
-                                    labels=["check", "target"])
+        if self.with_states:
+            yield from state_families(report.results)
         duration = GaugeMetricFamily(PREFIX + "check_duration_seconds", "How long the check took in its last run.",
                                      labels=["check", "target"])
         for r in report.results:
-            for s in Status:
-                status.add_metric([r.check, r.target, s.value], 1.0 if r.status is s else 0.0)
-            success.add_metric([r.check, r.target], 0.0 if r.status is Status.ERROR else 1.0)
             duration.add_metric([r.check, r.target], r.duration_seconds)
-        yield status
-        yield success
         yield duration
         yield from self._facts()
         info = InfoMetricFamily(PREFIX + "build", "envdoctor's version and the Python it runs on.",

@@ -11,14 +11,14 @@ name (a pid, a sanitised comm, a container id or pod uid), never free text.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from envdoctor.check import Check
-    from envdoctor.model import Report
+    from envdoctor.model import Report, Result
     from envdoctor.serve.discovery import TargetInfo
 
 PREFIX = "envdoctor_"
@@ -74,11 +74,53 @@ def _counter(name: str, help: str, value: float) -> CounterMetricFamily:
     return family
 
 
-def render(report: "Report", catalog: Mapping[str, "Check"], serve: ServeCollector) -> bytes:
-    """The whole exposition for one run, rendered once (a scrape copies these bytes)."""
+class _Families:
+    """A collector over families made by a function, for a registry of its own."""
+
+    def __init__(self, make: Callable[[], Iterable[Metric]]):
+        self.make = make
+
+    def collect(self) -> Iterable[Metric]:
+        return self.make()
+
+
+class StateRendering:
+    """check_status and check_success as rendered last, redone only when a row's
+    (check, target, status) changed: a target that came or went, or a verdict.
+
+    Why: they are most of the exposition (the state set is 5 samples per check per
+    target: 2,736 of 3,622 lines with 64 targets) and on a settled node the same run
+    after run. Rendering them took 9 of the 16 ms the exposition cost a run, and a
+    run over 64 processes ~105 ms in all. The bytes are prometheus_client's own,
+    and the rest of the exposition follows them, as one render would order it."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple, bytes] | None = None  # (key, bytes), replaced whole
+
+    def render(self, results: "Sequence[Result]") -> bytes:
+        from envdoctor.exporters.prometheus_format import state_families
+
+        key = tuple((r.check, r.target, r.status) for r in results)
+        last = self._last
+        if last is not None and last[0] == key:
+            return last[1]
+        body = _exposition(_Families(lambda: state_families(results)))
+        self._last = (key, body)
+        return body
+
+
+def _exposition(*collectors: object) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+def render(report: "Report", catalog: Mapping[str, "Check"], serve: ServeCollector,
+           states: StateRendering | None = None) -> bytes:
+    """The whole exposition for one run, rendered once (a scrape copies these bytes).
+    `states`: the daemon's StateRendering, kept from run to run; None renders all anew."""
     from envdoctor.exporters.prometheus_format import ReportCollector
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReportCollector(report, catalog))
-    registry.register(serve)
-    return generate_latest(registry)
+    states = states if states is not None else StateRendering()
+    return states.render(report.results) + _exposition(ReportCollector(report, catalog, with_states=False), serve)

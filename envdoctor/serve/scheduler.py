@@ -107,6 +107,7 @@ class Scheduler:
         self._own_env: Mapping[str, str] = os.environ
         self._scrubbers: dict[tuple[str, ...], redact.Scrubber] = {}
         self._run_lock = threading.Lock()
+        self._states = metrics.StateRendering()  # the check state set's bytes, redone when a status changes
 
     # -- one run ------------------------------------------------------------------
     def run_once(self) -> Snapshot:
@@ -145,7 +146,7 @@ class Scheduler:
             "call_timeouts_total": self.watchdog.timeouts_total, "stuck_calls": len(stuck),
         }
         body = metrics.render(report, self.registry.checks,
-                              metrics.ServeCollector(found.targets, serve_stats, self.stats.check_timeouts))
+                              metrics.ServeCollector(found.targets, serve_stats, self.stats.check_timeouts), self._states)
         snap = Snapshot(metrics=body, metrics_gzip=gzip.compress(body, compresslevel=6, mtime=0), report=(json.dumps(report.to_dict(), default=str) + "\n").encode(),
                         completed_at=time.time(), completed_monotonic=time.monotonic(), run_seconds=seconds,
                         targets=tuple(t.label for t in found.targets))
