@@ -9,6 +9,7 @@ This module is the bottom layer: parsers import it, it imports nothing of ours.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ class Roots:
 
     def proc(self, pid: int | None, *parts: str) -> Path:
         """A file of a process under procfs: /proc/self/... (pid None) or /proc/N/..."""
-        return self.procfs.joinpath("self" if pid is None else str(pid), *parts)
+        return _proc_path(self.procfs, pid, parts)
 
     def seen_by(self, pid: int | None, path: str) -> Path:
         """`path` as process `pid` sees it: another process's through /proc/N/root
@@ -32,6 +33,14 @@ class Roots:
         if pid is None:
             return self.rootfs / relative
         return self.proc(pid, "root", relative)
+
+
+@functools.lru_cache(maxsize=4096)
+def _proc_path(procfs: Path, pid: int | None, parts: tuple[str, ...]) -> Path:
+    """Roots.proc's answer, kept: a Path join parses every part (~10 µs in Python 3.11),
+    and serve asks for the same few files of every process dozens of times a run.
+    Paths are immutable, so one may be shared; a reused pid names the same path."""
+    return procfs.joinpath("self" if pid is None else str(pid), *parts)
 
 
 # What a kernel file (/proc/N/environ, cgroup files, mountinfo) can hold; a file larger

@@ -63,9 +63,11 @@ class Found:
     notes: list[str] = field(default_factory=list)  # sources that could not be read, for the log
 
 
-def _read(path: Path, limit: int = 4096) -> bytes | None:
+def _read(path: Path | str, limit: int = 4096) -> bytes | None:
     """At most `limit` bytes of a /proc file, or None (envdoctor.paths.read_head): a FIFO
-    planted in a --path.procfs tree must not hang every run; a longer file is cut, not refused."""
+    planted in a --path.procfs tree must not hang every run; a longer file is cut, not refused.
+    The per-process reads of a scan name their file as a string: a Path join cost more than
+    the read, once for each of the node's processes every run."""
     return read_head(path, limit)
 
 
@@ -80,7 +82,7 @@ def _is_python(procfs: Path, pid: int, comm: str) -> bool:
     if comm.startswith("python") or comm.startswith("pt_"):
         return True
     try:
-        exe = os.readlink(procfs / str(pid) / "exe")
+        exe = os.readlink(f"{procfs}/{pid}/exe")
     except OSError:
         return False
     return "python" in os.path.basename(exe)
@@ -89,7 +91,7 @@ def _is_python(procfs: Path, pid: int, comm: str) -> bool:
 def _torch_maps(procfs: Path, pid: int) -> str | None:
     """The lines of the process's maps that name a torch folder when it has libtorch
     mapped, else None."""
-    data = _read(procfs / str(pid) / "maps", MAPS_LIMIT)
+    data = _read(f"{procfs}/{pid}/maps", MAPS_LIMIT)
     if not data or b"libtorch" not in data:
         return None
     lines, start = [], 0
@@ -103,7 +105,7 @@ def _torch_maps(procfs: Path, pid: int) -> str | None:
 
 def _is_workload(procfs: Path, pid: int) -> tuple[bool, str]:
     """(a user process that is not a zombie, its comm). Kernel threads have an empty cmdline."""
-    status = _read(procfs / str(pid) / "stat", 1024)
+    status = _read(f"{procfs}/{pid}/stat", 1024)
     if not status:
         return False, ""
     close = status.rfind(b")")
@@ -137,7 +139,7 @@ def container_of(cgroup_text: str) -> tuple[str, str]:
 
 
 def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
-    data = _read(procfs / str(pid) / "environ", 1 << 20)
+    data = _read(f"{procfs}/{pid}/environ", 1 << 20)
     if not data:
         return False
     keys = {item.split(b"=", 1)[0] for item in data.split(b"\0") if item}
@@ -196,9 +198,9 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     room = max(0, max_targets - 1)
     found.overflow = max(0, len(ranked) - room)
     for pid in ranked[:room]:
-        cgroup = (_read(procfs / str(pid) / "cgroup", 65536) or b"").decode("utf-8", "replace")
+        cgroup = (_read(f"{procfs}/{pid}/cgroup", 65536) or b"").decode("utf-8", "replace")
         container, pod = container_of(cgroup)
-        comm = comms.get(pid) or (_read(procfs / str(pid) / "comm", 256) or b"").decode("utf-8", "replace").strip()
+        comm = comms.get(pid) or (_read(f"{procfs}/{pid}/comm", 256) or b"").decode("utf-8", "replace").strip()
         found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod, torch_maps.get(pid, "")))
     return found
 
