@@ -247,3 +247,58 @@ def test_the_loop_frees_each_runs_cycles_itself(tmp_path):
     assert seen["frozen"] > 1000, seen  # the modules' objects, frozen after the first run
     assert seen["garbage_after"] < 500, seen  # a run alone leaves ~11,000 in cycles
 
+
+
+SLEEP_SCRIPT = r"""
+import json, sys, threading, time
+from envdoctor.serve import Daemon, Options
+sched = Daemon(Options(once=True, config_file=sys.argv[1])).scheduler
+runs, reloads = [], []
+real_run = sched.run_once
+sched.run_once = lambda: runs.append(time.monotonic()) or real_run()
+sched._reload = lambda: reloads.append(time.monotonic()) or (sched.config, sched.settings)
+
+def until(condition, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+def wakeups(thread):
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches:"))
+
+loop = threading.Thread(target=sched.loop)
+loop.start()
+until(lambda: len(runs) == 1)
+time.sleep(0.5)  # the first run's garbage collection is over: the loop sleeps toward its next run
+before = wakeups(loop)
+time.sleep(1.0)
+idle_wakeups = wakeups(loop) - before
+t = time.monotonic()
+sched.reload_requested.set()
+until(lambda: len(runs) == 2)
+reload_after = (reloads[0] - t) if reloads else None
+t = time.monotonic()
+sched.stop.set()
+loop.join(10)
+print(json.dumps({"idle_wakeups": idle_wakeups, "reload_after": reload_after, "runs": len(runs),
+                  "stopped_after": time.monotonic() - t, "alive": loop.is_alive()}))
+"""
+
+
+def test_the_loop_sleeps_through_its_interval_and_wakes_at_once_to_stop_or_reload(tmp_path):
+    """Between runs the loop waits once for the whole interval (it looked up every 0.2 s,
+    five wakeups a second of an idle daemon's CPU), and stop or SIGHUP's reload still
+    end that wait at once."""
+    import json
+    import sys
+
+    config = tmp_path / "envdoctor.toml"
+    config.write_text("[serve]\ninterval = 3600\nmax_targets = 1\n")
+    out = subprocess.run([sys.executable, "-c", SLEEP_SCRIPT, str(config)], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["idle_wakeups"] <= 1, seen
+    assert seen["reload_after"] is not None and seen["reload_after"] < 1.0, seen
+    assert seen["runs"] == 2 and not seen["alive"] and seen["stopped_after"] < 1.0, seen

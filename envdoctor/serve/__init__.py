@@ -138,7 +138,7 @@ class Daemon:
         for sig, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_hup)):
             previous[sig] = signal.signal(sig, handler)
         assert self.server is not None
-        server_thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+        server_thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": httpd.POLL_SECONDS},
                                          name="envdoctor-http", daemon=True)
         loop_thread = threading.Thread(target=scheduler.loop, name="envdoctor-scheduler", daemon=True)
         host, port = self.server.server_address[:2]
@@ -147,7 +147,7 @@ class Daemon:
         server_thread.start()
         loop_thread.start()
         try:
-            while not stop.wait(0.5):
+            while not stop.wait(60):  # a signal interrupts the wait; its handler sets stop
                 pass
         finally:
             log.event("info", "stopping")
