@@ -277,11 +277,9 @@ def _views(roots: Roots, pid: int | None) -> list[_View]:
             return Path(roots.sysfs) / mount_point[len("/sys"):].lstrip("/")
         return Path(roots.rootfs) / mount_point.lstrip("/")
 
-    views = [_View("reader", Path(roots.procfs) / "self" / "mountinfo", under_roots)]
+    views = [_View("reader", roots.proc(None, "mountinfo"), under_roots)]
     if pid is not None:
-        target_root = Path(roots.procfs) / str(pid) / "root"
-        views.append(_View("target", Path(roots.procfs) / str(pid) / "mountinfo",
-                           lambda mp: target_root / mp.lstrip("/")))
+        views.append(_View("target", roots.proc(pid, "mountinfo"), lambda mp: roots.seen_by(pid, mp)))
     return views
 
 
@@ -357,7 +355,7 @@ def cpu_limit(roots: Roots, pid: int | None, shared: Shared | None = None) -> Cp
     facts). Processes whose /proc/N/cgroup says the same are in the same cgroups, and
     when our own mount table shows them, their quota is one answer, looked up once.
     """
-    cgroup_file = Path(roots.procfs) / _who(pid) / "cgroup"
+    cgroup_file = roots.proc(pid, "cgroup")
     try:
         text = _read(cgroup_file)
         entries = parse_proc_cgroup(text)
@@ -442,7 +440,7 @@ def cgroup_dirs(roots: Roots, pid: int | None, controller: str) -> tuple[list[tu
     not be seen. The v2 entry comes whenever the unified hierarchy is there (it may or
     may not hold the controller; the caller reads the files it needs)."""
     notes: list[str] = []
-    cgroup_file = Path(roots.procfs) / _who(pid) / "cgroup"
+    cgroup_file = roots.proc(pid, "cgroup")
     try:
         entries = parse_proc_cgroup(_read(cgroup_file))
     except OSError as exc:
