@@ -9,6 +9,7 @@ the same mask, so fixture trees and `--path.procfs=/host/proc` work too.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -67,7 +68,10 @@ def parse_status_cpus_allowed(text: str) -> frozenset[int]:
     raise ParseError("no Cpus_allowed_list line in the status file")
 
 
+@functools.lru_cache(maxsize=16)
 def _is_live_procfs(procfs: Path) -> bool:
+    """Whether `procfs` is this machine's live /proc (then the kernel is asked directly).
+    Kept per root: resolving both paths took longer than the question it settles."""
     try:
         return Path(procfs).resolve() == Path("/proc").resolve() and Path("/proc/self").exists()
     except OSError:

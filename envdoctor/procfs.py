@@ -19,12 +19,14 @@ def parse_environ(data: bytes) -> dict[str, str]:
     """
     if not isinstance(data, (bytes, bytearray)):
         raise ParseError(f"environ must be bytes, got {type(data).__name__}")
+    # Decoded once, not per entry (serve reads every process's environ every run): the same
+    # text, as NUL and '=' are ASCII and never part of a UTF-8 sequence, and the decoder ends
+    # a broken sequence at the first byte that cannot continue it.
     env: dict[str, str] = {}
-    for entry in bytes(data).split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if not sep or not name:
-            continue
-        env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    for entry in bytes(data).decode("utf-8", "replace").split("\0"):
+        name, sep, value = entry.partition("=")
+        if sep and name:
+            env[name] = value
     return env
 
 

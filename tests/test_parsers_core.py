@@ -4,7 +4,7 @@ or raise envdoctor's ParseError, nothing else."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from envdoctor.errors import ParseError
 from envdoctor.procfs import parse_environ
@@ -63,3 +63,22 @@ def test_parse_environ_round_trips_what_a_process_would_hold(env):
 def test_parse_environ_rejects_non_bytes_with_parse_error():
     with pytest.raises(ParseError):
         parse_environ("A=1")  # type: ignore[arg-type]
+
+
+def _environ_entry_by_entry(data: bytes) -> dict[str, str]:
+    """The rule parse_environ keeps, written the slow way: each entry split at its first
+    '=' and each side decoded on its own."""
+    env = {}
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+@settings(max_examples=500)
+@given(st.lists(st.one_of(st.binary(max_size=12), st.sampled_from([b"=", b"\0", b"\xc3", b"\xe2\x82", b"\xff", b"A=\xc3\0"])),
+                max_size=12).map(b"".join))
+def test_parse_environ_decoding_once_reads_what_each_entry_decoded_alone_reads(data):
+    """Broken UTF-8 next to a NUL or an '=' must not swallow them when the block is decoded whole."""
+    assert parse_environ(data) == _environ_entry_by_entry(data)
