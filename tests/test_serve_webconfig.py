@@ -111,3 +111,28 @@ def test_the_start_up_line_says_what_is_on_without_masking_it(tmp_path):
     path.write_text(f"basic_auth_users:\n  alice: '{bcrypt.hashpw(b'pw', bcrypt.gensalt(4)).decode()}'\n")
     line = log.format_line("info", "listening", webconfig.describe(webconfig.load(str(path))))
     assert "***" not in line and "web_users=1" in line and "tls=False" in line, line
+
+
+BCRYPT_SCRIPT = r"""
+import json, sys
+from envdoctor.serve import Daemon, Options, webconfig
+Daemon(Options(once=True))
+plain = "bcrypt" in sys.modules
+config = webconfig.load(sys.argv[1])
+print(json.dumps({"plain": plain, "made": webconfig._dummy_hash.cache_info().currsize,
+                  "unknown": config.check_password("mallory", "s3cret"), "alice": config.check_password("alice", "s3cret")}))
+"""
+
+
+def test_a_daemon_without_users_never_loads_bcrypt_and_one_with_users_is_ready_at_load(tmp_path):
+    """The dummy hash an unknown user is checked against cost ~50 ms of CPU at every start,
+    and bcrypt stayed resident, with or without basic auth: now both wait for a config with users."""
+    import json
+    import subprocess
+    import sys
+
+    path = write(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    out = subprocess.run([sys.executable, "-c", BCRYPT_SCRIPT, str(path)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"plain": False, "made": 1, "unknown": False, "alice": True}

@@ -29,6 +29,7 @@ own cache does.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import ssl
@@ -36,8 +37,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-
-import bcrypt
 
 TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
             "prefer_server_cipher_suites", "cert", "key", "client_ca"}
@@ -69,7 +68,17 @@ MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; a bigger file i
 # one would end the header early and let the config write a second one, or a body).
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
-_DUMMY_HASH = bcrypt.hashpw(b"envdoctor-dummy-password", bcrypt.gensalt(rounds=10))
+
+
+@functools.lru_cache(maxsize=1)
+def _dummy_hash() -> bytes:
+    """What an unknown user's password is checked against, so that answering "no such
+    user" takes as long as a wrong password. Made when a config with users is loaded, not
+    at import: hashing at cost 10 took ~60 ms of CPU at every start, and bcrypt's module
+    stayed resident in every daemon, those without basic auth too."""
+    import bcrypt
+
+    return bcrypt.hashpw(b"envdoctor-dummy-password", bcrypt.gensalt(rounds=10))
 
 
 class WebConfigError(ValueError):
@@ -105,8 +114,10 @@ class WebConfig:
             with self._lock:
                 if digest in self._ok:
                     return True
+        import bcrypt
+
         try:
-            good = bcrypt.checkpw(password.encode("utf-8"), stored if stored is not None else _DUMMY_HASH)
+            good = bcrypt.checkpw(password.encode("utf-8"), stored if stored is not None else _dummy_hash())
         except ValueError:
             good = False
         good = good and stored is not None
@@ -149,6 +160,8 @@ def load(path: str | None) -> WebConfig:
         if key in NOT_IMPLEMENTED:
             raise WebConfigError(name, key, f"{NOT_IMPLEMENTED[key]} is not supported by envdoctor serve")
     config.users = _users(name, data.get("basic_auth_users"))
+    if config.users:
+        _dummy_hash()  # now, not in the first scrape that names an unknown user
     config.headers = _http(name, data.get("http_server_config"))
     tls = data.get("tls_server_config")
     if tls is not None:
@@ -184,6 +197,8 @@ def _bcrypt_hash(name: str, key: str, hashed: str) -> bytes:
     if not 4 <= cost <= MAX_COST:
         raise WebConfigError(name, key, f"bcrypt cost {cost} is outside 4..{MAX_COST} (one check at cost {cost} takes "
                                         f"about 2^{cost} rounds; scrapes would time out); {how}")
+    import bcrypt
+
     try:
         bcrypt.checkpw(b"", raw[:4] + b"04" + raw[6:])  # raises ValueError on a salt bcrypt cannot use
     except ValueError:
