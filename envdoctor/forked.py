@@ -86,8 +86,23 @@ def _reap(pids: list[int], seconds: float) -> list[int]:
                 left.remove(pid)
         if not left or time.monotonic() >= deadline:
             break
-        time.sleep(0.005)
+        _until_exit(left[0], deadline)
     return left
+
+
+def _until_exit(pid: int, deadline: float) -> None:
+    """Sleep until `pid` exits or the deadline passes: on a pidfd (Linux 5.3+), else 5 ms.
+    A child that has just sent its answer exits within a millisecond, and a fixed 5 ms
+    sleep added those 5 ms to the start of every job."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd here, or the pid is already reaped
+        time.sleep(0.005)
+        return
+    try:
+        select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+    finally:
+        os.close(fd)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -8,6 +8,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from envdoctor import envfix, exec_preflight, forked, nvml
 from envdoctor.cgroup import CpuLimit, EffectiveCpus
 from envdoctor.checks import cpu_threads, cuda_visible_devices, torch_cudnn
@@ -107,6 +109,19 @@ def test_forked_call_returns_the_value_or_the_exception():
     assert outcome.messages == [{"about to": "raise"}]
     died = forked.call(lambda send: os._exit(3), 30)
     assert died.kind == forked.RAISED and "died without an answer" in died.error
+
+
+def test_reaping_sleeps_until_the_child_exits_instead_of_polling(monkeypatch):
+    """The answered child exits within a millisecond; a fixed 5 ms poll added those 5 ms to
+    every job's start. Where the kernel has pidfds, reaping waits on one and never polls."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("this Python has no os.pidfd_open")
+    child = subprocess.Popen(["sleep", "0.3"])
+    naps = []
+    monkeypatch.setattr(forked.time, "sleep", naps.append)
+    assert forked._reap([child.pid], 10) == []
+    assert naps == [] and not os.path.exists(f"/proc/{child.pid}")
+    child.returncode = 0  # reaped above: Popen must not wait for it again
 
 
 def _gone(pid: int) -> bool:
