@@ -234,6 +234,10 @@ def _finite(ts: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list
     with nothing to drop (every one serve keeps) is converted in C: a comprehension over
     720 pairs cost more than the fit of the 64 thinned from them."""
     t_all, y_all = list(map(float, ts)), list(map(float, ys))
+    # An inf or a NaN makes a sum inf or NaN, so a finite sum clears the whole series in
+    # one C loop; a sum that overflows only sends a series of finite giants the long way.
+    if math.isfinite(sum(t_all)) and math.isfinite(sum(y_all)):
+        return t_all, y_all
     if all(map(math.isfinite, t_all)) and all(map(math.isfinite, y_all)):
         return t_all, y_all
     keep = [i for i, (t, y) in enumerate(zip(t_all, y_all)) if math.isfinite(t) and math.isfinite(y)]

@@ -245,3 +245,13 @@ def test_a_long_series_of_absurd_times_gives_a_trend_not_a_crash():
         ys = [rng.choice([rng.choice(odd), rng.gauss(1e9, 1e6)]) for _ in range(n)]
         tr = trend.assess(ts, ys, **OPTS)
         assert isinstance(tr.rising, bool), case
+
+
+def test_finite_pairs_are_found_whether_or_not_the_sums_overflow():
+    from envdoctor.trend import _finite
+
+    big = 1.5e308  # finite, but two of them overflow a sum
+    assert _finite([0, 1, 2], [big, big, big]) == ([0.0, 1.0, 2.0], [big, big, big])
+    assert _finite([0, 1, 2, 3], [big, float("nan"), -big, 4]) == ([0.0, 2.0, 3.0], [big, -big, 4.0])
+    assert _finite([0, float("inf"), 2], [1, 2, 3]) == ([0.0, 2.0], [1.0, 3.0])
+    assert _finite([0, 1], [float("inf"), float("-inf")]) == ([], [])  # inf - inf is NaN: not finite either
