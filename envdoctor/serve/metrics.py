@@ -90,9 +90,9 @@ class StateRendering:
 
     Why: they are most of the exposition (the state set is 5 samples per check per
     target: 2,736 of 3,622 lines with 64 targets) and on a settled node the same run
-    after run. Rendering them took 9 of the 16 ms the exposition cost a run, and a
-    run over 64 processes ~105 ms in all. The bytes are prometheus_client's own,
-    and the rest of the exposition follows them, as one render would order it."""
+    after run: rendering them took 9 of the 16 ms the exposition cost a run. The
+    bytes are prometheus_client's own, and the rest of the exposition follows them,
+    as one render would order it."""
 
     def __init__(self) -> None:
         self._last: tuple[tuple, bytes] | None = None  # (key, bytes), replaced whole
