@@ -1,6 +1,6 @@
 """`python -m envdoctor` works like the `envdoctor` command."""
 
-from envdoctor.cli import module_main
+from envdoctor.program import module_main
 
 if __name__ == "__main__":
     module_main()

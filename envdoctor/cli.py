@@ -325,24 +325,14 @@ def module_main() -> None:
 
 
 def _exit_now(code: object) -> None:
-    """Flush what was said and leave with `code` (SystemExit's meaning), skipping teardown.
+    """Leave with `code` (SystemExit's meaning), skipping teardown (program.exit_now).
 
     os._exit runs no atexit handler, so the one that matters is called here: a torch
     probe whose check timed out runs in its own session and would outlive the run."""
+    from envdoctor.program import exit_now
+
     _kill_probes()
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        sys.stderr.write(f"{code}\n")
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        if stream is None:  # started with it closed (`>&-`): Python has no stream to flush
-            continue
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
-            pass
-    os._exit(code)
+    exit_now(code)
 
 
 # -- check --window: memory.cache_growth samples for that long ---------------------------
@@ -444,12 +434,17 @@ def serve(
     Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config;
     74 when --once could not write --textfile.
     """
+    from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError
 
+    options = Options(listen_address=listen_address, web_config_file=web_config_file, interval=interval,
+                      textfile=textfile, once=once, config_file=config_file, procfs=procfs, sysfs=sysfs, rootfs=rootfs)
+    if program.relaunch_serve and not once:
+        from envdoctor.serve import relaunch
+
+        relaunch.replace_process(options)  # returns only when it could not: the daemon then runs here
     try:
-        daemon = Daemon(Options(listen_address=listen_address, web_config_file=web_config_file, interval=interval,
-                                textfile=textfile, once=once, config_file=config_file,
-                                procfs=procfs, sysfs=sysfs, rootfs=rootfs))
+        daemon = Daemon(options)
     except StartError as exc:
         _die(str(exc))
     raise typer.Exit(daemon.run())

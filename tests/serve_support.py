@@ -30,11 +30,12 @@ def free_port() -> int:
 class Serve:
     """A running `envdoctor serve` subprocess; its stderr lines are collected."""
 
-    def __init__(self, *args: str, env: dict | None = None, cwd=None):
+    def __init__(self, *args: str, env: dict | None = None, cwd=None, command: list[str] | None = None):
         full_env = dict(os.environ)
         full_env.pop("ENVDOCTOR_CONFIG", None)
         full_env.update(env or {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "serve", "--web.listen-address", "127.0.0.1:0", *args],
+        command = command or [sys.executable, "-m", "envdoctor"]
+        self.proc = subprocess.Popen([*command, "serve", "--web.listen-address", "127.0.0.1:0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=cwd)
         self.lines: list[str] = []
         self._queue: "queue.Queue[str]" = queue.Queue()

@@ -72,7 +72,7 @@ def test_every_builtin_check_is_an_entry_point_whose_module_is_shipped(wheel):
     for value in declared.values():
         module = value.split(":")[0]
         assert module.replace(".", "/") + ".py" in names, f"{module} is declared but not in the wheel"
-    assert "envdoctor = envdoctor.cli:console_main" in entry_points
+    assert "envdoctor = envdoctor.program:console_main" in entry_points
 
 
 def test_readme_documents_every_check_and_metric():

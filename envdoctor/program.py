@@ -1,0 +1,72 @@
+"""The `envdoctor` command's first step, taken before the CLI is imported.
+
+Almost always it hands over to the CLI (`envdoctor.cli`). The exception is a process
+that `envdoctor serve` has just replaced with itself (`envdoctor.serve.relaunch`):
+its options were parsed by the CLI before the exec and wait in its environment, and
+the daemon then runs without importing the CLI at all, for the weeks it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SERVE_OPTIONS_VARIABLE = "ENVDOCTOR_SERVE_OPTIONS"
+
+# Set by the two entry points below: only a process that is the `envdoctor` command
+# may be replaced by `serve`. The CLI called from a test or another program runs the
+# daemon in place.
+relaunch_serve = False
+
+
+def _daemon_exit_code() -> int | None:
+    """The daemon's exit code when this process is a relaunched `serve`, else None.
+    Every other command pays one dictionary lookup for this."""
+    if SERVE_OPTIONS_VARIABLE not in os.environ:
+        return None
+    from envdoctor.serve import relaunch
+
+    options = relaunch.waiting_options()
+    return None if options is None else relaunch.run(options)
+
+
+def exit_now(code: object) -> None:
+    """Flush what was said and leave with `code` (SystemExit's meaning), skipping the
+    interpreter's teardown (see cli.console_main for why that is safe and worth it)."""
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (`>&-`): Python has no stream to flush
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
+            pass
+    os._exit(code)
+
+
+def console_main() -> None:
+    """The `envdoctor` console script."""
+    global relaunch_serve
+    code = _daemon_exit_code()
+    if code is not None:
+        exit_now(code)
+    relaunch_serve = True
+    from envdoctor.cli import console_main as cli_console_main
+
+    cli_console_main()
+
+
+def module_main() -> None:
+    """`python -m envdoctor`."""
+    global relaunch_serve
+    code = _daemon_exit_code()
+    if code is not None:
+        sys.exit(code)
+    relaunch_serve = True
+    from envdoctor.cli import module_main as cli_module_main
+
+    cli_module_main()

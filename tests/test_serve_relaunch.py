@@ -1,0 +1,115 @@
+"""serve's daemon runs in a process image that never imported the CLI (serve.relaunch).
+
+The CLI parses the flags, then the process execs itself again with the parsed options
+in its environment: same pid, same command line, and no typer for the weeks it runs.
+Which modules each image imported is read from Python's own -X importtime lines
+(PYTHONPROFILEIMPORTTIME), which both images print, each under a header of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envdoctor.serve import Options, relaunch
+from serve_support import Serve, get
+
+IMPORT_TIMES = {"PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def images(lines: list[str]) -> list[list[str]]:
+    """The modules each process image imported, in order, from its -X importtime lines."""
+    found: list[list[str]] = []
+    for line in lines:
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        name = line.rsplit("|", 1)[1].strip()
+        if name == "imported package":  # the header each interpreter prints first
+            found.append([])
+        elif found:
+            found[-1].append(name)
+    return found
+
+
+def test_the_daemon_runs_without_the_cli_and_keeps_its_pid():
+    serve = Serve("--interval", "60", env=IMPORT_TIMES)
+    try:
+        status, body, _ = get(f"{serve.url}/")  # answered by the relaunched image
+        assert status == 200, body
+        first, daemon = images(serve.lines)
+        assert "typer" in first and "envdoctor.cli" in first
+        assert not [m for m in daemon if m.startswith(("typer", "click", "envdoctor.cli"))], daemon
+        assert "envdoctor.serve.scheduler" in daemon
+        assert serve.stop(signal.SIGTERM) == 0  # the pid we started is the daemon: it heard the signal
+        assert any("stopping" in line for line in serve.lines)
+    finally:
+        serve.stop()
+
+
+def test_the_console_script_is_still_called_envdoctor():
+    script = Path(sys.executable).parent / "envdoctor"
+    if not os.access(script, os.X_OK):
+        pytest.skip(f"no envdoctor script beside {sys.executable} (not installed in this environment)")
+    serve = Serve("--interval", "60", env=IMPORT_TIMES, command=[str(script)])
+    try:
+        assert len(images(serve.lines)) == 2  # it did relaunch
+        assert Path(f"/proc/{serve.proc.pid}/comm").read_text().strip() == "envdoctor"  # ps, pgrep, top
+        cmdline = Path(f"/proc/{serve.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[1:4] == [str(script).encode(), b"serve", b"--web.listen-address"]
+        assert serve.stop(signal.SIGTERM) == 0
+    finally:
+        serve.stop()
+
+
+def test_a_bad_start_after_the_relaunch_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "envdoctor.toml"
+    bad.write_text("[serve]\ninterval = 'often'\n")
+    result = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--web.listen-address", "127.0.0.1:0",
+                             "--config", str(bad)], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **IMPORT_TIMES})
+    assert result.returncode == 2
+    said = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(said) == 1 and said[0].startswith("envdoctor: bad config:"), said
+    assert len(images(result.stderr.splitlines())) == 2  # said by the relaunched image
+
+
+@pytest.mark.parametrize("value", ["", "{", "[]", json.dumps({"pid": 1, "options": {}}),
+                                   json.dumps({"pid": "me", "options": {"once": True}})])
+def test_options_not_meant_for_this_process_are_ignored(value):
+    """A copy inherited by a child, or exported by a shell: every other command runs as usual."""
+    result = subprocess.run([sys.executable, "-m", "envdoctor", "--version"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, relaunch.OPTIONS_VARIABLE: value})
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("envdoctor ")
+
+
+def test_the_options_cross_the_exec_unchanged(monkeypatch):
+    options = Options(listen_address="[::1]:0", web_config_file="/etc/web\udcff.yml", interval=7.5,
+                      textfile=Path("/var/lib/node_exporter/envdoctor.prom"), config_file=None,
+                      procfs=Path("/host/proc"), sysfs=Path("/host/sys"), rootfs=Path("/host"))
+    seen = {}
+
+    def execve(path, argv, env):
+        seen.update(path=path, argv=argv, env=env)
+        raise OSError("stop here")
+
+    monkeypatch.setattr(os, "execve", execve)
+    relaunch.replace_process(options)
+    assert relaunch.OPTIONS_VARIABLE not in os.environ  # nothing left behind here when the exec fails
+    assert seen["argv"] == (sys.argv if seen["path"] == sys.argv[0] else sys.orig_argv)
+    monkeypatch.setenv(relaunch.OPTIONS_VARIABLE, seen["env"][relaunch.OPTIONS_VARIABLE])
+    assert relaunch.waiting_options() == options
+    assert relaunch.OPTIONS_VARIABLE not in os.environ  # taken out: no child inherits it
+
+
+def test_an_exec_that_fails_leaves_the_daemon_to_run_in_place(monkeypatch):
+    def execve(path, argv, env):
+        raise PermissionError(13, "Permission denied", path)  # a noexec mount, a script without its x bit
+
+    monkeypatch.setattr(os, "execve", execve)
+    assert relaunch.replace_process(Options()) is None
