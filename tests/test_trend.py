@@ -255,3 +255,27 @@ def test_finite_pairs_are_found_whether_or_not_the_sums_overflow():
     assert _finite([0, 1, 2, 3], [big, float("nan"), -big, 4]) == ([0.0, 2.0, 3.0], [big, -big, 4.0])
     assert _finite([0, float("inf"), 2], [1, 2, 3]) == ([0.0, 2.0], [1.0, 3.0])
     assert _finite([0, 1], [float("inf"), float("-inf")]) == ([], [])  # inf - inf is NaN: not finite either
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e6), st.one_of(finite, st.just(math.nan), st.just(math.inf), st.just(4096.0))),
+                max_size=300))
+def test_an_array_of_doubles_is_judged_as_the_same_list_is(points):
+    """serve's history hands out array('d')s, converted by tolist() and checked for
+    flatness by count(); a list takes float() of each element and the same count. The
+    same Trend either way, flat, noisy or broken series alike."""
+    from array import array
+
+    points.sort(key=lambda p: p[0])
+    ts, ys = [p[0] for p in points], [p[1] for p in points]
+    assert trend.assess(array("d", ts), array("d", ys), **OPTS) == trend.assess(ts, ys, **OPTS)
+    assert trend._finite(array("d", ts), array("d", ys)) == trend._finite(ts, ys)
+
+
+def test_a_series_is_flat_only_when_every_value_is_the_same():
+    """The flat shortcut answers without a fit (p exactly 1.0); one different value is fitted."""
+    ts = [float(i) * 15 for i in range(400)]
+    for ys, flat in (([0.0] * 400, True), ([-0.0] + [0.0] * 399, True), ([0.0] * 200 + [1.0] * 200, False),
+                     ([1.0] * 200 + [0.0] * 200, False)):
+        tr = trend.assess(ts, ys, min_window=10, min_rise=0)
+        assert (tr.p_value == 1.0) is flat, (ys[:2], ys[-1], tr)
