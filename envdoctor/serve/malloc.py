@@ -19,14 +19,15 @@ _libc: Any = _UNRESOLVED
 
 
 def _glibc() -> Any:
-    """The C library if it is glibc (has mallopt and malloc_trim), else None; looked up once."""
+    """The C library if it is glibc (has mallopt and malloc_trim), else None; looked up once.
+    Through the symbols this process already has (dlopen(NULL): the interpreter is linked
+    against its C library), not ctypes.util.find_library, which runs `ldconfig -p`."""
     global _libc
     if _libc is _UNRESOLVED:
         import ctypes
-        import ctypes.util
 
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc = ctypes.CDLL(None)
             _libc = libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
         except (OSError, AttributeError):
             _libc = None
