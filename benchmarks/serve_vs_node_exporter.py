@@ -15,6 +15,10 @@ same read of /proc/N/maps either way). Measured, per server:
 - RSS after the scrapes (VmRSS);
 - idle CPU: percent of one core over `--idle-seconds` with no scrapes, serve at
   `--interval` (15 s by default) over the targets.
+With `--soak-seconds S`, serve alone afterwards: 8 scrapers (each `--soak-scrape-every`
+seconds apart; back to back by default) while processes come and go; RSS and threads
+over time, and RSS's Theil-Sen slope in MiB an hour over the last half and over the
+part after every process's memory history is full (720 runs).
 Figures vary with the machine's load; the ratios are the point.
 """
 
@@ -34,6 +38,7 @@ import urllib.request
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
+HISTORY_POINTS = 720  # samples serve keeps of each process's memory: full after this many runs
 
 
 def free_port() -> int:
@@ -117,8 +122,15 @@ def runs_total(url: str) -> float:
     return 0.0
 
 
-def soak(pid: int, url: str, seconds: float, tag: str) -> None:
-    """serve alone: 8 scrapers and processes coming and going; RSS and threads over time."""
+def soak(pid: int, url: str, seconds: float, tag: str, scrape_every: float, filled_after: float) -> None:
+    """serve alone: 8 scrapers and processes coming and going; RSS and threads over time.
+
+    RSS is read every 5 s. At the end, its Theil-Sen slope (envdoctor.trend) in MiB an
+    hour is printed over the last half of the soak and over the part after
+    `filled_after` seconds, when every process's memory history is full (720 runs):
+    the drift of a daemon whose bounded state has stopped growing."""
+    from envdoctor import trend
+
     stop = threading.Event()
     failures = [0]
     total = [0]
@@ -130,21 +142,28 @@ def soak(pid: int, url: str, seconds: float, tag: str) -> None:
             except Exception:
                 failures[0] += 1
             total[0] += 1
+            if scrape_every > 0:
+                stop.wait(scrape_every)
 
     workers = [threading.Thread(target=scraper, daemon=True) for _ in range(8)]
     for w in workers:
         w.start()
     children: list[subprocess.Popen] = []
     t0 = time.monotonic()
-    next_sample = t0
+    next_print = next_read = t0
+    readings: list[tuple[float, float]] = []
     print(f"soak {seconds:g} s: t(s)  RSS(MiB)  threads")
     while time.monotonic() - t0 < seconds:
         children.append(subprocess.Popen(["sleep", "3"], env={**os.environ, tag: "1"}))
         children = [c for c in children if c.poll() is None]
-        if time.monotonic() >= next_sample:
+        now = time.monotonic()
+        if now >= next_read:
+            readings.append((now - t0, rss_mib(pid)))
+            next_read += 5.0
+        if now >= next_print:
             threads = Path(f"/proc/{pid}/status").read_text().split("Threads:")[1].split()[0]
-            print(f"  {time.monotonic() - t0:6.0f}  {rss_mib(pid):8.1f}  {threads:>7}", flush=True)
-            next_sample += max(10.0, seconds / 12)
+            print(f"  {now - t0:6.0f}  {rss_mib(pid):8.1f}  {threads:>7}", flush=True)
+            next_print += max(10.0, seconds / 12)
         time.sleep(0.5)
     stop.set()
     for w in workers:
@@ -152,6 +171,12 @@ def soak(pid: int, url: str, seconds: float, tag: str) -> None:
     for c in children:
         c.wait()
     print(f"soak: {total[0]} scrapes, {failures[0]} failed")
+    for label, start in (("last half", seconds / 2), (f"after {filled_after:g} s (histories full)", filled_after)):
+        part = [(t, r) for t, r in readings if t >= start]
+        if len(part) >= 8:
+            slope, _ = trend.theil_sen([t for t, _ in part], [r for _, r in part])
+            print(f"RSS slope over the {label}: {slope * 3600:+.2f} MiB/h ({len(part)} readings, "
+                  f"{min(r for _, r in part):.1f}-{max(r for _, r in part):.1f} MiB)")
 
 
 def main() -> None:
@@ -164,6 +189,8 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="scrape without Accept-Encoding: gzip")
     parser.add_argument("--soak-seconds", type=float, default=0.0,
                         help="afterwards, soak serve alone this long (8 scrapers, processes coming and going) and print RSS")
+    parser.add_argument("--soak-scrape-every", type=float, default=0.0,
+                        help="each soak scraper waits this long between scrapes (default 0: back to back)")
     args = parser.parse_args()
     global GZIP
     GZIP = not args.plain
@@ -181,6 +208,7 @@ def main() -> None:
     sv = subprocess.Popen([sys.executable, "-m", "envdoctor", "serve", "--web.listen-address", f"127.0.0.1:{sv_port}",
                            "--interval", str(args.interval), "--config", str(tmp / "envdoctor.toml")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = time.monotonic()
     servers = {"node_exporter": (ne.pid, f"http://127.0.0.1:{ne_port}/metrics"),
                "envdoctor serve": (sv.pid, f"http://127.0.0.1:{sv_port}/metrics")}
     try:
@@ -204,7 +232,8 @@ def main() -> None:
         spent = rows["envdoctor serve"]["idle_pct"] * args.idle_seconds / 100
         per_run = spent / runs if runs else float("nan")
         if args.soak_seconds > 0:
-            soak(sv.pid, servers["envdoctor serve"][1], args.soak_seconds, tag)
+            filled_after = max(0.0, HISTORY_POINTS * args.interval - (time.monotonic() - started))
+            soak(sv.pid, servers["envdoctor serve"][1], args.soak_seconds, tag, args.soak_scrape_every, filled_after)
     finally:
         for p in (ne, sv, *sleepers):
             p.terminate()
