@@ -165,16 +165,17 @@ def test_an_announced_pid_whose_stat_is_a_fifo_does_not_hang_the_run(tmp_path):
     assert 'target="node"' in textfile.read_text()
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "1e999"])
+@pytest.mark.parametrize("value", ["nan", "inf", "1e999", "1e10", "86401"])
 def test_an_interval_that_is_not_a_finite_number_is_refused_at_start(value):
     """NaN passed `interval < 1`: runs back to back (a core at 100 %) and /healthz 503 forever;
-    inf ran once and never again. Exit 2, one line, nothing listens."""
+    inf ran once and never again; 1e10 overflowed the scheduler's timed wait after the first
+    run and killed its thread while /healthz said ok. Exit 2, one line, nothing listens."""
     proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--web.listen-address", "127.0.0.1:0",
                            "--interval", value], capture_output=True, text=True, env=_env(), timeout=60)
     assert proc.returncode == 2 and "--interval" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e10"])
 def test_a_serve_table_interval_that_is_not_finite_names_the_key(tmp_path, value):
     config = tmp_path / "envdoctor.toml"
     config.write_text(f"[serve]\ninterval = {value}\n")

@@ -63,7 +63,7 @@ class Daemon:
             if not Path(path).is_dir():
                 raise StartError(f"{flag} {path} is not a directory")
         if options.interval is not None and not settings.valid_interval(options.interval):
-            raise StartError(f"--interval must be a finite number of seconds >= {settings.MIN_INTERVAL:g}, not {options.interval:g}")
+            raise StartError(f"--interval must be {settings.INTERVAL_RULE}, not {options.interval:g}")
         if options.textfile is not None:
             why = textfile.check_path(options.textfile)
             if why:
@@ -91,15 +91,20 @@ class Daemon:
                 raise StartError(f"cannot listen on {options.listen_address}: {exc.strerror or exc}") from None
 
     def _load(self):
+        """The config and [serve] settings, checked as a run will use them: an unknown id in
+        ENVDOCTOR_ONLY/SKIP (the file's own only/skip are checked as it is read) was found
+        only by each run, which then examined no process, while /healthz said ok."""
+        from envdoctor import pipeline
         from envdoctor.config import load as load_config
-        from envdoctor.errors import ConfigError
+        from envdoctor.errors import ConfigError, UsageError
         from envdoctor.serve import settings
 
         try:
             config = load_config(self.registry.checks, explicit_file=self.options.config_file,
                                  known_ids={f.name for f in self.registry.failures})
+            pipeline.plan(self.registry, config, pipeline.Selection())
             return config, settings.from_config(config, self.options.interval)
-        except ConfigError as exc:
+        except (ConfigError, UsageError) as exc:
             raise StartError(f"bad config: {exc}") from None
 
     def _write_textfile(self, snap) -> None:
@@ -142,7 +147,7 @@ class Daemon:
                                          name="envdoctor-http", daemon=True)
         loop_thread = threading.Thread(target=scheduler.loop, name="envdoctor-scheduler", daemon=True)
         host, port = self.server.server_address[:2]
-        log.event("info", "listening", address=f"{host}:{port}", interval=scheduler.settings.interval,
+        log.event("info", "listening", address=httpd.show_address(host, port), interval=scheduler.settings.interval,
                   max_targets=scheduler.settings.max_targets, **webconfig.describe(self.web))
         server_thread.start()
         loop_thread.start()

@@ -23,6 +23,10 @@ from envdoctor.serve.discovery import Selectors
 DEFAULT_INTERVAL = 15.0
 DEFAULT_MAX_TARGETS = 256
 MIN_INTERVAL = 1.0
+# A day. /healthz already allows three intervals; far longer waits (1e10 s) passed
+# the finite test and then overflowed the thread's timed wait, killing the scheduler
+# while the HTTP side stayed up and /healthz said ok for good. Rarer runs: `--once` from cron.
+MAX_INTERVAL = 86400.0
 KEYS = ("interval", "max_targets", "select_comm", "select_env")
 
 
@@ -34,12 +38,15 @@ class Settings:
 
 
 def valid_interval(value: Any) -> bool:
-    """A number of seconds >= MIN_INTERVAL and finite. NaN compares false with everything,
+    """A number of seconds from MIN_INTERVAL to MAX_INTERVAL. NaN compares false with everything,
     so `--interval nan` (or TOML's `interval = nan`) passed a plain `< MIN_INTERVAL` test:
     the delay came out 0 (runs back to back, a core at 100 %) and /healthz said 503 forever;
     `inf` ran once and never again while /healthz said ok."""
     return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and value >= MIN_INTERVAL)
+            and MIN_INTERVAL <= value <= MAX_INTERVAL)
+
+
+INTERVAL_RULE = f"a finite number of seconds from {MIN_INTERVAL:g} to {MAX_INTERVAL:g}"
 
 
 def _strings(value: Any) -> tuple[str, ...] | None:
@@ -56,7 +63,7 @@ def from_config(config: Config, interval_flag: float | None = None) -> Settings:
             raise ConfigError(f"unknown setting; known: {', '.join(KEYS)}", file=config.source, line=line, key=full)
         if key == "interval":
             if not valid_interval(value):
-                raise ConfigError(f"expected a finite number of seconds >= {MIN_INTERVAL:g}", file=config.source, line=line, key=full)
+                raise ConfigError(f"expected {INTERVAL_RULE}", file=config.source, line=line, key=full)
             values[key] = float(value)
         elif key == "max_targets":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
