@@ -129,7 +129,7 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
     if _is_file(pyproject):
         try:
             data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (ValueError, OSError):  # TOMLDecodeError, undecodable text, an integer too long for int()
+        except (ValueError, OSError, RecursionError):  # TOMLDecodeError, undecodable text, a too long integer, too deep
             return None  # someone else's broken pyproject is not our config error
         tool = data.get("tool")
         if isinstance(tool, dict) and "envdoctor" in tool:  # a `tool` that is not a table is not ours to judge
@@ -265,6 +265,8 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
         match = re.search(r"line (\d+)", str(exc))
         why = "an integer literal is too long (more than 4300 digits)" if "Exceeds the limit" in str(exc) else str(exc)
         raise ConfigError(f"not valid TOML: {why}", file=name, line=int(match.group(1)) if match else None) from None
+    except RecursionError:  # arrays or inline tables nested hundreds deep: tomllib recurses per level
+        raise ConfigError("not valid TOML for envdoctor: nested too deeply", file=name) from None
     if prefix:
         for depth, part in enumerate(prefix.split(".")):
             data = data.get(part, {})

@@ -156,3 +156,13 @@ def test_unknown_id_in_skip_names_its_line(tmp_path):
         cfg.load(CATALOG, environ={}, cwd=tmp_path)
     assert (info.value.file, info.value.line, info.value.key) == (str(path), 2, "skip")
     assert "'shm.sise'" in str(info.value)
+
+
+@pytest.mark.parametrize("nested", ["[" * 600 + "]" * 600, "{a = " * 600 + "1" + "}" * 600])
+def test_a_config_nested_too_deeply_is_exit_2_not_a_traceback(tmp_path, nested):
+    """tomllib recurses once per level: 500 levels raised RecursionError out of check, serve and exec."""
+    path = tmp_path / "envdoctor.toml"
+    path.write_text(f"a = {nested}\n")
+    out = cli("check", "--config", str(path), timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [f"envdoctor: bad config: {path}: not valid TOML for envdoctor: nested too deeply"]

@@ -136,3 +136,24 @@ def test_a_daemon_without_users_never_loads_bcrypt_and_one_with_users_is_ready_a
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"plain": False, "made": 1, "unknown": False, "alice": True}
+
+
+def test_a_web_config_nested_too_deeply_is_refused(tmp_path):
+    path = write(tmp_path, "a: " + "[" * 600 + "]" * 600 + "\n")
+    with pytest.raises(webconfig.WebConfigError, match="nested too deeply"):
+        webconfig.load(str(path))
+
+
+def test_an_encrypted_key_is_refused_without_asking_for_its_passphrase(tmp_path):
+    """OpenSSL asked for the passphrase on the terminal: a daemon started from one waited there."""
+    from serve_support import openssl
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-days", "2", "-subj", "/CN=localhost", "-passout", "pass:secret",
+            "-keyout", "enc.key", "-out", "enc.crt", cwd=tmp_path)
+    path = write(tmp_path, "tls_server_config:\n  cert_file: enc.crt\n  key_file: enc.key\n")
+    with pytest.raises(webconfig.WebConfigError, match="is encrypted") as info:
+        webconfig.load(str(path))
+    assert info.value.key == "tls_server_config.key_file"
+    out = cli("serve", "--web.listen-address", "127.0.0.1:0", "--web.config.file", str(path), timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "pass phrase" not in out.stderr.lower() and "encrypted" in out.stderr

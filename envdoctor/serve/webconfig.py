@@ -148,6 +148,8 @@ def load(path: str | None) -> WebConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise WebConfigError(name, None, f"not valid YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:  # sequences nested hundreds deep: the parser recurses per level
+        raise WebConfigError(name, None, "not a web config: nested too deeply") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -274,7 +276,11 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
     for field_name, path in (("cert_file", cert), ("key_file", key)):
         _regular(name, f"tls_server_config.{field_name}", path)
     try:
-        context.load_cert_chain(cert, key)
+        context.load_cert_chain(cert, key, password=_refuse_passphrase)
+    except _EncryptedKey:
+        raise WebConfigError(name, "tls_server_config.key_file",
+                             f"{key} is encrypted: give an unencrypted key (as node_exporter needs; "
+                             f"openssl pkey -in {key} -out plain.key), readable by envdoctor only") from None
     except (OSError, ssl.SSLError) as exc:
         raise WebConfigError(name, "tls_server_config.cert_file",
                              f"failed to load the certificate {cert} with key {key}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -293,6 +299,16 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
     elif context.verify_mode != ssl.CERT_NONE:
         context.load_default_certs(ssl.Purpose.CLIENT_AUTH)  # as the toolkit does: the system's roots
     return context, auth or "NoClientCert"
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _refuse_passphrase() -> bytes:
+    """Called by OpenSSL only for an encrypted key. Without it OpenSSL asked for the
+    passphrase on the terminal, and a daemon started from one waited there for good."""
+    raise _EncryptedKey()
 
 
 def _regular(name: str, key: str, path: Path) -> None:
