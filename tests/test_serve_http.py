@@ -43,9 +43,12 @@ def test_endpoints(serve):
     code, index, _ = get(serve.url + "/")
     assert code == 200 and b'href="metrics"' in index
     assert get(serve.url + "/nothing")[0] == 404
-    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", serve.url + "/metrics"],
-                         capture_output=True, text=True, timeout=30)
-    assert out.stdout == "405"
+    for method in ("POST", "OPTIONS", "TRACE", "FOO"):  # http.server said 501 to all but POST/PUT/DELETE/PATCH
+        out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %header{allow}", "-X", method,
+                              serve.url + "/metrics"], capture_output=True, text=True, timeout=30)
+        assert out.stdout == "405 GET, HEAD", (method, out.stdout)
+    _, _, headers = get(serve.url + "/")
+    assert headers["Server"] == f"envdoctor/{httpd.__version__}"  # no trailing space
 
 
 def test_gzip_for_scrapers_that_ask(serve):
@@ -114,6 +117,8 @@ def test_sighup_reloads_and_keeps_the_old_config_when_bad(tmp_path):
 @pytest.mark.parametrize("args, text", [
     (["--interval", "0.1"], "--interval"),
     (["--web.listen-address", "nonsense"], "HOST:PORT"),
+    (["--web.listen-address", "\udcff:10061"], "no host name or address"),  # undecodable bytes: a TypeError once
+    (["--interval", "1e10"], "--interval"),
     (["--textfile", "/tmp/x.txt"], "*.prom"),
     (["--path.procfs", "/nonexistent"], "--path.procfs"),
 ])
@@ -170,3 +175,21 @@ def test_gzip_only_where_the_client_accepts_it(header, gzip):
     from envdoctor.serve.httpd import accepts_gzip
 
     assert accepts_gzip(header) is gzip
+
+
+def test_a_port_alone_listens_on_every_address_ipv6_and_ipv4():
+    """':PORT' is every address, as node_exporter's: IPv4 only left [::1] unanswered."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this host has no IPv6 loopback")
+    s = Serve("--web.listen-address", ":0", "--interval", "60")
+    try:
+        assert 'address="[::]:' in s.wait_for("listening")
+        assert get(f"http://127.0.0.1:{s.port}/")[0] == 200
+        assert get(f"http://[::1]:{s.port}/")[0] == 200
+    finally:
+        assert s.stop() == 0

@@ -11,6 +11,7 @@ Requests are not logged (one line per scrape would drown the events that matter)
 from __future__ import annotations
 
 import base64
+import errno
 import socket
 import ssl
 import threading
@@ -84,13 +85,24 @@ class Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], snapshot: Callable[[], Snapshot], web: WebConfig, health: Health):
         host = address[0]
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__(address, Handler)
+        try:
+            super().__init__(address, Handler)
+        except OSError as exc:
+            if host != EVERY_ADDRESS or exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise
+            self.address_family = socket.AF_INET  # a host without IPv6: every IPv4 address
+            super().__init__(("0.0.0.0", address[1]), Handler)
         self.snapshot = snapshot
         self.web = web
         self.health = health
         self.index = INDEX.format(version=__version__).encode()
         self._deadlines: dict[socket.socket, float] = {}  # every open connection -> when its request must be done
         self._deadlines_lock = threading.Lock()
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6 and self.server_address[0] == EVERY_ADDRESS:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too, whatever the sysctl says
+        super().server_bind()
 
     def get_request(self):
         sock, addr = self.socket.accept()
@@ -249,6 +261,17 @@ class Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
+    def __getattr__(self, name: str):
+        """Every other method (OPTIONS, TRACE, any word) is refused as POST is: 405 naming
+        GET and HEAD. http.server answers a method it has no do_ for with 501 and its
+        HTML error page."""
+        if name.startswith("do_"):
+            return self._refuse
+        raise AttributeError(name)
+
+    def version_string(self) -> str:
+        return self.server_version  # http.server appends " " + sys_version: a trailing space
+
 
 def healthz(snap: Snapshot, health: Health, now: float | None = None) -> tuple[int, str]:
     """200 while the last completed run is younger than three intervals; else 503 with what is stuck."""
@@ -266,13 +289,26 @@ def healthz(snap: Snapshot, health: Health, now: float | None = None) -> tuple[i
     return 503, f"unhealthy: {why}{detail}\n"
 
 
+EVERY_ADDRESS = "::"  # ':PORT': IPv6 and IPv4 alike (dual stack), as node_exporter listens
+
+
 def parse_address(text: str) -> tuple[str, int]:
-    """node_exporter's HOST:PORT ([::1]:PORT for IPv6; ':PORT' means every address)."""
+    """node_exporter's HOST:PORT ([::1]:PORT for IPv6; ':PORT' means every address, IPv6
+    and IPv4; Server falls back to IPv4's only where the host has no IPv6)."""
     host, sep, port = text.rpartition(":")
     if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"--web.listen-address must be HOST:PORT, not {text!r}")
     host = host.strip("[]")
-    return (host or "0.0.0.0", int(port))
+    try:
+        host.encode("idna")  # what the socket module does with a name; undecodable bytes raised TypeError there
+    except UnicodeError:
+        raise ValueError(f"--web.listen-address: {text!r} has no host name or address in it") from None
+    return (host or EVERY_ADDRESS, int(port))
+
+
+def show_address(host: str, port: int) -> str:
+    """HOST:PORT as the flag takes it: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def close(server: Server) -> None:
