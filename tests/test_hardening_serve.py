@@ -197,3 +197,16 @@ def test_a_textfile_that_is_a_fifo_with_a_stalled_reader_does_not_block(tmp_path
             assert proc.returncode == 74 and "FIFO" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     finally:
         os.close(reader)
+
+
+@pytest.mark.parametrize("variable", ["ENVDOCTOR_ONLY", "ENVDOCTOR_SKIP"])
+@pytest.mark.parametrize("once", [True, False])
+def test_an_unknown_check_id_from_the_environment_is_refused_at_start(variable, once):
+    """It started, and every run logged 'target not examined' and examined nothing while
+    /healthz said ok; the same id in the file's only/skip was already exit 2."""
+    from helpers import cli
+
+    args = ["--once"] if once else ["--web.listen-address", "127.0.0.1:0"]
+    proc = cli("serve", *args, env={variable: "no.such_check"}, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "unknown check id 'no.such_check'" in proc.stderr
