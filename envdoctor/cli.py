@@ -8,6 +8,7 @@ inside the commands that need them, so `envdoctor --help` and every command star
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import typer
 from envdoctor import __version__
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EBADF)
 EXIT_IO = 74  # EX_IOERR: the report could not be written (a full disk, a closed stdout); not bad usage
 
 app = typer.Typer(
@@ -267,6 +269,38 @@ def _on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _click_errors() -> tuple[type, type]:
+    """click's UsageError and ClickException, from typer's public BadParameter (typer
+    0.28 carries its own copy of click; earlier ones import click itself)."""
+    mro = typer.BadParameter.__mro__
+    return (next(c for c in mro if c.__name__ == "UsageError"), next(c for c in mro if c.__name__ == "ClickException"))
+
+
+def _run_app() -> int:
+    """The CLI, with click's errors said in one line on stderr, as ours are.
+
+    In its own (standalone) mode click prints a usage error as four lines (usage, a
+    hint, a blank, the error); ours are one line that names what is wrong, for logs and
+    CI output. `envdoctor` alone still prints the help."""
+    usage_error, click_error = _click_errors()
+    try:
+        code = app(standalone_mode=False)
+    except click_error as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()
+            return exc.exit_code
+        from envdoctor.exporters.common import one_line
+
+        where = exc.ctx.command_path if isinstance(exc, usage_error) and exc.ctx is not None else ""
+        hint = f" (see `{where} --help`)" if where else ""
+        sys.stderr.write(f"envdoctor: {one_line(exc.format_message())}{hint}\n")
+        return exc.exit_code
+    except typer.Abort:
+        sys.stderr.write("envdoctor: aborted\n")
+        return 1
+    return code if isinstance(code, int) else 0
+
+
 def main() -> None:
     """Console-script entry point; a Ctrl-C ends quietly with 130, SIGTERM with 143, as
     shells expect, and neither leaves a probe (or anything it started) running."""
@@ -277,7 +311,12 @@ def main() -> None:
     except (ValueError, OSError):  # not the main thread (embedded use): leave the handler alone
         pass
     try:
-        app()
+        try:
+            code = _run_app()
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # what `checks`, `explain`, --help wrote: a full disk or a gone reader shows here
+        sys.exit(code)
     except KeyboardInterrupt:
         _kill_everything_started()
         try:
@@ -285,6 +324,14 @@ def main() -> None:
         except (OSError, ValueError):
             pass
         sys.exit(130)
+    except OSError as exc:
+        if exc.errno not in OUTPUT_ERRNOS:
+            raise
+        try:  # `check` says this itself; the other commands write through click, which lets it escape
+            sys.stderr.write(f"envdoctor: cannot write the output: {exc.strerror or exc}\n")
+        except (OSError, ValueError):
+            pass
+        sys.exit(EXIT_IO)
 
 
 def console_main() -> None:
