@@ -77,11 +77,14 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     plans = pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
     chosen = [p for p in plans if runs_in_exec(p.check)]
     chosen_ids = {p.check.id for p in chosen}
-    refused = [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in only]
+    # the ids asked for, from --only or else the config's only (ENVDOCTOR_ONLY included): a
+    # config naming only checks exec does not run started the job unchecked, even --strict
+    asked, named = (only, "--only") if only else (list(config.only), "the config's only (or ENVDOCTOR_ONLY)")
+    refused = [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in asked]
     if refused:
         # every check exec can run, not only those left of this selection (which is often none)
         runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
-        raise UsageError(f"--only {', '.join(refused)}: does not run in exec (too slow or intrusive for every "
+        raise UsageError(f"{named} {', '.join(refused)}: does not run in exec (too slow or intrusive for every "
                          f"container start; it runs in `envdoctor check`). exec runs: {', '.join(runnable)}")
     return chosen
 

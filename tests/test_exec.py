@@ -179,6 +179,19 @@ def test_bad_usage_is_2_in_one_line_and_nothing_runs(tmp_path, args, said):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("where", ["environment", "file"])
+def test_a_config_that_leaves_exec_nothing_to_run_is_bad_usage(tmp_path, where):
+    """ENVDOCTOR_ONLY=onnx.opset (or only = [...] in the file) left exec no check: the job
+    started unchecked, even with --strict, where `--only onnx.opset` is exit 2."""
+    marker = tmp_path / "ran"
+    env = {"ENVDOCTOR_ONLY": "onnx.opset"} if where == "environment" else None
+    if where == "file":
+        (tmp_path / "envdoctor.toml").write_text('only = ["torch.pin_memory"]\n')
+    proc = envdoctor_exec("--strict", "--", "touch", str(marker), env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "does not run in exec" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "the config's only" in proc.stderr and not marker.exists()
+
+
 def test_a_bad_config_is_2_naming_the_file(tmp_path):
     (tmp_path / "envdoctor.toml").write_text('[check."shm.size"]\nmin_bytez = 1\n')
     proc = envdoctor_exec("--", "true", cwd=tmp_path)
