@@ -158,6 +158,13 @@ def build_session(
     files = tuple(Path(f) for f in [*config.onnx, *onnx_files])
     kwargs: dict[str, Any] = dict(target=target, roots=roots, onnx_files=files)
     chosen_python = python or config.python
+    if chosen_python and not python:
+        import shutil
+
+        found = shutil.which(chosen_python)
+        if found is None:  # as --python's own check: a typo here silently turned the torch checks into skips
+            raise UsageError(f"python = {chosen_python!r} (the config's, or ENVDOCTOR_PYTHON): no such executable interpreter")
+        chosen_python = found
     if chosen_python:
         kwargs["python"] = chosen_python
         kwargs["python_explicit"] = True  # --pid N --python PATH: that interpreter's torch, not the process's
