@@ -129,6 +129,8 @@ def _mask_pairs(text: str) -> str:
     for head in _PAIR_HEAD.finditer(text):
         if head.start() < done or not _SECRET_NAME_END.search(head.group("name")):
             continue
+        if head.start() > 0 and text[head.start() - 1] == "/" and "=" not in head.group(0):
+            continue  # a path and what happened to it ("/etc/passwd: permission denied"), not name: value
         quote = head.group(0)[-1]
         if quote in "'\"":  # a quoted value runs to its closing quote, spaces and all
             close = text.find(quote, head.end())

@@ -93,3 +93,15 @@ def test_scrubber_memo_gives_the_same_answers_and_stays_bounded():
     assert [scrub.text(t) for t in texts] == first
     assert len(scrub._memo) <= redact._MEMO_TEXTS
     assert redact.Scrubber(["abcdefgh12"])._memo is None  # off unless asked for
+
+
+@pytest.mark.parametrize("text, masked", [
+    ("/etc/passwd: permission denied", "/etc/passwd: permission denied"),  # a path and what happened to it
+    ("/run/secrets/db_password: not found", "/run/secrets/db_password: not found"),
+    ("password: hunter2", "password: ***"),
+    ("cfg/api_key=abc", "cfg/api_key=***"),  # '=' after a path still masks: a value was given
+    ("https://h/p?token=abc", "https://h/p?token=***"),
+])
+def test_a_path_ending_in_a_secret_word_is_not_a_secret(text, masked):
+    """exec said "/etc/passwd: *** denied (not an executable file)"."""
+    assert redact.mask_credentials(text) == masked
