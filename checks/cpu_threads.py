@@ -118,7 +118,11 @@ def gather(ctx) -> ThreadFacts:
 
 
 def _fmt_cpus(cpus: float) -> str:
-    return f"{cpus:g}" if cpus == int(cpus) else f"{cpus:.2f}".rstrip("0")
+    """2, 0.5, 1.25; a quota under 0.005 CPU in two significant digits (0.001), not "0."."""
+    if cpus == int(cpus):
+        return f"{cpus:g}"
+    text = f"{cpus:.2f}".rstrip("0").rstrip(".")
+    return text if text != "0" else f"{cpus:.2g}"
 
 
 def local_world_size(value: str | None) -> int | None:

@@ -206,6 +206,14 @@ def preflight(*, only: Iterable[str] | None = None, skip: Iterable[str] | None =
     return results
 
 
+def _ids(given: Iterable[str] | str | None) -> list[str]:
+    """Check ids from a list, or one id as a string: only="cpu.threads" was taken letter
+    by letter (unknown check id 'c')."""
+    if given is None:
+        return []
+    return [given] if isinstance(given, str) else list(given)
+
+
 def _run(only: Iterable[str] | None, skip: Iterable[str] | None):
     from envdoctor import pipeline
     from envdoctor.context import Session, Target
@@ -214,7 +222,7 @@ def _run(only: Iterable[str] | None, skip: Iterable[str] | None):
     registry = load()
     config, note = _config(registry)
     session = Session(target=Target(), python=sys.executable, torch_factory=live_torch_facts)
-    selection = pipeline.Selection(only=list(only or ()), skip=list(skip or ()))
+    selection = pipeline.Selection(only=_ids(only), skip=_ids(skip))
     report = pipeline.execute(registry, config, session, selection, with_sysfacts=False, mode="inprocess")
     return report, note
 

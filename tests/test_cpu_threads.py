@@ -228,3 +228,10 @@ def test_metric_facts_exist():
     assert names == {"cpu_effective": "effective_cpus", "cpu_quota_cpus": "quota_cpus"}
     r = run_fixture("cgroup_v2_max", dict.fromkeys(THREAD_VARS, "2"))
     assert isinstance(r.facts["effective_cpus"], float) and isinstance(r.facts["quota_cpus"], float)
+
+
+@pytest.mark.parametrize("cpus, shown", [(2.0, "2"), (0.5, "0.5"), (1.25, "1.25"), (0.001, "0.001"),
+                                         (1.999, "2"), (0.004, "0.004")])
+def test_a_cpu_count_is_shown_as_a_number(cpus, shown):
+    """0.001 CPU (a 1000/1000000 quota) read "0. effective CPUs", and 1.999 read "2."."""
+    assert cpu_threads._fmt_cpus(cpus) == shown

@@ -245,6 +245,9 @@ def test_only_and_skip(fake_world, tmp_path, monkeypatch):
     assert LIVE_CHECK_ID not in {r.check for r in preflight(skip=[LIVE_CHECK_ID], file=None)}
     with pytest.raises(UsageError):
         preflight(only=["no.such_check"], file=None)
+    # one id as a string is that id, not its letters ("unknown check id 't'")
+    assert [r.check for r in preflight(only="test.ok", file=None)] == ["test.ok"]
+    assert LIVE_CHECK_ID not in {r.check for r in preflight(skip=LIVE_CHECK_ID, file=None)}
 
 
 def test_a_broken_config_file_does_not_stop_the_script(fake_world, tmp_path, monkeypatch):
