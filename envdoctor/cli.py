@@ -253,20 +253,27 @@ def _kill_probes() -> None:
 
 
 def _kill_everything_started() -> None:
-    """On SIGTERM/SIGINT: the probes, then every child this process still has, each with
-    its group where it leads one. The command owns all of its children (probes, the
+    """On SIGTERM/SIGINT: the probes, then every descendant this process still has, each
+    with its group where it leads one. The command owns all of its children (probes, the
     pre-flight's forked child), and a probe whose worker thread had not yet registered
     it when the signal came would otherwise run on in its own session after envdoctor
     exits (seen on a loaded CI machine)."""
     _kill_probes()
     from envdoctor import forked
 
-    forked.kill_tree(forked.children_of(os.getpid()))
+    forked.kill_tree(forked.descendants(os.getpid()))  # exec's pre-flight child and the probe it started
 
 
 def _on_sigterm(signum, frame) -> None:
     _kill_everything_started()  # first: a probe runs in its own session and would not hear the signal
     raise SystemExit(128 + signum)
+
+
+def _on_sigint(signum, frame) -> None:
+    """Ctrl-C: what SIGTERM kills goes too, then Python's KeyboardInterrupt as usual.
+    typer turns that into exit 130 inside the CLI, before main() could clean up."""
+    _kill_everything_started()
+    raise KeyboardInterrupt
 
 
 def _click_errors() -> tuple[type, type]:
@@ -308,7 +315,8 @@ def main() -> None:
 
     try:
         signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):  # not the main thread (embedded use): leave the handler alone
+        signal.signal(signal.SIGINT, _on_sigint)
+    except (ValueError, OSError):  # not the main thread (embedded use): leave the handlers alone
         pass
     try:
         try:

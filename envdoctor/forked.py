@@ -60,6 +60,18 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, children before their own children, all read
+    before anything is killed: a killed child's children go to PID 1 at once, and the
+    torch probe that exec's pre-flight child starts runs in a session of its own."""
+    found: list[int] = []
+    level = children_of(pid)
+    while level:
+        found.extend(level)
+        level = [grandchild for child in level for grandchild in children_of(child) if grandchild not in found]
+    return found
+
+
 def kill_tree(pids: list[int]) -> None:
     """SIGKILL each pid and, where it leads a process group (the torch probe does), its group."""
     for pid in pids:

@@ -462,3 +462,37 @@ def test_fix_unsets_a_variable_for_the_job_when_that_is_the_fix():
     assert proc.stdout.strip() == "None", proc.stdout  # unset, not the string 'None'
     (change,) = [e for e in events(proc.stderr) if e.get("var") == "CUDA_LAUNCH_BLOCKING"]
     assert change["old"] == "1" and change["new"] == "unset"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_preflight_leaves_no_probe_behind(tmp_path, sig):
+    """The torch probe is started by exec's forked pre-flight child, in a session of its
+    own: SIGTERM or Ctrl-C to exec killed the child only, and the probe (here a `python`
+    that sleeps) ran on under PID 1."""
+    marker = f"{97 + os.getpid() % 1000 / 1000:.3f}"  # a sleep length no other process has
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    (fakebin / "python").write_text(f"#!/bin/sh\nsleep {marker}\n")
+    (fakebin / "python").chmod(0o755)
+
+    def sleepers() -> list[str]:
+        return subprocess.run(["pgrep", "-f", f"^sleep {marker}$"], capture_output=True, text=True).stdout.split()
+
+    proc = start("--timeout", "30", "--", "python", "-c", "1",
+                 env={"PATH": f"{fakebin}:/usr/bin:/bin", "ENVDOCTOR_NO_CACHE": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not sleepers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sleepers(), "the probe never started: " + (proc.stderr.read() if proc.poll() is not None else "")
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == 128 + sig
+        deadline = time.monotonic() + 5
+        while sleepers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not sleepers()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
