@@ -133,7 +133,11 @@ def _validate(options: ExecOptions, argv: list[str]) -> None:
                                f"not {options.timeout:g}")
     if options.fail_on is not None and options.fail_on not in ("warn", "fail"):
         raise Stop(EXIT_USAGE, f"--fail-on must be warn or fail, not {options.fail_on!r}")
+    if options.report is not None and not options.report.strip():  # '' wrote nothing and said nothing
+        raise Stop(EXIT_USAGE, "--report needs a file name")
     if options.report:
+        if options.report.endswith("/"):  # os.path would write a file named as the directory it meant
+            raise Stop(EXIT_USAGE, f"--report {options.report}: names a directory; give a file name")
         try:
             directory = os.path.dirname(os.path.abspath(options.report))
         except OSError:  # abspath asks getcwd, which fails in a removed working directory
