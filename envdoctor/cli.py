@@ -9,6 +9,7 @@ inside the commands that need them, so `envdoctor --help` and every command star
 from __future__ import annotations
 
 import errno
+import io
 import os
 import sys
 from pathlib import Path
@@ -276,6 +277,21 @@ def _on_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+class _ClosedStdout(io.TextIOBase):
+    """Stands in for a standard output the process was started without (`>&-`). click
+    writes nothing to None, so `checks`, `explain` and --version said nothing and exit 0;
+    here a write is the error it is, and main() makes it exit 74 like `check`."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
 def _click_errors() -> tuple[type, type]:
     """click's UsageError and ClickException, from typer's public BadParameter (typer
     0.28 carries its own copy of click; earlier ones import click itself)."""
@@ -313,6 +329,8 @@ def main() -> None:
     shells expect, and neither leaves a probe (or anything it started) running."""
     import signal
 
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
     try:
         signal.signal(signal.SIGTERM, _on_sigterm)
         signal.signal(signal.SIGINT, _on_sigint)

@@ -124,8 +124,20 @@ def test_started_with_stdout_or_stderr_closed_there_is_no_traceback(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
     env["ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for args, closed_fd, code in ((["serve", "--once"], 1, 0), (["check", "--only", "shm.size"], 1, 74),
-                                  (["check", "--only", "shm.size"], 2, 0)):
+                                  (["check", "--only", "shm.size"], 2, 0),
+                                  # these wrote through click, which drops what goes to no stdout: exit 0
+                                  (["checks"], 1, 74), (["explain", "shm.size"], 1, 74), (["--version"], 1, 74)):
         proc = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=tmp_path,
                               timeout=120, preexec_fn=lambda fd=closed_fd: os.close(fd))
         assert proc.returncode == code, (args, closed_fd, proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("args", [["checks"], ["explain", "shm.size"], ["--version"], ["--help"]])
+def test_every_command_into_a_full_disk_is_one_line_and_74(args):
+    """They raised OSError (ENOSPC) as a traceback; `check` already said so in one line."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "envdoctor", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "envdoctor: cannot write the output: No space left on device"
