@@ -157,3 +157,31 @@ def test_an_encrypted_key_is_refused_without_asking_for_its_passphrase(tmp_path)
     out = cli("serve", "--web.listen-address", "127.0.0.1:0", "--web.config.file", str(path), timeout=60)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "pass phrase" not in out.stderr.lower() and "encrypted" in out.stderr
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("text", [
+    "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    Content-Security-Policy: \"default-src 'none'\"\n",
+    "http_server_config:\n  headers:\n    Set-Cookie: a=b\n",  # no header but the toolkit's five
+    "http_server_config:\n  headers:\n    X-Frame-Options: DENY\n",  # its values, exactly so spelled
+    "http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n",
+    f"basic_auth_users:\n  a: '{HASH}'\nbasic_auth_users:\n  b: '{HASH}'\n",  # a key given twice
+    f"basic_auth_users:\n  a: '{HASH}'\n  a: '{HASH}'\n",
+])
+def test_node_exporter_and_envdoctor_start_with_the_same_files(tmp_path, text):
+    """The same web config means the same to both, down to what stops them at start:
+    envdoctor took any header and kept the last of two tables, where node_exporter refused."""
+    import subprocess
+
+    from serve_support import NODE_EXPORTER, need
+
+    path = write(tmp_path, text)
+    try:
+        subprocess.run([need(NODE_EXPORTER, "prometheus-node-exporter"), "--web.listen-address=127.0.0.1:0",
+                        f"--web.config.file={path}"], capture_output=True, timeout=3)
+        node_exporter_starts = False  # it exited by itself: refused
+    except subprocess.TimeoutExpired:
+        node_exporter_starts = True  # still serving after 3 s (killed by run())
+    out = cli("serve", "--once", "--web.config.file", str(path), timeout=60)
+    assert out.returncode in (0, 2) and "Traceback" not in out.stderr, out.stderr
+    assert (out.returncode == 0) is node_exporter_starts, out.stderr

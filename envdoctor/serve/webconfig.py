@@ -55,9 +55,13 @@ TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
 CLIENT_AUTH = {"": ssl.CERT_NONE, "NoClientCert": ssl.CERT_NONE,
                "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL, "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
 UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
-# Headers the toolkit refuses to let a config set (they are the server's business).
-RESERVED_HEADERS = {"authorization", "www-authenticate", "content-encoding", "content-length", "content-type",
-                    "upgrade", "connection", "transfer-encoding"}
+# The only headers the toolkit lets a config set, exactly so spelled, and the values it
+# allows where it names them (exporter-toolkit web/handler.go, extraHTTPHeaders): any
+# other header, or X-Frame-Options: DENY, stops node_exporter at start, so it stops us too.
+ALLOWED_HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None, "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None, "Content-Security-Policy": None,
+}
 # $2a$/$2b$/$2x$/$2y$, a two-digit cost, then 53 characters of bcrypt's base64 (salt and digest).
 _BCRYPT = re.compile(rb"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
 # One check at cost 16 takes ~6 s on a 2-core CI machine (measured: cost 14, 1.6 s); 17 would
@@ -66,7 +70,6 @@ MAX_COST = 16
 MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; a bigger file is a mistake
 # A header name is an RFC 9110 token; a value has no control characters (a CR or LF in
 # one would end the header early and let the config write a second one, or a body).
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
 
 
@@ -129,6 +132,26 @@ class WebConfig:
         return good
 
 
+def _unique_keys_loader(yaml: Any) -> Any:
+    """yaml's SafeLoader, refusing a key given twice in one mapping. PyYAML keeps the last;
+    the toolkit's strict decoder stops node_exporter ("already set"). Two basic_auth_users
+    tables would otherwise mean one thing to envdoctor and nothing to node_exporter."""
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)):
+                    continue  # a key that is itself a mapping: refused later as no key of ours
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
+
+
 def load(path: str | None) -> WebConfig:
     """Read and check the whole file; WebConfigError names what is wrong."""
     if not path:
@@ -145,7 +168,7 @@ def load(path: str | None) -> WebConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise WebConfigError(name, None, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader(yaml))
     except yaml.YAMLError as exc:
         raise WebConfigError(name, None, f"not valid YAML: {str(exc).splitlines()[0]}") from None
     except RecursionError:  # sequences nested hundreds deep: the parser recurses per level
@@ -221,12 +244,14 @@ def _http(name: str, http: Any) -> dict[str, str]:
         raise WebConfigError(name, "http_server_config.headers", "expected a mapping of header: value")
     for header, value in headers.items():
         key = f"http_server_config.headers.{header}"
-        if str(header).lower() in RESERVED_HEADERS:
-            raise WebConfigError(name, key, "this header cannot be set by the config")
-        if not isinstance(header, str) or not _HEADER_NAME.fullmatch(header):
-            raise WebConfigError(name, key, "not a valid header name")
+        if header not in ALLOWED_HEADERS:
+            raise WebConfigError(name, key, f"this header can not be configured (as in node_exporter); "
+                                            f"these can: {', '.join(ALLOWED_HEADERS)}")
         if not isinstance(value, (str, int, float)) or not _HEADER_VALUE.fullmatch(_scalar(value)):
             raise WebConfigError(name, key, "expected one line of text as the value (no control characters)")
+        allowed = ALLOWED_HEADERS[header]
+        if allowed is not None and _scalar(value) not in allowed:
+            raise WebConfigError(name, key, f"expected one of {', '.join(allowed)} (as node_exporter), not {_scalar(value)!r}")
     return {str(k): _scalar(v) for k, v in headers.items()}
 
 
