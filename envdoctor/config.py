@@ -345,7 +345,21 @@ def _coerce_check_key(key: str, value: Any, default: Any, *, from_text: bool) ->
     value = coerce(value, default, key, from_text=from_text)
     if key == "timeout":
         check_timeout(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        _check_range(key, value)
     return value
+
+
+def _check_range(key: str, value: float) -> None:
+    """Every number a check takes is a size, a count, a time or a fraction: none is
+    negative, and a fraction or a significance level is at most 1. alpha = -1 or
+    max_used_fraction = 1e308 were taken and quietly made a rule that could never fire."""
+    if value < 0:
+        raise ParseError(f"expected a number >= 0, got {value!r}")
+    if (key == "alpha" or key.endswith("_fraction")) and value > 1:
+        raise ParseError(f"expected a fraction from 0 to 1, got {value!r}")
+    if key == "alpha" and value == 0:
+        raise ParseError("expected a significance level above 0 (0 would never call a trend significant)")
 
 
 def check_timeout(value: float) -> float:

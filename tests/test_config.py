@@ -166,3 +166,20 @@ def test_a_config_nested_too_deeply_is_exit_2_not_a_traceback(tmp_path, nested):
     out = cli("check", "--config", str(path), timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [f"envdoctor: bad config: {path}: not valid TOML for envdoctor: nested too deeply"]
+
+
+@pytest.mark.parametrize("check_id, key, value, said", [
+    ("memory.cache_growth", "alpha", "-1", "expected a number >= 0"),
+    ("memory.cache_growth", "alpha", "2", "expected a fraction from 0 to 1"),
+    ("memory.cache_growth", "alpha", "0", "significance level above 0"),
+    ("gpu.health", "max_used_fraction", "1e308", "expected a fraction from 0 to 1"),
+    ("shm.size", "batch_bytes", "-1", ""),  # sizes go through parse_size, which has its own words
+    ("memory.cache_growth", "interval_seconds", "-1", "expected a number >= 0"),
+])
+def test_a_number_out_of_its_range_is_exit_2(tmp_path, check_id, key, value, said):
+    """Negative sizes, counts and times, and fractions over 1, were taken and made a rule that could never fire."""
+    path = tmp_path / "envdoctor.toml"
+    path.write_text(f'[check."{check_id}"]\n{key} = {value}\n')
+    out = cli("check", "--config", str(path), "--only", "shm.size", timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert f"{check_id}\".{key}" in out.stderr and said in out.stderr, out.stderr
