@@ -23,6 +23,10 @@ apart, with 1 % noise), so the figure is that steady state's, not a fresh start'
 against 0.33 s at 2). VmRSS after the runs is printed too (in-process: no HTTP
 server, no typer; `serve_vs_node_exporter.py` measures the real daemon's).
 
+`--pause 15` sleeps the daemon's interval after each run (not counted): runs back to
+back find the CPU's caches warm and cost about a quarter less than the daemon's, so
+with it a steady state with full histories is measured at the daemon's pace.
+
 serve_vs_node_exporter.py measures the same from outside (the daemon's
 /proc/PID/stat over an idle window); this one is quicker and runs the profile-able
 code path, for comparing two versions of the code on one machine.
@@ -94,6 +98,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--history-points", type=int, default=0,
                         help="fill every target's memory history with this many samples first (720 = 3 h at 15 s)")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="sleep this long after each run, as the daemon does between runs (15 = its default "
+                             "interval): runs back to back find the CPU's caches warm; the daemon's do not")
     parser.add_argument("--torch", action="store_true",
                         help="targets are python processes that imported torch (this interpreter's; ~250 MiB each "
                              "with a CPU build), as on a training node, instead of sleep processes")
@@ -123,17 +130,21 @@ def main() -> None:
             fill_history(scheduler.history, args.history_points, args.interval)
         per_run = []
         for _ in range(args.rounds):
-            c0, t0 = cpu_now(), time.perf_counter()
+            cpu = wall = 0.0
             for _ in range(args.runs):
+                c0, t0 = cpu_now(), time.perf_counter()
                 scheduler.run_once()
                 tidy()
-            per_run.append(((cpu_now() - c0) / args.runs, (time.perf_counter() - t0) / args.runs))
+                cpu, wall = cpu + cpu_now() - c0, wall + time.perf_counter() - t0
+                if args.pause > 0:
+                    time.sleep(args.pause)  # not counted: the daemon's sleep costs no CPU
+            per_run.append((cpu / args.runs, wall / args.runs))
         cpu = statistics.median(c for c, _ in per_run)
         wall = statistics.median(w for _, w in per_run)
         print(f"{args.targets} targets + node: CPU {cpu * 1000:.1f} ms per run (rounds: "
               f"{', '.join(f'{c * 1000:.1f}' for c, _ in per_run)}), wall {wall * 1000:.1f} ms; "
               f"at a {args.interval:g} s interval {cpu / args.interval * 100:.2f} % of one core; "
-              f"history {args.history_points or 'as sampled'}; VmRSS {rss_mib():.1f} MiB")
+              f"history {args.history_points or 'as sampled'}; pause {args.pause:g} s; VmRSS {rss_mib():.1f} MiB")
     finally:
         subprocess.run(["pkill", "-f", f"time.sleep\\({marker}\\)$" if args.torch else f"^sleep {marker}$"])
 
