@@ -43,6 +43,17 @@ def _die(message: str) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _directory(flag: str, text: str) -> Path:
+    """A --path.* value as a directory that exists. Taken as text, not as a typer Path:
+    Path('') is '.', and --path.rootfs '' silently read the working directory."""
+    if not text.strip():
+        _die(f"{flag} needs a directory, not ''")
+    path = Path(text)
+    if not path.is_dir():
+        _die(f"{flag} {path} is not a directory")
+    return path
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"envdoctor {__version__}")
@@ -72,10 +83,10 @@ def check(
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL",
                                           help="Exit 1 when any result is at or above this level: warn or fail (default fail; error counts as fail)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Default per-check timeout (default 15)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output."),
-    procfs: Path = typer.Option(Path("/proc"), "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
-    sysfs: Path = typer.Option(Path("/sys"), "--path.sysfs", metavar="DIR", help="sysfs mount point."),
-    rootfs: Path = typer.Option(Path("/"), "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
+    output_text: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output."),
+    procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
+    sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
+    rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
 ) -> None:
     """Run the checks once and print a report.
 
@@ -112,9 +123,12 @@ def check(
         if found is None:
             _die(f"--python {python}: no such executable interpreter")
         python = found
-    for name, path in (("--path.procfs", procfs), ("--path.sysfs", sysfs), ("--path.rootfs", rootfs)):
-        if not path.is_dir():
-            _die(f"{name} {path} is not a directory")
+    procfs, sysfs, rootfs = (_directory(flag, text) for flag, text in
+                             (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
+    output = None if output_text is None else Path(output_text)
+    if output_text and output_text.endswith("/"):  # Path() drops the slash: x.json/ wrote a file x.json
+        typer.echo(f"envdoctor: cannot write {output_text}: it names a directory; give a file name", err=True)
+        raise typer.Exit(EXIT_IO)
 
     only = [part.strip() for item in only for part in item.split(",") if part.strip()]
     skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
@@ -494,13 +508,13 @@ def serve(
     web_config_file: Optional[str] = typer.Option(None, "--web.config.file", metavar="FILE",
                                                   help="exporter-toolkit web config: TLS, client certificates, basic auth."),
     interval: Optional[float] = typer.Option(None, "--interval", metavar="SECONDS", help="Seconds between runs (default 15, or [serve] interval)."),
-    textfile: Optional[Path] = typer.Option(None, "--textfile", metavar="PATH",
-                                            help="Also write each run to PATH (*.prom) for node_exporter's textfile collector."),
+    textfile_text: Optional[str] = typer.Option(None, "--textfile", metavar="PATH",
+                                                help="Also write each run to PATH (*.prom) for node_exporter's textfile collector."),
     once: bool = typer.Option(False, "--once", help="Run once (write --textfile if given) and exit; no HTTP server."),
     config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="Config file (checks' settings and [serve])."),
-    procfs: Path = typer.Option(Path("/proc"), "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
-    sysfs: Path = typer.Option(Path("/sys"), "--path.sysfs", metavar="DIR", help="sysfs mount point."),
-    rootfs: Path = typer.Option(Path("/"), "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
+    procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
+    sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
+    rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
 ) -> None:
     """Monitor the node and every training process on it; serve Prometheus metrics.
 
@@ -510,8 +524,13 @@ def serve(
     from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError
 
+    if textfile_text is not None and (not textfile_text.strip() or textfile_text.endswith("/")):
+        _die(f"--textfile {textfile_text!r}: give the path of a *.prom file")  # Path() made '' '.' and a.prom/ a.prom
+    procfs, sysfs, rootfs = (_directory(flag, text) for flag, text in
+                             (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
     options = Options(listen_address=listen_address, web_config_file=web_config_file, interval=interval,
-                      textfile=textfile, once=once, config_file=config_file, procfs=procfs, sysfs=sysfs, rootfs=rootfs)
+                      textfile=None if textfile_text is None else Path(textfile_text), once=once, config_file=config_file,
+                      procfs=procfs, sysfs=sysfs, rootfs=rootfs)
     if program.relaunch_serve and not once:
         from envdoctor.serve import relaunch
 

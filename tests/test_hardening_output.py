@@ -197,3 +197,21 @@ def test_cli_stdout_that_cannot_take_the_report_is_one_line(stdout):
         os.close(w)
     assert proc.returncode == 74, (stdout, proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("args, code, said", [
+    (["check", "--only", "shm.size", "-o", "{tmp}/report.json/"], 74, "names a directory"),  # wrote report.json
+    (["check", "--only", "shm.size", "--path.rootfs", ""], 2, "--path.rootfs needs a directory"),  # read '.'
+    (["check", "--only", "shm.size", "--path.procfs", ""], 2, "--path.procfs needs a directory"),
+    (["serve", "--once", "--textfile", "{tmp}/envdoctor.prom/"], 2, "give the path of a *.prom file"),  # wrote envdoctor.prom
+    (["serve", "--once", "--path.sysfs", ""], 2, "--path.sysfs needs a directory"),
+])
+def test_a_path_that_names_a_directory_or_nothing_is_refused(tmp_path, args, code, said):
+    """typer's Path turned '' into '.' and dropped a trailing slash, so these read the
+    working directory or wrote a file named as the directory they meant."""
+    from helpers import cli
+
+    out = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], cwd=tmp_path, timeout=60)
+    assert out.returncode == code and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # nothing written anywhere
