@@ -539,4 +539,7 @@ def serve(
         daemon = Daemon(options)
     except StartError as exc:
         _die(str(exc))
-    raise typer.Exit(daemon.run())
+    code = daemon.run()
+    if program.relaunch_serve and not once:  # the daemon ran here (its exec failed): leave as program.module_main says
+        program.exit_now(code)
+    raise typer.Exit(code)

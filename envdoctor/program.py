@@ -61,11 +61,14 @@ def console_main() -> None:
 
 
 def module_main() -> None:
-    """`python -m envdoctor`."""
+    """`python -m envdoctor`. A relaunched daemon leaves as the console script does,
+    without the interpreter's teardown: that joins the daemon's worker threads, and one
+    still examining a process when SIGTERM came held the exit up for as long as its
+    checks took (past 10 s on a loaded machine); a daemon's run is abandoned, not awaited."""
     global relaunch_serve
     code = _daemon_exit_code()
     if code is not None:
-        sys.exit(code)
+        exit_now(code)
     relaunch_serve = True
     from envdoctor.cli import module_main as cli_module_main
 
