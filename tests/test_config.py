@@ -183,3 +183,14 @@ def test_a_number_out_of_its_range_is_exit_2(tmp_path, check_id, key, value, sai
     out = cli("check", "--config", str(path), "--only", "shm.size", timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert f"{check_id}\".{key}" in out.stderr and said in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("where", ["file", "environment"])
+def test_a_config_python_that_is_no_interpreter_is_exit_2(tmp_path, where):
+    """As --python's own check: a typo there turned cuda.runtime and torch.cudnn into skips, exit 0."""
+    path = tmp_path / "envdoctor.toml"
+    path.write_text('python = "/nonexistent/python3"\n' if where == "file" else "")
+    env = {"ENVDOCTOR_PYTHON": "/nonexistent/python3"} if where == "environment" else None
+    out = cli("check", "--config", str(path), "--only", "shm.size", env=env, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "no such executable interpreter" in out.stderr

@@ -141,3 +141,17 @@ def test_every_command_into_a_full_disk_is_one_line_and_74(args):
                               text=True, timeout=120)
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == "envdoctor: cannot write the output: No space left on device"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["check", "--timeout", "abc"], "Invalid value for '--timeout'"),
+    (["exec", "--bogus", "--", "true"], "No such option: --bogus"),
+    (["explain"], "Missing argument 'ID'"),
+    (["nosuch"], "No such command 'nosuch'"),
+])
+def test_a_usage_error_is_one_line_naming_the_help(args, said):
+    """click printed four lines (usage, a hint, a blank, the error); ours are one."""
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("envdoctor: ") and said in lines[0] and "--help`" in lines[0], lines
