@@ -1,8 +1,8 @@
 """`envdoctor serve` leaves the CLI behind: the daemon runs in a process that never imported it.
 
 The CLI (typer and its vendored click) parses `serve`'s flags once, and then stays
-resident for as long as the daemon runs, weeks on every node: 1.9 MiB of the
-daemon's RSS over 64 targets (34.5 -> 32.6 MiB, `benchmarks/serve_vs_node_exporter.py`).
+resident for as long as the daemon runs, weeks on every node: 2.0 MiB of the
+daemon's RSS over 64 targets (34.1 -> 32.1 MiB after 400 scrapes; README "Cost").
 So once the CLI has parsed them, the process replaces itself (execve: the same pid,
 so systemd, tini and kill see no change) with the same command line, and the parsed
 options in its environment for the new image to find before it imports the CLI
