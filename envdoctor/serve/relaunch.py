@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from envdoctor.program import SERVE_OPTIONS_VARIABLE as OPTIONS_VARIABLE
+
+PATH_OPTIONS = ("textfile", "procfs", "sysfs", "rootfs")  # Options fields that are Paths (JSON carries str)
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -71,9 +73,8 @@ def waiting_options() -> Any | None:
         document = json.loads(text)
         if document.get("pid") != os.getpid():
             return None
-        given = document["options"]
-        paths = {f.name for f in fields(Options) if f.name in ("textfile", "procfs", "sysfs", "rootfs")}
-        return Options(**{k: (Path(v) if k in paths and v is not None else v) for k, v in given.items()})
+        return Options(**{k: (Path(v) if k in PATH_OPTIONS and v is not None else v)
+                          for k, v in document["options"].items()})
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
