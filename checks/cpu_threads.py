@@ -44,8 +44,7 @@ torch.set_num_threads(os.cpu_count()), give it the same number instead.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor.cgroup import EffectiveCpus, effective_cpus
 from envdoctor.check import Check, Metric
@@ -94,12 +93,11 @@ def parse_thread_count(name: str, value: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-@dataclass(frozen=True)
-class ThreadFacts:
+class ThreadFacts(NamedTuple):
     variables: Mapping[str, str]  # the thread variables that are set, as set
     local_world_size: str | None  # LOCAL_WORLD_SIZE as set, None when unset
     cpus: EffectiveCpus
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
     live_threads: int | None = None  # torch.get_num_threads() in the attached job (envdoctor.attach)
     live_workers: int | None = None  # DataLoader workers the attached job runs
 
@@ -155,8 +153,7 @@ def _processes(facts: ThreadFacts, settings: Mapping[str, Any]) -> tuple[int, st
     return 1, "default", None
 
 
-@dataclass(frozen=True)
-class Budget:
+class Budget(NamedTuple):
     """The threads one process may run: its share of the effective CPUs, and how that was worked out."""
 
     effective: float | None

@@ -64,8 +64,7 @@ How to fix
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable, short_reason
@@ -91,8 +90,7 @@ def parse_cuda_version(text: Any) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-@dataclass(frozen=True)
-class Arch:
+class Arch(NamedTuple):
     """One entry of torch.cuda.get_arch_list(): 'sm_86', 'sm_90a', 'compute_90'."""
 
     ptx: bool  # compute_XY: PTX, JIT-compiled by the driver
@@ -136,15 +134,13 @@ def format_cudnn_version(version: Any) -> str | None:
 # -- facts ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     index: int
     name: str
     capability: tuple[int, int] | None
 
 
-@dataclass(frozen=True)
-class RuntimeFacts:
+class RuntimeFacts(NamedTuple):
     torch: Mapping[str, Any]  # the probe's facts
     nvml_reason: str | None = None  # why NVML is not here; None when it is
     driver_version: str | None = None
@@ -192,8 +188,7 @@ def _cap(c: tuple[int, int]) -> str:
     return f"{c[0]}.{c[1]}"
 
 
-@dataclass(frozen=True)
-class Build:
+class Build(NamedTuple):
     """What torch was built with, read once from the probe's facts."""
 
     version: str | None

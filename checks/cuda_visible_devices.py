@@ -33,7 +33,7 @@ numbering (0..N-1); on mixed nodes `export CUDA_DEVICE_ORDER=PCI_BUS_ID`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check, Metric
@@ -43,16 +43,14 @@ from envdoctor.model import Finding, Result, Status, verdict
 _LOCAL_RANK = re.compile(r"^\s*[0-9]{1,30}\s*$")  # longer is no rank (and int() refuses > 4300 digits)
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     index: int
     name: str | None
     uuid: str | None
     mig_devices: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class VisibleFacts:
+class VisibleFacts(NamedTuple):
     cuda_visible_devices: str | None
     cuda_device_order: str | None
     nvidia_visible_devices: str | None
@@ -116,8 +114,7 @@ def _nvd_view(nvd: str | None) -> tuple[int | None, list[str]]:
     return len(items), [t for t in items if t.startswith(("GPU-", "MIG-"))]
 
 
-@dataclass(frozen=True)
-class View:
+class View(NamedTuple):
     """What CUDA will make of the facts: the parse, its resolution against the GPUs
     (NVML's, or the container's per NVIDIA_VISIBLE_DEVICES), and what stays visible."""
 

@@ -56,8 +56,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor import launch as launch_module
 from envdoctor.check import Check
@@ -95,8 +95,7 @@ def parse_net_dev(text: str) -> list[str]:
     return names
 
 
-@dataclass(frozen=True)
-class IfnameSpec:
+class IfnameSpec(NamedTuple):
     """NCCL_SOCKET_IFNAME as NCCL reads it (see the module docstring)."""
 
     raw: str
@@ -145,8 +144,7 @@ def _truthy_nccl(value: str | None) -> bool:
 # -- gathering ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DistFacts:
+class DistFacts(NamedTuple):
     env: dict[str, str]  # only the launch and NCCL/Gloo variables
     interfaces: tuple[str, ...] | None = None
     interfaces_reason: str | None = None
@@ -156,7 +154,7 @@ class DistFacts:
     resolve_timeout: float = 2.0
     master_is_local: bool | None = None
     target_is_self: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = MappingProxyType({})  # read only: one empty default for all
 
 
 def _interfaces(ctx) -> tuple[tuple[str, ...] | None, str | None]:
@@ -281,8 +279,7 @@ def _plural(n: int, word: str) -> str:
 TORCHRUN = "torchrun --nnodes=N --nproc-per-node=GPUS --rdzv-endpoint=MASTER:29500 train.py  # sets them all"
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """The launch variables as numbers (None: unset or not an integer)."""
 
     env: Mapping[str, str]

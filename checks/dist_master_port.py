@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor.check import Check
 from envdoctor.errors import Unavailable
@@ -40,8 +39,7 @@ from envdoctor.model import Finding, Result, Status, verdict
 from envdoctor.checks.dist_env import is_local, master_port, resolve
 
 
-@dataclass(frozen=True)
-class PortFacts:
+class PortFacts(NamedTuple):
     address: str  # the local address the port was bound on
     port: int
     error: str | None  # why binding failed; None: it is free

@@ -39,8 +39,7 @@ airflow and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor.check import Check, Metric
 from envdoctor.model import Finding, Result, Status, skip, verdict
@@ -53,8 +52,7 @@ RESET_FIX = "nvidia-smi -r -i {i}  # with no processes on GPU {i}; or reboot the
 HUNG_FIX = "dmesg | grep -i xid  # then drain the node and reset GPU {i} (nvidia-smi -r -i {i}) or reboot"
 
 
-@dataclass(frozen=True)
-class HealthFacts:
+class HealthFacts(NamedTuple):
     gpus: tuple[GpuInfo, ...]
     own_pids: frozenset[int] = frozenset()  # the target's pid: its memory is not "someone else's"
     hung: str | None = None  # NVML itself did not answer

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from envdoctor import trend
 from envdoctor.check import Check, Metric
@@ -80,13 +80,12 @@ SHM_FIX = ("lower DataLoader num_workers or prefetch_factor; remove leftover /de
 DESCRIBE = {"rss": "resident memory", "cgroup": "cgroup working set", "shm": "/dev/shm usage"}
 
 
-@dataclass(frozen=True)
-class GrowthFacts:
+class GrowthFacts(NamedTuple):
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]]  # memory -> (times, bytes)
     limits: Mapping[str, Any]  # memory -> memsample.Limit (latest)
     source: str  # "window" or "history"
     stopped: str | None = None  # why sampling ended early
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
 
 def _live(ctx):

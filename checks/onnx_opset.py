@@ -60,9 +60,8 @@ import re
 import stat
 import sys
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO, Mapping, NamedTuple
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable
@@ -78,8 +77,7 @@ EXAMPLES = 3  # node names shown per model
 # -- facts ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class InterpolationNode:
+class InterpolationNode(NamedTuple):
     """A Resize or Upsample node, where it sits, and the ai.onnx opset in force there."""
 
     op: str
@@ -87,8 +85,7 @@ class InterpolationNode:
     opset: int | None
 
 
-@dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(NamedTuple):
     """What one .onnx file declares: its IR version, opsets and interpolation nodes."""
 
     ir_version: int
@@ -103,8 +100,7 @@ class ModelInfo:
         return self.opsets.get("ai.onnx")
 
 
-@dataclass(frozen=True)
-class ModelFile:
+class ModelFile(NamedTuple):
     path: str
     info: ModelInfo | None = None
     problem: str | None = None  # why it could not be used, when info is None
@@ -112,8 +108,7 @@ class ModelFile:
     missing_data: tuple[str, ...] = ()  # external data files the weights live in that are missing or short
 
 
-@dataclass(frozen=True)
-class RuntimeFacts:
+class RuntimeFacts(NamedTuple):
     """The installed onnxruntime and the limits it enforces when loading a model."""
 
     version: str | None = None
@@ -124,8 +119,7 @@ class RuntimeFacts:
     reason: str | None = None  # why some of the above are None
 
 
-@dataclass(frozen=True)
-class OnnxFacts:
+class OnnxFacts(NamedTuple):
     onnx_version: str
     onnx_max_opset: int
     onnx_max_ir_version: int
@@ -133,7 +127,7 @@ class OnnxFacts:
     torch_default_opset: int | None = None
     torch_reason: str | None = None  # why torch_default_opset is None
     released_only: str | None = None  # ALLOW_RELEASED_ONNX_OPSET_ONLY in the target's env
-    models: tuple[ModelFile, ...] = field(default_factory=tuple)
+    models: tuple[ModelFile, ...] = ()
 
 
 # -- parsing a model (untrusted bytes) ------------------------------------------------
@@ -529,7 +523,7 @@ def _stack_from_imports() -> dict[str, Any]:
 
         limits = {"onnx_version": onnx.__version__, "onnx_max_opset": onnx.defs.onnx_opset_version(),
                   "onnx_max_ir_version": onnx.IR_VERSION}
-    return {**limits, "runtime": dataclasses.asdict(runtime_facts())}
+    return {**limits, "runtime": runtime_facts()._asdict()}
 
 
 def stack_facts() -> dict[str, Any]:

@@ -30,8 +30,7 @@ the check names (and OMP_NUM_THREADS=N before launch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check
@@ -43,8 +42,7 @@ from envdoctor.units import format_bytes
 GIB = 1024**3
 
 
-@dataclass(frozen=True)
-class LiveFacts:
+class LiveFacts(NamedTuple):
     torch: Mapping[str, Any]  # live_torch_facts()
     env: Mapping[str, str]  # CUDA_VISIBLE_DEVICES and LOCAL_WORLD_SIZE, when set
     effective_cpus: float | None

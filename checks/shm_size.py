@@ -44,8 +44,7 @@ import math
 import os
 import posixpath
 import stat
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor.cgroup import parse_mountinfo
 from envdoctor.check import Check, Metric
@@ -60,8 +59,7 @@ GIB = 1024**3
 DOCKER_DEFAULT_BYTES = 64 * MIB
 
 
-@dataclass(frozen=True)
-class ShmFacts:
+class ShmFacts(NamedTuple):
     path: str  # what was examined, as opened
     size_bytes: int | None  # None: a tmpfs with no size limit (size=0)
     free_bytes: int | None  # None with size_bytes: statvfs reports 0 for an unlimited tmpfs

@@ -41,8 +41,7 @@ How to fix
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor.check import Check
 from envdoctor.errors import ParseError, Unavailable
@@ -81,8 +80,7 @@ def parse_cublas_workspace_config(text: Any) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-@dataclass(frozen=True)
-class CudnnFacts:
+class CudnnFacts(NamedTuple):
     torch: Mapping[str, Any]
     workspace_config: str | None  # CUBLAS_WORKSPACE_CONFIG as set; None when unset
     nvml_gpus: int | None = None  # GPUs NVML sees; None when NVML is not here or was not asked

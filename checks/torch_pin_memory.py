@@ -41,8 +41,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable, short_reason
@@ -78,8 +77,7 @@ def parse_proc_stat_cpu_ticks(text: Any) -> int:
     return total
 
 
-@dataclass(frozen=True)
-class CpuSample:
+class CpuSample(NamedTuple):
     pid: int
     used_cpus: float | None  # CPUs' worth of time used over the window
     window_seconds: float
@@ -88,8 +86,7 @@ class CpuSample:
     reason: str | None = None  # why it could not be measured
 
 
-@dataclass(frozen=True)
-class PinFacts:
+class PinFacts(NamedTuple):
     cpu: CpuSample | None  # None for the `self` target
     gpu_count: int
     nvml_reason: str | None

@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from envdoctor.affinity import affinity, online_cpus
 from envdoctor.paths import Roots, read_text
@@ -61,8 +60,7 @@ def _int(text: str, what: str) -> int:
     return int(text)
 
 
-@dataclass(frozen=True)
-class CgroupEntry:
+class CgroupEntry(NamedTuple):
     """One line of /proc/N/cgroup: `hierarchy-id:controllers:path`."""
 
     hierarchy: int  # 0 is the cgroup v2 unified hierarchy
@@ -105,8 +103,7 @@ def _parse_proc_cgroup(text: str) -> tuple[CgroupEntry, ...]:
     return tuple(entries)
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     """One line of /proc/N/mountinfo (the fields this module needs)."""
 
     mount_id: int
@@ -218,8 +215,7 @@ def parse_cfs_period(text: str) -> int:
 # --------------------------------------------------------------------------- lookup
 
 
-@dataclass(frozen=True)
-class CpuLimit:
+class CpuLimit(NamedTuple):
     """The tightest CPU quota over the target's cgroups."""
 
     quota_cpus: float | None  # None: no quota (or none could be read: see source)
@@ -231,8 +227,7 @@ class CpuLimit:
         return {"quota_cpus": self.quota_cpus, "quota_source": self.source, "quota_path": self.path}
 
 
-@dataclass(frozen=True)
-class EffectiveCpus:
+class EffectiveCpus(NamedTuple):
     """How many CPUs the target can really use: min(affinity, quota)."""
 
     cpus: float | None  # None when nothing could be read

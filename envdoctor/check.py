@@ -58,6 +58,10 @@ class Metric:
 
 @dataclass(frozen=True)
 class Check:
+    """One pluggable rule: its id, what it protects against, how it gathers facts and
+    judges them (or one older `run`), its settings, and where it may run. Third-party
+    checks declare one of these under the `envdoctor.checks` entry-point group."""
+
     id: str
     title: str  # one line: what the check protects against
     run: Callable[["Context"], "Result"] | None = None  # the older one-function form; or gather + judge

@@ -21,16 +21,14 @@ node of the step is the right address).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 _INT = re.compile(r"^\s*[+-]?[0-9]{1,30}\s*$")  # longer is no rank or port (and int() refuses > 4300 digits)
 TORCH_NAMES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
 HOW_TO_LAUNCH = "run it under the launcher: torchrun --nproc-per-node=N -m envdoctor check (or srun ... envdoctor check)"
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     """One rank's place in a distributed launch."""
 
     launcher: str  # "torchrun" (its agent store is up), "env" (the torch variables), "slurm" (srun's)

@@ -36,17 +36,16 @@ import os
 import threading
 from array import array
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from envdoctor.paths import Roots, read_text
 
 UNLIMITED = 1 << 60  # v1 writes 9223372036854771712 (PAGE_COUNTER_MAX) for "no limit"
 
 
-@dataclass(frozen=True)
-class Limit:
+class Limit(NamedTuple):
     """What a memory runs into: `limit` bytes in all (None when unbounded), `headroom` bytes left."""
 
     limit: int | None
@@ -57,12 +56,11 @@ class Limit:
         return {"limit_bytes": self.limit, "headroom_bytes": self.headroom, "limit_name": self.name}
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
     t: float  # time.monotonic() seconds
     values: Mapping[str, float]  # memory name -> bytes in use
-    limits: Mapping[str, Limit] = field(default_factory=dict)
-    counters: Mapping[str, float] = field(default_factory=dict)  # allocator retries, inactive split...
+    limits: Mapping[str, Limit] = MappingProxyType({})  # read only: one empty default for all
+    counters: Mapping[str, float] = MappingProxyType({})  # allocator retries, inactive split...
     notes: tuple[str, ...] = ()  # what could not be read, and why
 
 
@@ -152,8 +150,7 @@ def host_available(roots: Roots) -> tuple[int | None, int | None]:
 # -- the cgroup's memory --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _CgroupFiles:
+class _CgroupFiles(NamedTuple):
     version: str
     levels: tuple[Path, ...]  # the target's cgroup first, then each parent up to the mount's top
 

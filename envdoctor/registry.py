@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # importlib.metadata only on a cache miss: importing it is a seventh of a warm start
 from envdoctor.entrypoints import EntryPoint, entry_points
@@ -27,8 +27,7 @@ BUILTIN_MODULE_PREFIX = "envdoctor.checks."
 DISABLE_AUTOLOAD_VAR = "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD"
 
 
-@dataclass(frozen=True)
-class LoadFailure:
+class LoadFailure(NamedTuple):
     """An entry point that did not give us a usable Check."""
 
     name: str  # the entry point's name, normally the check id

@@ -25,9 +25,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from envdoctor.errors import EnvdoctorError, Unavailable
 from envdoctor.probe import resolve_python
@@ -58,8 +58,7 @@ def ports_hosted() -> frozenset[int]:
         return frozenset(_hosted)
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """What one rank brings to the exchange."""
 
     rank: int
@@ -103,7 +102,7 @@ class Request:
             if seconds >= fitted.deadline_seconds or fitted.deadline_seconds <= 0:
                 break
             scale = max(0.0, seconds) / fitted.deadline_seconds
-            fitted = replace(fitted, wait_seconds=fitted.wait_seconds * scale, ack_seconds=fitted.ack_seconds * scale,
+            fitted = fitted._replace(wait_seconds=fitted.wait_seconds * scale, ack_seconds=fitted.ack_seconds * scale,
                              import_seconds=fitted.import_seconds * scale, slack_seconds=fitted.slack_seconds * scale)
         return fitted
 

@@ -33,8 +33,7 @@ import itertools
 import math
 import operator
 from array import array
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 # Above this many points, judge an evenly thinned series: the pairwise slopes and the
 # Mann-Kendall sum are O(n^2) in pure Python. serve judges every process's history
@@ -50,8 +49,7 @@ GRID_FROM = 4 * MAX_POINTS
 STEP_RATIO = 0.6
 
 
-@dataclass(frozen=True)
-class Trend:
+class Trend(NamedTuple):
     """What a series does over its window."""
 
     rising: bool  # a sustained, significant rise of at least min_rise

@@ -26,7 +26,7 @@ no I/O; `parse` raises ParseError only, for input that is not a string.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from envdoctor.errors import ParseError
 
@@ -37,8 +37,7 @@ _MAX_INDEX_DIGITS = 18  # an index with more digits is beyond any GPU count (and
 INDEX, GPU_UUID, MIG_UUID = "index", "gpu_uuid", "mig_uuid"
 
 
-@dataclass(frozen=True)
-class VisibleDevices:
+class VisibleDevices(NamedTuple):
     """What CUDA makes of one CUDA_VISIBLE_DEVICES value, before looking at the GPUs."""
 
     raw: str
@@ -120,8 +119,7 @@ def _parse_indices(value: str, tokens: tuple[str, ...], quoted: bool) -> Visible
     return VisibleDevices(value, INDEX, tokens, tuple(seen), lenient=tuple(lenient), quoted=quoted)
 
 
-@dataclass(frozen=True)
-class Resolution:
+class Resolution(NamedTuple):
     """Which physical devices CUDA will use, once the node's GPUs are known."""
 
     ordinals: tuple[int, ...]  # positions in the device (or MIG device) list, in CUDA's order
@@ -129,7 +127,7 @@ class Resolution:
     ambiguous: str | None = None  # a UUID prefix that matches several devices (ends the list)
     duplicate: int | None = None  # two entries naming one device: CUDA exposes none
     hidden: tuple[int | str, ...] = ()  # parsed entries lost after `missing`/`ambiguous`
-    unverifiable: tuple[str, ...] = field(default_factory=tuple)  # entries that cannot be matched here
+    unverifiable: tuple[str, ...] = ()  # entries that cannot be matched here
 
 
 def resolve(parsed: VisibleDevices, count: int, uuids: list[str] | tuple[str, ...] = (),
