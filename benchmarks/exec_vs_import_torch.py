@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from install_kind import editable_note
+
 COLD_TARGET = 0.15
 WARM_TARGET = 0.05
 
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = {name: value / torch for name, value in added.items()}
     cold_ok, warm_ok = ratio["cold"] <= COLD_TARGET, ratio["warm"] <= WARM_TARGET
     print(f"rounds: {args.rounds} (interleaved), medians in seconds; 'adds' = less `true` alone")
+    note = editable_note(args.python)
+    if note:
+        print(note)
     print(f"  python -c 'import torch'                      {torch:7.3f}")
     print(f"  true                                          {med['true']:7.3f}")
     print(f"  envdoctor exec -- true, cold (NO_CACHE)  adds {added['cold']:7.3f}  {ratio['cold']:5.2f}x  "

@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from install_kind import editable_note
+
 COLD_TARGET = 0.2
 WARM_TARGET = 0.05
 
@@ -122,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     warm_ratio = med["warm"] / med["collect_env"]
     cold_ok, warm_ok = cold_ratio <= COLD_TARGET, warm_ratio <= WARM_TARGET
     print(f"rounds: {args.rounds} (interleaved), medians in seconds")
+    note = editable_note(args.python)
+    if note:
+        print(note)
     print(f"  python -m torch.utils.collect_env     {med['collect_env']:7.3f}")
     print(f"  envdoctor check, cold (caches off)    {med['cold']:7.3f}   {cold_ratio:5.2f}x   target <= {COLD_TARGET}x  "
           + ("met" if cold_ok else "MISSED"))
