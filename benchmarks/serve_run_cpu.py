@@ -70,7 +70,10 @@ def fill_history(history, points: int, interval: float) -> None:
         history.forget(label)
         for i in range(points):
             values = {name: value * (1 + rng.gauss(0, 0.01)) for name, value in first.values.items()}
-            history.add(label, dataclasses.replace(first, t=now - (points - i) * interval, values=values), sampler)
+            t = now - (points - i) * interval
+            # a NamedTuple since 2026-11-23, a frozen dataclass before: versions compare
+            sample = first._replace(t=t, values=values) if hasattr(first, "_replace") else dataclasses.replace(first, t=t, values=values)
+            history.add(label, sample, sampler)
 
 
 def wait_for_torch(marker: str, count: int, timeout: float = 300.0) -> None:
