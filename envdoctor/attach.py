@@ -47,6 +47,7 @@ stale, malformed, someone else's) into a reason, never an exception.
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import math
 import os
@@ -74,9 +75,15 @@ def _in_multiprocessing_child() -> bool:
         return False
 
 
-def _writable_directory() -> str | None:
-    for directory in DIRECTORIES:
-        if os.path.isdir(directory) and not os.path.islink(directory) and os.access(directory, os.W_OK | os.X_OK):
+def _usable(directory: str) -> bool:
+    return os.path.isdir(directory) and not os.path.islink(directory) and os.access(directory, os.W_OK | os.X_OK)
+
+
+def _writable_directory(after: str | None = None) -> str | None:
+    """The first usable directory of DIRECTORIES (after `after`, when publishing there failed)."""
+    candidates = DIRECTORIES[DIRECTORIES.index(after) + 1:] if after in DIRECTORIES else DIRECTORIES
+    for directory in candidates:
+        if _usable(directory):
             return directory
     return None
 
@@ -98,7 +105,12 @@ class Publisher:
         self.interval = max(0.5, _seconds("interval", interval))
         first_delay = max(0.0, _seconds("first_delay", first_delay))
         self.pid = os.getpid()
-        self.directory = directory or _writable_directory()
+        from envdoctor.announce import own_start_ticks
+
+        self.start_ticks = own_start_ticks()
+        # absolute: a relative directory and a later os.chdir() left documents behind
+        self.directory = os.path.abspath(directory) if directory else _writable_directory()
+        self._chosen = directory is None  # ours to move to /tmp when /dev/shm fills up
         self.path = os.path.join(self.directory, document_name(self.pid)) if self.directory else None
         self.publications = 0
         self.last_seconds = 0.0
@@ -106,13 +118,17 @@ class Publisher:
         self.cpu_seconds = 0.0
         self.error: str | None = None if self.path else "no writable /dev/shm or /tmp"
         self._stop = threading.Event()
+        self._publishing = threading.Lock()
         self._first_delay = first_delay
         self._thread = threading.Thread(target=self._run, name="envdoctor-attach", daemon=True)
 
     def start(self) -> "Publisher":
         if self.path:
-            self._sweep()
-            self._announce()
+            for housekeeping in (self._sweep, self._announce):
+                try:
+                    housekeeping()
+                except Exception as exc:  # never take the job down for what others left behind
+                    self.error = f"{housekeeping.__name__}: {type(exc).__name__}: {exc}"
             self._thread.start()
             atexit.register(self.close)
         return self
@@ -130,7 +146,7 @@ class Publisher:
         body = json.dumps({"pid": self.pid, "start_ticks": own_start_ticks(), "document": self.path})
         self._announced: list[str] = []
         for directory in announce_dirs(os.environ, ANNOUNCE_DIRS):
-            path = os.path.join(directory, f"{self.pid}.json")
+            path = os.path.abspath(os.path.join(directory, f"{self.pid}.json"))  # removed at exit, whatever the cwd
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
                 with os.fdopen(fd, "w") as f:
@@ -151,7 +167,9 @@ class Publisher:
         now = time.time()
         for name in names[:1000]:
             number = name[len("envdoctor-attach-"):-len(".json")]
-            if not number.isdigit() or int(number) == self.pid:
+            # ASCII digits of a plausible pid: isdigit() takes '²', which int() refuses, and
+            # a 20-digit name overflowed os.kill (anyone may drop files in /dev/shm)
+            if not (number.isascii() and number.isdigit() and len(number) <= 10) or int(number) == self.pid:
                 continue
             path = os.path.join(directory, name)
             try:
@@ -164,7 +182,7 @@ class Publisher:
                     os.unlink(path)
                 except OSError:
                     pass
-            except OSError:
+            except (OSError, OverflowError):
                 continue
 
     def cost(self) -> dict[str, Any]:
@@ -174,35 +192,88 @@ class Publisher:
     def snapshot(self) -> dict[str, Any]:
         doc = snapshot(self.interval, self.cost())
         doc["path"] = self.path
+        doc["start_ticks"] = self.start_ticks  # whose document it is, when pid 1 of two namespaces share /dev/shm
         return doc
 
     def publish(self) -> None:
         """Build and write the document once: a temporary file in the same directory,
-        created exclusively (never through a symlink someone planted), renamed over
-        the name (a reader sees the old document or the new one, never half)."""
+        created exclusively (never through a symlink someone planted), written whole,
+        renamed over the name (a reader sees the old document or the new one, never
+        half). When /dev/shm is full, the document moves to /tmp, where the reader
+        looks next."""
         if self.path is None or os.getpid() != self.pid:
             return
-        t0, c0 = time.perf_counter(), time.thread_time()
-        self.publications += 1  # this one included: the document counts itself
-        data = json.dumps(self.snapshot(), separators=(",", ":"), default=str).encode()
+        with self._publishing:  # the thread's and a caller's publish() must not both move the document
+            t0, c0 = time.perf_counter(), time.thread_time()
+            self.publications += 1  # this one included: the document counts itself
+            data = self._encoded()
+            if data is None:
+                self.error = f"not published: the document is over the {MAX_BYTES}-byte cap even without its env"
+            else:
+                path, failure = self.path, self._write(data)
+                if failure is not None and failure.errno in (errno.ENOSPC, errno.EDQUOT) and self._move_on():
+                    path, failure = self.path, self._write(data)
+                if failure is not None:
+                    self.error = f"cannot publish to {path}: {failure.strerror or failure}"
+            self._account(t0, c0)
+
+    def _account(self, t0: float, c0: float) -> None:
+        self.last_seconds = time.perf_counter() - t0
+        self.max_seconds = max(self.max_seconds, self.last_seconds)
+        self.cpu_seconds += time.thread_time() - c0
+
+    def _encoded(self) -> bytes | None:
+        """The document as bytes within MAX_BYTES, or None. Only the job's variables can make
+        it large (a CUDA_VISIBLE_DEVICES of thousands of UUIDs): they are left out, and the
+        document says so, rather than cut mid-string into JSON no reader accepts."""
+        doc = self.snapshot()
+        data = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        if len(data) > MAX_BYTES:
+            doc["env"] = {}
+            doc["omitted"] = f"env: the document was {len(data)} bytes with it, over the {MAX_BYTES}-byte cap"
+            data = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        return data if len(data) <= MAX_BYTES else None
+
+    def _write(self, data: bytes) -> OSError | None:
+        """Write `data` as the document; the error, or None once it is in place."""
+        assert self.path is not None
         tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
             fd = os.open(tmp, flags, 0o644)
             try:
-                os.write(fd, data[:MAX_BYTES])
+                view = memoryview(data)
+                while view:  # a nearly full tmpfs takes part of it: the rest raises ENOSPC, never a half renamed in
+                    written = os.write(fd, view)
+                    if written <= 0:
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view = view[written:]
             finally:
                 os.close(fd)
             os.rename(tmp, self.path)
+            return None
         except OSError as exc:
-            self.error = f"cannot publish to {self.path}: {exc.strerror or exc}"
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-        self.last_seconds = time.perf_counter() - t0
-        self.max_seconds = max(self.max_seconds, self.last_seconds)
-        self.cpu_seconds += time.thread_time() - c0
+            return exc
+
+    def _move_on(self) -> bool:
+        """Publishing in the chosen directory failed for want of space (a full /dev/shm):
+        use the next usable one from now on. False when there is none, or the directory
+        was the caller's choice."""
+        following = _writable_directory(after=self.directory) if self._chosen else None
+        if following is None:
+            return False
+        old, self.directory = self.path, following
+        self.path = os.path.join(following, document_name(self.pid))
+        try:
+            if old:
+                os.unlink(old)  # an old copy there would be found first, and go stale
+        except OSError:
+            pass
+        return True
 
     def _run(self) -> None:
         if self._first_delay and self._stop.wait(self._first_delay):
@@ -224,6 +295,11 @@ class Publisher:
                     os.unlink(path)
                 except OSError:
                     pass
+
+    @property
+    def closed(self) -> bool:
+        """close() was called: attach() then starts a new publisher."""
+        return self._stop.is_set()
 
     def close(self) -> None:
         """Stop publishing and remove the document (at exit; only in the process that published)."""
@@ -256,12 +332,12 @@ def attach(interval: float = DEFAULT_INTERVAL, *, directory: str | None = None, 
     ENVDOCTOR_ATTACH=0. Calling it again returns the same publisher.
     """
     global _publisher
-    if os.environ.get("ENVDOCTOR_ATTACH", "").strip() in ("0", "false", "no", "off"):
+    if os.environ.get("ENVDOCTOR_ATTACH", "").strip().lower() in ("0", "false", "no", "off"):
         return None
     if _in_multiprocessing_child():
         return None
     with _publisher_lock:
-        if _publisher is not None and _publisher.pid == os.getpid():
+        if _publisher is not None and _publisher.pid == os.getpid() and not _publisher.closed:
             return _publisher
         _install_dataloader_hook()
         _publisher = Publisher(interval, directory, first_delay).start()
@@ -271,7 +347,7 @@ def attach(interval: float = DEFAULT_INTERVAL, *, directory: str | None = None, 
 def current() -> Publisher | None:
     """This process's publisher, if attach() ran here."""
     publisher = _publisher
-    return publisher if publisher is not None and publisher.pid == os.getpid() else None
+    return publisher if publisher is not None and publisher.pid == os.getpid() and not publisher.closed else None
 
 
 # -- the start-up hook for `envdoctor exec --attach` ---------------------------------------

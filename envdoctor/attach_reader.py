@@ -72,7 +72,7 @@ def validate(doc: Any, nspid: int | None, now: float | None = None) -> str | Non
     if nspid is not None and (isinstance(named, bool) or named != nspid):  # true == 1: a container's PID 1
         return f"the document names pid {str(named)[:20]}, not {nspid}"
     published, interval = doc.get("published_at"), doc.get("interval_seconds")
-    if not _finite(published) or not _finite(interval) or interval <= 0:
+    if not _finite(published) or not _finite(interval) or not 0 < interval <= 86400:  # the writer's own bounds
         return "the document has no valid published_at / interval_seconds"
     age = (time.time() if now is None else now) - published
     bound = max(3 * interval, 15.0)
@@ -87,7 +87,12 @@ def validate(doc: Any, nspid: int | None, now: float | None = None) -> str | Non
 
 
 def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
-    """The document process `pid` published, or None and why not (never raises)."""
+    """The document process `pid` published, or None and why not (never raises).
+
+    /dev/shm first, then /tmp, as the writer chooses: it skips a /dev/shm that is a
+    symlink or not a directory, and moves to /tmp when /dev/shm is full, so what is
+    wrong in the first place is remembered and said only when the second holds no
+    usable document either."""
     try:
         nspid, uid = _status(roots, pid)
     except OSError as exc:
@@ -98,42 +103,72 @@ def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
         return None, f"cannot open {roots.proc(pid, 'root')}: {exc.strerror or exc}"
     try:
         name = document_name(nspid)
+        reasons = []
         for directory in DIRECTORIES:
-            try:
-                fd = _open_under(root_fd, directory, name)
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    continue
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    return None, f"{directory}/{name} in process {pid} is (or lies under) a symlink: not followed"
-                return None, f"cannot open {directory}/{name} of process {pid}: {exc.strerror or exc}"
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    return None, f"{directory}/{name} of process {pid} is not a regular file"
-                if uid is not None and st.st_uid != uid:
-                    return None, f"{directory}/{name} is owned by uid {st.st_uid}, not by the process's uid {uid}"
-                if st.st_size > MAX_BYTES:
-                    return None, f"{directory}/{name} is {st.st_size} bytes, over the {MAX_BYTES}-byte cap"
-                data = os.read(fd, MAX_BYTES + 1)
-            finally:
-                os.close(fd)
-            if len(data) > MAX_BYTES:
-                return None, f"{directory}/{name} is over the {MAX_BYTES}-byte cap"
-            try:
-                doc = json.loads(data.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                return None, f"{directory}/{name} is not valid JSON: {str(exc)[:80]}"
-            reason = validate(doc, nspid)
+            doc, reason = _read_one(root_fd, directory, name, pid, uid)
+            if doc is not None:
+                reason = validate(doc, nspid) or _same_process(doc, roots, pid)
+                if reason is None:
+                    return doc, f"{directory}/{name}"
             if reason:
-                return None, reason
-            return doc, f"{directory}/{name}"
+                reasons.append(reason)
+        if reasons:
+            return None, reasons[0]
         return None, (f"process {pid} is not attached (no {name} in its /dev/shm or /tmp): add "
                       "`import envdoctor; envdoctor.attach()` to the script, or start it with envdoctor exec --attach")
     except Exception as exc:  # untrusted input must never crash the reader
         return None, f"cannot read the attached document of process {pid}: {type(exc).__name__}: {exc}"
     finally:
         os.close(root_fd)
+
+
+def _read_one(root_fd: int, directory: str, name: str, pid: int, uid: int | None) -> tuple[Any, str]:
+    """The parsed JSON of one candidate, or (None, why not); (None, "") when there is none."""
+    try:
+        fd = _open_under(root_fd, directory, name)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None, ""
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None, f"{directory}/{name} in process {pid} is (or lies under) a symlink or a non-directory: not followed"
+        return None, f"cannot open {directory}/{name} of process {pid}: {exc.strerror or exc}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{directory}/{name} of process {pid} is not a regular file"
+        if uid is not None and st.st_uid != uid:
+            return None, f"{directory}/{name} is owned by uid {st.st_uid}, not by the process's uid {uid}"
+        if st.st_size > MAX_BYTES:
+            return None, f"{directory}/{name} is {st.st_size} bytes, over the {MAX_BYTES}-byte cap"
+        data = os.read(fd, MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        return None, f"{directory}/{name} is over the {MAX_BYTES}-byte cap"
+    try:
+        return json.loads(data.decode("utf-8")), ""
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, f"{directory}/{name} is not valid JSON: {str(exc)[:80]}"
+    except RecursionError:
+        return None, f"{directory}/{name} is nested too deeply to be a document"
+
+
+def _same_process(doc: Mapping[str, Any], roots: Any, pid: int) -> str | None:
+    """Why the document is another process's, or None. Two jobs in their own pid
+    namespaces that share /dev/shm (docker --ipc=host, one pod's containers) may both
+    be pid 1 and write one name; the writer's start time (clock ticks since boot, the
+    same in every namespace) tells whose it is. A document without one (an older
+    envdoctor) is taken on its pid alone, as before."""
+    ticks = doc.get("start_ticks")
+    if not isinstance(ticks, int) or isinstance(ticks, bool):
+        return None
+    from envdoctor.announce import start_ticks
+
+    own = start_ticks(roots.procfs, pid)
+    if own is None or own == ticks:
+        return None
+    return ("the document was written by another process with the same pid (another pid namespace "
+            "sharing this /dev/shm), not by this one")
 
 
 def live_document(roots: Any, pid: int | None) -> dict[str, Any] | None:

@@ -1,0 +1,223 @@
+"""envdoctor.attach against a hostile or broken host: what others drop in /dev/shm, a
+/dev/shm that is a symlink, a file, full or nearly full, a document too large, two
+pid namespaces sharing /dev/shm, relative directories and a later chdir, attach()
+after close(). Each of these once broke the job or fooled the reader (a bad-input
+pass on 2026-11-23); the real ones run in a private mount namespace as root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from envdoctor.attach import SCHEMA, Publisher, document_name, read_document
+from envdoctor.paths import Roots
+
+REPO = Path(__file__).resolve().parent.parent
+ROOT = os.geteuid() == 0 and shutil.which("unshare") is not None
+
+
+def run_py(code: str, env: dict | None = None, timeout: float = 120, wrap: list[str] | None = None
+           ) -> subprocess.CompletedProcess:
+    full = dict(os.environ, PYTHONPATH=str(REPO))
+    full.update(env or {})
+    return subprocess.run([*(wrap or []), sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=full, timeout=timeout)
+
+
+def good(pid: int, **extra) -> dict:
+    return {"schema": SCHEMA, "pid": pid, "published_at": time.time(), "interval_seconds": 5.0,
+            "torch": {"num_threads": 16}, "cuda": {"initialized": False, "devices": {}}, "dataloaders": [],
+            "env": {}, **extra}
+
+
+def fake_process(tmp_path: Path, pid: int = 4242, start_ticks: int = 1000) -> Roots:
+    """A procfs tree with one process: its status (NSpid, Uid), its stat (start time) and
+    an empty root directory, for the reader's choices between /dev/shm and /tmp."""
+    proc = tmp_path / "proc" / str(pid)
+    (proc / "root").mkdir(parents=True)
+    uid = os.geteuid()
+    (proc / "status").write_text(f"Name:\tjob\nNSpid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (proc / "stat").write_text(f"{pid} (job) " + " ".join(["S", *["0"] * 18, str(start_ticks), *["0"] * 10]) + "\n")
+    return Roots(procfs=tmp_path / "proc")
+
+
+# -- the writer ---------------------------------------------------------------------------
+
+
+def test_names_that_are_no_pid_in_the_directory_do_not_stop_attach(tmp_path):
+    """'²' passes str.isdigit() and int() refuses it; 20 digits overflow os.kill. Anyone
+    may drop such names in a shared /dev/shm: attach() raised in every job on the host."""
+    old = time.time() - 3600
+    for name in ("envdoctor-attach-².json", "envdoctor-attach-99999999999999999999999.json",
+                 "envdoctor-attach-.json", "envdoctor-attach--1.json"):
+        (tmp_path / name).write_text("{}")
+        os.utime(tmp_path / name, (old, old))
+    publisher = Publisher(interval=60, directory=str(tmp_path)).start()
+    try:
+        assert publisher.error is None
+        deadline = time.monotonic() + 10
+        while not Path(publisher.path).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads(Path(publisher.path).read_text())["schema"] == SCHEMA
+    finally:
+        publisher.close()
+    assert (tmp_path / "envdoctor-attach-².json").exists()  # not ours to judge: left alone
+
+
+def test_a_document_over_the_cap_leaves_the_environment_out_instead_of_cutting_json(tmp_path):
+    uuids = ",".join(f"GPU-{i:08x}-1111-2222-3333-444455556666" for i in range(2000))  # ~90 KB
+    r = run_py(f"""
+        import json, envdoctor
+        p = envdoctor.attach(interval=60, directory={str(tmp_path)!r})
+        p.publish()
+        doc = json.loads(open(p.path).read())
+        print(json.dumps({{"env": doc["env"], "omitted": doc.get("omitted"), "error": p.error}}))
+        p.close()
+    """, env={"CUDA_VISIBLE_DEVICES": uuids})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["env"] == {} and "over the 65536-byte cap" in out["omitted"] and out["error"] is None
+
+
+def test_attach_after_close_starts_again_and_a_closed_publisher_is_not_current():
+    r = run_py("""
+        import os, time, envdoctor
+        from envdoctor import attach as module
+        p = envdoctor.attach(interval=0.5)
+        p.close()
+        assert module.current() is None, "a closed publisher still claimed the job was attached"
+        q = envdoctor.attach(interval=0.5)
+        assert q is not p and module.current() is q
+        time.sleep(1.2)
+        assert q._thread.is_alive() and os.path.exists(q.path)
+        q.close()
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+@pytest.mark.parametrize("value", ["OFF", "False", "NO", " off "])
+def test_envdoctor_attach_off_in_any_case(value):
+    r = run_py("import envdoctor; print(envdoctor.attach(interval=60))", env={"ENVDOCTOR_ATTACH": value})
+    assert r.returncode == 0 and r.stdout.strip() == "None", (r.stdout, r.stderr)
+
+
+def test_relative_directories_and_a_later_chdir_leave_nothing_behind(tmp_path):
+    (tmp_path / "pub").mkdir()
+    (tmp_path / "ann").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    r = run_py(f"""
+        import os, time, envdoctor
+        os.chdir({str(tmp_path)!r})
+        p = envdoctor.attach(interval=0.5, directory="pub")
+        os.chdir("elsewhere")
+        time.sleep(1.2)
+        print(p.path)
+    """, env={"ENVDOCTOR_ANNOUNCE_DIR": "ann"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith(str(tmp_path / "pub"))
+    left = [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()]
+    assert left == [], left
+
+
+# -- the reader ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shm", ["symlink", "file"])
+def test_the_reader_looks_in_tmp_when_dev_shm_is_unusable(tmp_path, shm):
+    """The writer skips a /dev/shm that is a symlink or no directory and publishes in
+    /tmp; the reader stopped at /dev/shm and judged the job without its live view."""
+    roots = fake_process(tmp_path)
+    root = roots.procfs / "4242" / "root"
+    (root / "dev").mkdir()
+    if shm == "symlink":
+        (tmp_path / "elsewhere").mkdir()
+        (root / "dev" / "shm").symlink_to(tmp_path / "elsewhere")
+    else:
+        (root / "dev" / "shm").write_text("x")
+    (root / "tmp").mkdir()
+    (root / "tmp" / document_name(4242)).write_text(json.dumps(good(4242)))
+    doc, source = read_document(roots, 4242)
+    assert doc is not None and source == f"/tmp/{document_name(4242)}", source
+
+
+def test_the_reader_prefers_a_usable_tmp_document_over_a_stale_dev_shm_one(tmp_path):
+    roots = fake_process(tmp_path)
+    root = roots.procfs / "4242" / "root"
+    for directory in ("dev/shm", "tmp"):
+        (root / directory).mkdir(parents=True)
+    (root / "dev/shm" / document_name(4242)).write_text(json.dumps(good(4242, published_at=time.time() - 3600)))
+    doc, _ = read_document(roots, 4242)
+    assert doc is None  # only the stale one: its reason is said
+    (root / "tmp" / document_name(4242)).write_text(json.dumps(good(4242)))
+    doc, source = read_document(roots, 4242)
+    assert doc is not None and source.startswith("/tmp/")
+
+
+def test_a_document_written_by_another_process_with_the_same_pid_is_refused(tmp_path):
+    roots = fake_process(tmp_path, start_ticks=1000)
+    shm = roots.procfs / "4242" / "root" / "dev" / "shm"
+    shm.mkdir(parents=True)
+    path = shm / document_name(4242)
+    path.write_text(json.dumps(good(4242, start_ticks=999)))
+    doc, reason = read_document(roots, 4242)
+    assert doc is None and "another process with the same pid" in reason
+    path.write_text(json.dumps(good(4242, start_ticks=1000)))
+    assert read_document(roots, 4242)[0] is not None
+    path.write_text(json.dumps(good(4242)))  # an older writer, without start_ticks: taken on its pid
+    assert read_document(roots, 4242)[0] is not None
+
+
+def test_an_absurd_interval_does_not_keep_an_old_document_live(tmp_path):
+    roots = fake_process(tmp_path)
+    shm = roots.procfs / "4242" / "root" / "dev" / "shm"
+    shm.mkdir(parents=True)
+    (shm / document_name(4242)).write_text(json.dumps(good(4242, published_at=1.0, interval_seconds=1e300)))
+    doc, reason = read_document(roots, 4242)
+    assert doc is None and "interval_seconds" in reason
+
+
+# -- real: a private mount namespace with a small /dev/shm -------------------------------------
+
+
+def in_small_shm(size: str, fill_kib: int) -> list[str]:
+    """unshare -m, then /dev/shm a tmpfs of `size` with `fill_kib` KiB already taken."""
+    script = (f"mount -t tmpfs -o size={size} tmpfs /dev/shm && "
+              f"dd if=/dev/zero of=/dev/shm/fill bs=1024 count={fill_kib} 2>/dev/null; exec \"$@\"")
+    return ["unshare", "-m", "sh", "-c", script, "sh"]
+
+
+JOB = """
+    import json, os, time, envdoctor
+    from envdoctor.attach_reader import read_document
+    from envdoctor.paths import Roots
+    p = envdoctor.attach(interval=60)
+    p.publish()
+    shm_docs = [n for n in os.listdir("/dev/shm") if n.startswith("envdoctor-attach-")]
+    doc, source = read_document(Roots(), os.getpid())
+    print(json.dumps({"path": p.path, "error": p.error, "shm_docs": shm_docs, "read": doc is not None,
+                      "source": source}))
+    p.close()
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root and unshare for a private /dev/shm")
+@pytest.mark.parametrize("fill_kib, env", [(100, {}), (4, {"PYTORCH_CUDA_ALLOC_CONF": "x" * 6000})],
+                         ids=["full", "nearly-full"])
+def test_a_full_dev_shm_moves_the_document_to_tmp_whole(fill_kib, env):
+    """Full: every publication failed with ENOSPC and no document existed. Nearly full:
+    os.write took part of the document and the half was renamed into place."""
+    r = run_py(JOB, env=env, wrap=in_small_shm("8k", fill_kib))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["path"].startswith("/tmp/") and out["error"] is None, out
+    assert out["shm_docs"] == [], out  # no half document, no stale copy left first in the reader's way
+    assert out["read"] and out["source"].startswith("/tmp/"), out
