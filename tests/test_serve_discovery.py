@@ -75,6 +75,23 @@ def test_announced_and_nvml_sources(tmp_path):
     assert {t.pid: t.source for t in found.targets}[1] == "nvml"
 
 
+def test_the_default_announce_directory_is_read_under_the_rootfs(tmp_path, monkeypatch):
+    """serve in a DaemonSet sees the host at --path.rootfs; its own /run is a tmpfs of its
+    container. The default directory was read at serve's own /run: no announcement found."""
+    import json
+
+    from envdoctor.announce import start_ticks
+
+    monkeypatch.delenv("ENVDOCTOR_ANNOUNCE_DIR", raising=False)
+    host = tmp_path / "host"
+    attached = host / "run" / "envdoctor" / "attached"
+    attached.mkdir(parents=True)
+    (attached / f"{os.getpid()}.json").write_text(json.dumps({"pid": os.getpid(),
+                                                              "start_ticks": start_ticks("/proc", os.getpid())}))
+    found = discovery.discover(Roots(rootfs=host), max_targets=10, nvml_pids=lambda: [])
+    assert {t.pid: t.source for t in found.targets}.get(os.getpid()) == "announced"
+
+
 def test_attach_announces_itself_to_the_monitor_and_withdraws_at_exit(tmp_path):
     """A real job: attach() writes <pid>.json with its start time into the announce
     directory; discovery takes that pid; the file is gone when the job exits."""

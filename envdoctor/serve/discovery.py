@@ -161,8 +161,11 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
                 chosen.setdefault(pid, "nvml")
         except Exception as exc:  # NVML missing or hung is a note, not a failed discovery
             found.notes.append(f"nvml: {exc}")
+    # The default directory is the host's (jobs on it, and containers that mount it, write
+    # there): under --path.rootfs when serve runs in a container of its own. A directory
+    # named by $ENVDOCTOR_ANNOUNCE_DIR is taken as serve itself sees it.
     dirs = list(announce_dirs) if announce_dirs is not None else [
-        *filter(None, [os.environ.get("ENVDOCTOR_ANNOUNCE_DIR")]), *ANNOUNCE_DIRS]
+        *filter(None, [os.environ.get("ENVDOCTOR_ANNOUNCE_DIR")]), *(str(roots.seen_by(None, d)) for d in ANNOUNCE_DIRS)]
     for pid in announced_pids(dirs, procfs):
         chosen.setdefault(pid, "announced")
 
