@@ -342,6 +342,21 @@ def test_an_interpreter_that_hangs_costs_the_deadline_and_is_killed(tmp_path):
     assert processes_with(f"sleep {marker}") == []  # its whole process group is gone
 
 
+def test_a_listener_that_never_answers_costs_the_connect_wait_not_the_deadline():
+    """Something else listens on MASTER_PORT and never answers (accept() is never called:
+    the kernel completes the handshake, nothing replies). TCPStore's own timeout did not
+    cover its handshake: the exchange waited until its deadline (270 s with the defaults)
+    and was killed, blaming nothing. It gives up after the connect wait now, and says why."""
+    pytest.importorskip("torch")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        req = request(master_port=port, wait_seconds=3.0, import_seconds=120.0)
+        with pytest.raises(rendezvous.StoreUnreachable, match="did not answer as a TCPStore within 3 s"):
+            rendezvous.exchange(sys.executable, req, lambda o: {})
+
+
 def test_an_interpreter_without_torch_is_unavailable():
     if not Path("/usr/bin/python3").exists() or subprocess.run(["/usr/bin/python3", "-c", "import torch"],
                                                               capture_output=True).returncode == 0:

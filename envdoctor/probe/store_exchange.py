@@ -157,6 +157,33 @@ def follower_side(store, request, base):
     return {}
 
 
+def _bounded_store(TCPStore, address, port, hosting, seconds):
+    """TCPStore(...), or TimeoutError after `seconds` (and a little). Its own timeout does not
+    cover the handshake: against a socket that listens but never answers (something else
+    on MASTER_PORT, a hung agent) the constructor waited until envdoctor killed the
+    exchange at its deadline, minutes later. The thread that is still stuck dies with
+    this process (os._exit at the end)."""
+    import threading
+
+    box = {}
+
+    def connect():
+        try:
+            box["store"] = TCPStore(address, port, None, hosting, timedelta(seconds=seconds), wait_for_workers=False)
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=connect, name="envdoctor-store-connect", daemon=True)
+    thread.start()
+    thread.join(seconds + 2.0)
+    if thread.is_alive():
+        raise TimeoutError("%s:%s accepted the connection but did not answer as a TCPStore within %g s "
+                           "(is something else listening there?)" % (address, port, seconds))
+    if "error" in box:
+        raise box["error"]
+    return box["store"]
+
+
 def main():
     sys.stdout = sys.stderr  # keep torch's chatter off the channel the events travel on
     _die_with_parent()
@@ -179,9 +206,9 @@ def main():
     rank = request["rank"]
     hosting = rank == 0 and not request["agent_store"]
     address, port = request["master_addr"], int(request["master_port"])
+    connect_seconds = float(request["connect_seconds"])
     try:
-        store = TCPStore(address, port, None, hosting, timedelta(seconds=float(request["connect_seconds"])),
-                         wait_for_workers=False)
+        store = _bounded_store(TCPStore, address, port, hosting, connect_seconds)
     except Exception as exc:
         emit(event="connect_failed", hosting=hosting, error=_why(exc))
         return 4
