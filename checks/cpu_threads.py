@@ -111,7 +111,9 @@ def gather(ctx) -> ThreadFacts:
     live = live_facts(ctx)
     loader = live.busiest_loader() or {}
     workers = loader.get("num_workers")
-    return ThreadFacts(variables, env.get("LOCAL_WORLD_SIZE"), cpus, live_threads=live.num_threads,
+    # a document that was there but refused is said: the verdict is then without the live view
+    notes = (f"the job's live view was not used: {live.refused}",) if live.refused else ()
+    return ThreadFacts(variables, env.get("LOCAL_WORLD_SIZE"), cpus, notes=notes, live_threads=live.num_threads,
                        live_workers=workers if isinstance(workers, int) and workers >= 0 else None)
 
 

@@ -206,6 +206,14 @@ class LiveFacts:
         self.doc, self.source = doc, source
 
     @property
+    def refused(self) -> str | None:
+        """Why a published document was not used (malformed, stale, someone else's...), or
+        None: there is a live view, or none was published."""
+        if self.doc is not None or "not attached" in self.source or self.source == "the node has no live view":
+            return None
+        return self.source
+
+    @property
     def torch(self) -> Mapping[str, Any] | None:
         t = (self.doc or {}).get("torch")
         if not isinstance(t, dict):

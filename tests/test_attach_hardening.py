@@ -221,3 +221,22 @@ def test_a_full_dev_shm_moves_the_document_to_tmp_whole(fill_kib, env):
     assert out["path"].startswith("/tmp/") and out["error"] is None, out
     assert out["shm_docs"] == [], out  # no half document, no stale copy left first in the reader's way
     assert out["read"] and out["source"].startswith("/tmp/"), out
+
+
+def test_a_refused_document_is_said_in_the_verdict_facts(tmp_path):
+    """A broken, stale or foreign document was dropped without a word: the verdict then
+    came without the job's live view and nothing said so."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    path = Path("/dev/shm") / document_name(sleeper.pid)
+    try:
+        path.write_text('{"schema": "envdoctor.attach/v1", broken')
+        r = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(sleeper.pid), "--only",
+                            "cpu.threads", "--format", "json"], capture_output=True, text=True, timeout=120,
+                           cwd=REPO, env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)))
+        assert r.returncode == 0, r.stderr
+        notes = json.loads(r.stdout)["results"][0]["facts"].get("notes", [])
+        assert any("live view was not used" in n and "not valid JSON" in n for n in notes), notes
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        path.unlink(missing_ok=True)
