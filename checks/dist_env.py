@@ -317,7 +317,15 @@ def _rule_missing(facts: DistFacts, launch: Launch) -> list[Finding]:
         missing.append("LOCAL_RANK")
     if not missing:
         return []
-    return [Finding(Status.FAIL, f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing while "
+    empty = [k for k in missing if k in facts.env]  # set, but to nothing: missing, not also "set"
+    present = [k for k in present if k not in empty]
+    said = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
+    if empty:
+        said += f" ({', '.join(empty)} set but empty)"
+    if not present:
+        return [Finding(Status.FAIL, f"{said}: init_process_group(init_method='env://') needs MASTER_ADDR, "
+                        "MASTER_PORT, RANK and WORLD_SIZE together", TORCHRUN)]
+    return [Finding(Status.FAIL, f"{said} while "
                     f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set: "
                     "init_process_group(init_method='env://') needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE "
                     "together", TORCHRUN)]

@@ -124,8 +124,10 @@ def gather(ctx) -> PortFacts:
     if ctx.env.get(AGENT_STORE_VAR) == "True":
         return PortFacts(address, port, None, agent_store=_listening(address, port) is not False)
     if port in rendezvous.ports_hosted():
-        raise Unavailable("MASTER_PORT is held for a moment by envdoctor's own dist.consistency store, "
-                          "released before the job starts")
+        # said as what is known: the exchange is trying to host there (whether it could bind the
+        # port, or something else holds it, is dist.consistency's row, which also proves it free after)
+        raise Unavailable("not tested here: envdoctor's own dist.consistency exchange hosts its store on MASTER_PORT "
+                          "in this run; its row says whether the port is free for the job")
     error = _try_bind(address, port)
     return PortFacts(address, port, error, _free_port(address) if error else None)
 

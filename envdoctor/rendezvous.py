@@ -285,7 +285,8 @@ def _converse(proc, lines: _Lines, request: Request, outcome: Outcome, decide, d
         outcome.events.append(str(kind))
         if kind == "no_torch":
             raise Unavailable(f"no torch in {proc.args[0]}: the exchange between ranks uses "
-                              "torch.distributed.TCPStore (pass --python PATH to use the job's interpreter)")
+                              "torch.distributed.TCPStore (pass --python PATH to use the job's interpreter); "
+                              "ranks that have it wait for this one, then report it missing")
         if kind == "connect_failed" and not event.get("hosting"):
             raise StoreUnreachable(f"could not reach the store at {request.master_addr}:{request.master_port} within "
                                    f"{request.connect_seconds:g} s: {event.get('error')}")

@@ -60,6 +60,13 @@ def test_a_missing_partner_fails(drop):
     assert "torchrun" in r.remediation
 
 
+def test_a_partner_set_but_empty_is_missing_and_not_also_set():
+    r = check(torchrun_env(MASTER_ADDR=""))
+    assert r.status is Status.FAIL
+    assert "MASTER_ADDR is missing (MASTER_ADDR set but empty) while" in r.summary
+    assert "MASTER_ADDR" not in r.summary.split(" while ", 1)[1].split(":", 1)[0]  # not listed among the set ones
+
+
 def test_local_world_size_needs_local_rank():
     r = check(torchrun_env(LOCAL_RANK=None))
     assert r.status is Status.FAIL and "LOCAL_RANK is missing" in r.summary
