@@ -522,6 +522,13 @@ def judge(facts: Mapping[str, Any], settings: Mapping[str, Any]) -> Result:
                       {"rank": rank, "store": facts.get("store"), "master": facts.get("master")})
     if role == "judge":
         result = compare(facts["ranks"], facts.get("claims", {}), facts, settings)
+        acked, expected = facts.get("acked"), facts.get("expected_acks")
+        if isinstance(acked, int) and isinstance(expected, int) and acked < expected:
+            # a note, not a finding: every other rank already reports the verdict as sent, and
+            # all ranks must exit alike; a rank that died after publishing is the launcher's to see
+            result.facts = {**result.facts, "notes": [*(result.facts.get("notes") or []),
+                f"{expected - acked} of {expected} other ranks did not confirm reading the verdict within "
+                "ack_seconds: they may have died or been killed after publishing their facts"]}
         if facts.get("port_after"):
             extra = Finding(Status.FAIL, f"MASTER_PORT {facts['master']} is still taken after rank 0 closed its exchange "
                             f"store ({facts['port_after']}): the job cannot host its store there",

@@ -180,6 +180,15 @@ def test_rank_0_reports_a_port_still_taken_after_its_store_closed():
     assert r.status is Status.FAIL and "still taken after rank 0 closed its exchange store" in r.summary
 
 
+def test_rank_0_notes_ranks_that_never_confirmed_the_verdict():
+    """A rank killed after publishing: rank 0 said ok and nothing in its facts showed it."""
+    facts = {**BASE, "role": "judge", "rank": 0, "ranks": four_ranks(), "claims": {}, "acked": 2, "expected_acks": 3}
+    r = dc.judge(facts, SETTINGS)
+    assert any("1 of 3 other ranks did not confirm reading the verdict" in n for n in r.facts.get("notes", []))
+    r = dc.judge({**facts, "acked": 3}, SETTINGS)
+    assert not any("did not confirm" in n for n in r.facts.get("notes", []))
+
+
 def test_ranks_text():
     assert dc.ranks_text([3]) == "rank 3"
     assert dc.ranks_text([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
