@@ -97,6 +97,8 @@ def test_probe_stderr_is_redacted_before_its_tail_is_cut(secret, spelling, cut, 
     from envdoctor.probe import _STDERR_TAIL, _tail
 
     assume(secret not in redact.public_values([os.environ, {"HF_TOKEN": secret}]))
+    # a cut inside the word "token" before it leaves its last letters ("...n ***"): not the secret
+    assume(len(secret) >= 4 or secret not in "token")
     form = _spellings(secret)[spelling]
     # place the secret so the tail's cut lands `cut` characters into it
     tail_room = _STDERR_TAIL - (len(form) - min(cut, len(form) - 1))
