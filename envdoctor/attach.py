@@ -11,9 +11,10 @@ the caching allocator's figures, and the DataLoaders the script built. A daemon
 thread writes them every `interval` seconds (default 5) as one small JSON document
 (schema `envdoctor.attach/v1`, a few KiB) to
 
-    /dev/shm/envdoctor-attach-<pid>.json   (else /tmp/..., when /dev/shm is unusable)
+    /dev/shm/envdoctor-attach-<pid>-<start ticks>.json   (else /tmp/..., when /dev/shm is unusable)
 
-where <pid> is the process's pid in its own PID namespace. Why there: `envdoctor
+where <pid> is the process's pid in its own PID namespace and <start ticks> its start
+time (so two containers' pid 1 that share /dev/shm do not share a file). Why there: `envdoctor
 check --pid N` and `serve` on the host read it through /proc/N/root, the job's own
 mount namespace, so a job in a container needs no volume, port or socket; /dev/shm
 is a tmpfs in every container (no disk write every few seconds, nothing left
@@ -98,20 +99,33 @@ def _seconds(name: str, value: Any) -> float:
     return seconds
 
 
+def _named(name: str) -> tuple[int | None, int | None]:
+    """(pid, start ticks or None) of a document's file name, or (None, None) when it is no
+    name attach() writes. ASCII digits of plausible size only: str.isdigit() takes '²',
+    which int() refuses, and 20 digits overflowed os.kill (anyone may write /dev/shm)."""
+    stem = name[len("envdoctor-attach-"):-len(".json")]
+    parts = stem.split("-")
+    if not 1 <= len(parts) <= 2 or not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts):
+        return None, None
+    if len(parts[0]) > 10:
+        return None, None
+    return int(parts[0]), (int(parts[1]) if len(parts) == 2 else None)
+
+
 class Publisher:
     """The daemon thread that writes the document every `interval` seconds."""
 
     def __init__(self, interval: float = DEFAULT_INTERVAL, directory: str | None = None, first_delay: float = 0.0):
+        from envdoctor.announce import own_start_ticks
+
         self.interval = max(0.5, _seconds("interval", interval))
         first_delay = max(0.0, _seconds("first_delay", first_delay))
         self.pid = os.getpid()
-        from envdoctor.announce import own_start_ticks
-
         self.start_ticks = own_start_ticks()
         # absolute: a relative directory and a later os.chdir() left documents behind
         self.directory = os.path.abspath(directory) if directory else _writable_directory()
         self._chosen = directory is None  # ours to move to /tmp when /dev/shm fills up
-        self.path = os.path.join(self.directory, document_name(self.pid)) if self.directory else None
+        self.path = os.path.join(self.directory, document_name(self.pid, self.start_ticks)) if self.directory else None
         self.publications = 0
         self.last_seconds = 0.0
         self.max_seconds = 0.0
@@ -164,26 +178,31 @@ class Publisher:
             names = [n for n in os.listdir(directory) if n.startswith("envdoctor-attach-") and n.endswith(".json")]
         except OSError:
             return
+        from envdoctor.announce import start_ticks
+
         now = time.time()
+        own = os.path.basename(self.path or "")
         for name in names[:1000]:
-            number = name[len("envdoctor-attach-"):-len(".json")]
-            # ASCII digits of a plausible pid: isdigit() takes '²', which int() refuses, and
-            # a 20-digit name overflowed os.kill (anyone may drop files in /dev/shm)
-            if not (number.isascii() and number.isdigit() and len(number) <= 10) or int(number) == self.pid:
+            pid, ticks = _named(name)
+            if pid is None or name == own:
                 continue
             path = os.path.join(directory, name)
             try:
                 st = os.lstat(path)
                 if st.st_uid != os.geteuid() or now - st.st_mtime < stale_after:
                     continue
-                os.kill(int(number), 0)
+                os.kill(pid, 0)
+                # alive under that number here, but another process: its start time differs
+                gone = ticks is not None and start_ticks("/proc", pid) != ticks
             except ProcessLookupError:
+                gone = True
+            except (OSError, OverflowError):
+                continue
+            if gone:
                 try:
                     os.unlink(path)
                 except OSError:
                     pass
-            except (OSError, OverflowError):
-                continue
 
     def cost(self) -> dict[str, Any]:
         return {"publications": self.publications, "last_seconds": round(self.last_seconds, 6),
@@ -267,7 +286,7 @@ class Publisher:
         if following is None:
             return False
         old, self.directory = self.path, following
-        self.path = os.path.join(following, document_name(self.pid))
+        self.path = os.path.join(following, document_name(self.pid, self.start_ticks))
         try:
             if old:
                 os.unlink(old)  # an old copy there would be found first, and go stale

@@ -102,19 +102,24 @@ def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
     except OSError as exc:
         return None, f"cannot open {roots.proc(pid, 'root')}: {exc.strerror or exc}"
     try:
-        name = document_name(nspid)
+        from envdoctor.announce import start_ticks
+
+        ticks = start_ticks(roots.procfs, pid)
+        # this envdoctor's name first, then the pid alone (an older writer's, or no /proc there)
+        names = [document_name(nspid, ticks), document_name(nspid)] if ticks is not None else [document_name(nspid)]
         reasons = []
         for directory in DIRECTORIES:
-            doc, reason = _read_one(root_fd, directory, name, pid, uid)
-            if doc is not None:
-                reason = validate(doc, nspid) or _same_process(doc, roots, pid)
-                if reason is None:
-                    return doc, f"{directory}/{name}"
-            if reason:
-                reasons.append(reason)
+            for name in names:
+                doc, reason = _read_one(root_fd, directory, name, pid, uid)
+                if doc is not None:
+                    reason = validate(doc, nspid) or _same_process(doc, roots, pid)
+                    if reason is None:
+                        return doc, f"{directory}/{name}"
+                if reason:
+                    reasons.append(reason)
         if reasons:
             return None, reasons[0]
-        return None, (f"process {pid} is not attached (no {name} in its /dev/shm or /tmp): add "
+        return None, (f"process {pid} is not attached (no {names[0]} in its /dev/shm or /tmp): add "
                       "`import envdoctor; envdoctor.attach()` to the script, or start it with envdoctor exec --attach")
     except Exception as exc:  # untrusted input must never crash the reader
         return None, f"cannot read the attached document of process {pid}: {type(exc).__name__}: {exc}"

@@ -25,9 +25,16 @@ LIVE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_
             "MKL_NUM_THREADS", "LOCAL_WORLD_SIZE", "LOCAL_RANK")
 
 
-def document_name(pid: int) -> str:
-    """The document's file name: the pid as the job sees it (its own PID namespace)."""
-    return f"envdoctor-attach-{pid}.json"
+def document_name(pid: int, start_ticks: int | None = None) -> str:
+    """The document's file name: the pid as the job sees it (its own PID namespace) and,
+    when known, the process's start time (clock ticks since boot, field 22 of
+    /proc/N/stat, the same from every pid namespace). Jobs in containers that share
+    /dev/shm (`docker run --ipc=host`) are each pid 1: the start time keeps their
+    documents apart. Without it (no /proc), the older name of the pid alone, which the
+    reader still reads (an envdoctor before 2026-11-23 writes only that one)."""
+    if start_ticks is None:
+        return f"envdoctor-attach-{pid}.json"
+    return f"envdoctor-attach-{pid}-{start_ticks}.json"
 
 
 # -- what the job publishes ---------------------------------------------------------------

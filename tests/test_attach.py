@@ -49,7 +49,8 @@ def test_attach_imports_no_torch_and_publishes_a_readable_document():
     doc = out["doc"]
     assert doc["schema"] == SCHEMA and doc["torch"] is None and doc["cuda"]["initialized"] is False
     assert doc["cost"]["publications"] >= 1
-    assert out["source"].endswith(document_name(doc["pid"]))
+    assert out["source"].endswith(document_name(doc["pid"], doc["start_ticks"]))  # envdoctor-attach-<pid>-<ticks>.json
+    assert isinstance(doc["start_ticks"], int)
     assert not os.path.exists(out["path"])  # removed at exit
 
 
@@ -103,14 +104,14 @@ def test_live_torch_settings_and_the_dataloader_hook_when_attach_comes_first():
 
 def test_forked_children_do_not_publish_and_do_not_remove_the_parents_document():
     r = run_py("""
-        import os, sys, time, json
+        import glob, os, sys, time, json
         import envdoctor
         p = envdoctor.attach(interval=0.2)
         time.sleep(0.3)
         pid = os.fork()
         if pid == 0:
             time.sleep(0.8)
-            mine = os.path.exists(os.path.join(os.path.dirname(p.path), "envdoctor-attach-%d.json" % os.getpid()))
+            mine = bool(glob.glob(os.path.join(os.path.dirname(p.path), "envdoctor-attach-%d[.-]*json" % os.getpid())))
             sys.stdout.write(json.dumps({"child_published": mine}) + "\\n"); sys.stdout.flush()
             sys.exit(0)                                       # runs atexit in the child
         os.waitpid(pid, 0)
@@ -127,7 +128,7 @@ def test_dataloader_workers_do_not_publish(tmp_path, context):
     pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
-        import os, time, json
+        import glob, os, time, json
         import envdoctor
         envdoctor.attach(interval=0.2)             # at module level: spawned workers run this too
         import torch
@@ -139,8 +140,8 @@ def test_dataloader_workers_do_not_publish(tmp_path, context):
 
         def init(_):
             time.sleep(0.8)                        # several publication intervals
-            seen = os.path.exists("/dev/shm/envdoctor-attach-%d.json" % os.getpid()) or \\
-                   os.path.exists("/tmp/envdoctor-attach-%d.json" % os.getpid())
+            seen = bool(glob.glob("/dev/shm/envdoctor-attach-%d[.-]*json" % os.getpid()) or
+                        glob.glob("/tmp/envdoctor-attach-%d[.-]*json" % os.getpid()))
             with open(os.path.join({str(tmp_path)!r}, "worker-%d" % os.getpid()), "w") as f:
                 f.write(json.dumps(seen))
 

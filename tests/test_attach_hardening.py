@@ -240,3 +240,53 @@ def test_a_refused_document_is_said_in_the_verdict_facts(tmp_path):
         sleeper.kill()
         sleeper.wait()
         path.unlink(missing_ok=True)
+
+
+def test_the_sweep_tells_a_live_process_from_an_old_one_under_the_same_pid(tmp_path):
+    """A document named with a live pid but another start time is a dead process's (a
+    reused pid, or another namespace's pid 1 long gone): removed once stale. One whose
+    start time matches the live process stays."""
+    from envdoctor.announce import start_ticks
+
+    parent = os.getppid()
+    old = time.time() - 3600
+    reused = tmp_path / document_name(parent, 1)
+    alive = tmp_path / document_name(parent, start_ticks("/proc", parent))
+    for path in (reused, alive):
+        path.write_text("{}")
+        os.utime(path, (old, old))
+    publisher = Publisher(interval=60, directory=str(tmp_path)).start()
+    publisher.close()
+    assert not reused.exists() and alive.exists()
+
+
+UNSHARED_JOB = """
+    import os, sys, time, envdoctor
+    envdoctor.attach(interval=0.5)
+    print(os.getpid(), flush=True)
+    sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root and unshare for pid namespaces")
+def test_two_jobs_that_are_pid_1_in_their_namespaces_keep_their_own_documents():
+    """docker run --ipc=host: every job is pid 1 of its container and all share the host's
+    /dev/shm. They wrote one file, and a reader judged each job by whichever wrote last."""
+    jobs = []
+    try:
+        for threads in ("3", "5"):
+            env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=threads)
+            job = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                                    textwrap.dedent(UNSHARED_JOB)], env=env, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+            assert job.stdout.readline().strip() == "1"  # pid 1 inside
+            jobs.append((threads, job))
+        time.sleep(1.2)
+        for threads, job in jobs:
+            inner = int(Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()[0])  # unshare's child
+            doc, source = read_document(Roots(), inner)
+            assert doc is not None, source
+            assert doc["env"]["OMP_NUM_THREADS"] == threads, (threads, source)
+    finally:
+        for _, job in jobs:
+            job.communicate("\n", timeout=30)

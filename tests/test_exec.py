@@ -399,13 +399,13 @@ def test_exec_never_imports_torch_itself(tmp_path):
 
 
 JOB_THAT_WAITS_TO_BE_SEEN = """
-import json, os, sys, time
+import glob, json, os, sys, time
 import torch
 torch.set_num_threads(3)
-path = f"/dev/shm/envdoctor-attach-{os.getpid()}.json"
 
 def published():
-    try:
+    try:  # envdoctor-attach-<pid>-<start ticks>.json
+        path, = glob.glob(f"/dev/shm/envdoctor-attach-{os.getpid()}-*.json")
         return json.load(open(path))["torch"]["num_threads"] == 3
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -431,7 +431,8 @@ def test_attach_makes_the_command_publish_its_live_view_and_check_pid_reads_it(t
         said = json.loads(job.stdout.readline())
         assert said["pid"] == job.pid, "exec became the job: same pid"
         assert said["published"], "the job published its live view"
-        document = json.loads(Path(f"/dev/shm/envdoctor-attach-{job.pid}.json").read_text())
+        published, = Path("/dev/shm").glob(f"envdoctor-attach-{job.pid}-*.json")
+        document = json.loads(published.read_text())
         assert document["pid"] == job.pid
         proc = cli("check", "--pid", str(job.pid), "--only", "cpu.threads", "--format", "json",
                    env={"ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
@@ -441,7 +442,7 @@ def test_attach_makes_the_command_publish_its_live_view_and_check_pid_reads_it(t
         _, stderr = job.communicate("\n", timeout=30)
     assert job.returncode == 0
     assert "--attach: the command publishes its live settings" in stderr
-    assert not Path(f"/dev/shm/envdoctor-attach-{job.pid}.json").exists(), "removed at exit"
+    assert not published.exists(), "removed at exit"
 
 
 def test_attach_reuses_one_hook_directory_instead_of_leaving_one_per_start(tmp_path):
