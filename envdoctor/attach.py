@@ -11,10 +11,10 @@ the caching allocator's figures, and the DataLoaders the script built. A daemon
 thread writes them every `interval` seconds (default 5) as one small JSON document
 (schema `envdoctor.attach/v1`, a few KiB) to
 
-    /dev/shm/envdoctor-attach-<pid>-<start ticks>.json   (else /tmp/..., when /dev/shm is unusable)
+    /dev/shm/envdoctor-attach-<pid>-<pid namespace>.json   (else /tmp/..., when /dev/shm is unusable)
 
-where <pid> is the process's pid in its own PID namespace and <start ticks> its start
-time (so two containers' pid 1 that share /dev/shm do not share a file). Why there: `envdoctor
+where <pid> is the process's pid in its own PID namespace and <pid namespace> that
+namespace's inode (so two containers' pid 1 that share /dev/shm do not share a file). Why there: `envdoctor
 check --pid N` and `serve` on the host read it through /proc/N/root, the job's own
 mount namespace, so a job in a container needs no volume, port or socket; /dev/shm
 is a tmpfs in every container (no disk write every few seconds, nothing left
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from envdoctor.attach_snapshot import (DEFAULT_INTERVAL, DIRECTORIES, MAX_BYTES, SCHEMA,  # noqa: F401 (re-exported)
-                                       _install_dataloader_hook, document_name, snapshot)
+                                       _install_dataloader_hook, document_name, pid_namespace, snapshot)
 
 _READER_NAMES = ("read_document", "validate", "live_document", "live_facts", "LiveFacts")
 
@@ -100,7 +100,7 @@ def _seconds(name: str, value: Any) -> float:
 
 
 def _named(name: str) -> tuple[int | None, int | None]:
-    """(pid, start ticks or None) of a document's file name, or (None, None) when it is no
+    """(pid, pid namespace or None) of a document's file name, or (None, None) when it is no
     name attach() writes. ASCII digits of plausible size only: str.isdigit() takes '²',
     which int() refuses, and 20 digits overflowed os.kill (anyone may write /dev/shm)."""
     stem = name[len("envdoctor-attach-"):-len(".json")]
@@ -110,6 +110,22 @@ def _named(name: str) -> tuple[int | None, int | None]:
     if len(parts[0]) > 10:
         return None, None
     return int(parts[0]), (int(parts[1]) if len(parts) == 2 else None)
+
+
+def _interval_of(path: str) -> float:
+    """The interval_seconds a document declares (bounded as the writer bounds it), else 0."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            data = os.read(fd, MAX_BYTES)
+        finally:
+            os.close(fd)
+        value = json.loads(data).get("interval_seconds")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        return 0.0
+    return float(value)
 
 
 class Publisher:
@@ -122,10 +138,11 @@ class Publisher:
         first_delay = max(0.0, _seconds("first_delay", first_delay))
         self.pid = os.getpid()
         self.start_ticks = own_start_ticks()
+        self.namespace = pid_namespace("/proc/self/ns/pid")
         # absolute: a relative directory and a later os.chdir() left documents behind
         self.directory = os.path.abspath(directory) if directory else _writable_directory()
         self._chosen = directory is None  # ours to move to /tmp when /dev/shm fills up
-        self.path = os.path.join(self.directory, document_name(self.pid, self.start_ticks)) if self.directory else None
+        self.path = os.path.join(self.directory, document_name(self.pid, self.namespace)) if self.directory else None
         self.publications = 0
         self.last_seconds = 0.0
         self.max_seconds = 0.0
@@ -170,30 +187,34 @@ class Publisher:
                 continue
 
     def _sweep(self, stale_after: float = 600.0) -> None:
-        """Remove documents that killed jobs left behind (SIGKILL runs no atexit): ours
-        by owner, their pid gone, not rewritten for ten minutes (a live job rewrites
-        its document every interval, so this never takes one from a running job)."""
+        """Remove documents that killed jobs left behind (SIGKILL runs no atexit), ours by
+        owner and not rewritten for ten minutes: in our pid namespace (or under the older
+        pid-only name) when their pid is gone; from another namespace (a container sharing
+        /dev/shm), whose pids we cannot see, once older than three of their own intervals
+        too, when no reader takes them any more. A live job rewrites its document every
+        interval, so neither takes one from a running job."""
         directory = self.directory
         try:
             names = [n for n in os.listdir(directory) if n.startswith("envdoctor-attach-") and n.endswith(".json")]
         except OSError:
             return
-        from envdoctor.announce import start_ticks
-
         now = time.time()
         own = os.path.basename(self.path or "")
         for name in names[:1000]:
-            pid, ticks = _named(name)
+            pid, namespace = _named(name)
             if pid is None or name == own:
                 continue
             path = os.path.join(directory, name)
             try:
                 st = os.lstat(path)
-                if st.st_uid != os.geteuid() or now - st.st_mtime < stale_after:
+                age = now - st.st_mtime
+                if st.st_uid != os.geteuid() or age < stale_after:
                     continue
-                os.kill(pid, 0)
-                # alive under that number here, but another process: its start time differs
-                gone = ticks is not None and start_ticks("/proc", pid) != ticks
+                if namespace is not None and namespace != self.namespace:
+                    gone = age > 3 * _interval_of(path)
+                else:
+                    os.kill(pid, 0)
+                    gone = False
             except ProcessLookupError:
                 gone = True
             except (OSError, OverflowError):
@@ -286,7 +307,7 @@ class Publisher:
         if following is None:
             return False
         old, self.directory = self.path, following
-        self.path = os.path.join(following, document_name(self.pid, self.start_ticks))
+        self.path = os.path.join(following, document_name(self.pid, self.namespace))
         try:
             if old:
                 os.unlink(old)  # an old copy there would be found first, and go stale
@@ -321,13 +342,19 @@ class Publisher:
         return self._stop.is_set()
 
     def close(self) -> None:
-        """Stop publishing and remove the document (at exit; only in the process that published)."""
+        """Stop publishing and remove the document (at exit; only in the process that published).
+        Not when a newer publisher of this process already writes the same file: an attach()
+        right after close() (from another thread) lost its document to this removal."""
         if os.getpid() != self.pid:
             return
         self._stop.set()
+        atexit.unregister(self.close)  # attach/close cycles piled up one exit handler each
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(2.0)
-        self._remove()
+        with _publisher_lock:
+            newer = _publisher
+            if newer is None or newer is self or newer.closed or newer.path != self.path:
+                self._remove()
 
 
 _publisher: Publisher | None = None

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Mapping
 
-from envdoctor.attach_snapshot import DIRECTORIES, MAX_BYTES, MAX_LOADERS, SCHEMA, document_name, snapshot
+from envdoctor.attach_snapshot import DIRECTORIES, MAX_BYTES, MAX_LOADERS, SCHEMA, document_name, pid_namespace, snapshot
 
 
 def _status(roots: Any, pid: int) -> tuple[int | None, int | None]:
@@ -102,11 +102,9 @@ def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
     except OSError as exc:
         return None, f"cannot open {roots.proc(pid, 'root')}: {exc.strerror or exc}"
     try:
-        from envdoctor.announce import start_ticks
-
-        ticks = start_ticks(roots.procfs, pid)
+        namespace = pid_namespace(roots.proc(pid, "ns", "pid"))
         # this envdoctor's name first, then the pid alone (an older writer's, or no /proc there)
-        names = [document_name(nspid, ticks), document_name(nspid)] if ticks is not None else [document_name(nspid)]
+        names = [document_name(nspid, namespace), document_name(nspid)] if namespace is not None else [document_name(nspid)]
         reasons = []
         for directory in DIRECTORIES:
             for name in names:
@@ -159,21 +157,31 @@ def _read_one(root_fd: int, directory: str, name: str, pid: int, uid: int | None
 
 
 def _same_process(doc: Mapping[str, Any], roots: Any, pid: int) -> str | None:
-    """Why the document is another process's, or None. Two jobs in their own pid
-    namespaces that share /dev/shm (docker --ipc=host, one pod's containers) may both
-    be pid 1 and write one name; the writer's start time (clock ticks since boot, the
-    same in every namespace) tells whose it is. A document without one (an older
-    envdoctor) is taken on its pid alone, as before."""
+    """Why the document is another process's, or None. The file name tells pid namespaces
+    apart; the writer's start time (clock ticks since boot) also tells a pid reused
+    within one, and what an older envdoctor wrote under the pid alone when two
+    namespaces' pid 1 shared /dev/shm. Compared only when the target shares our time
+    namespace: inside another (`unshare --time`) the kernel shifts the ticks it shows.
+    A document without a start time (an older envdoctor) is taken on its pid alone."""
     ticks = doc.get("start_ticks")
     if not isinstance(ticks, int) or isinstance(ticks, bool):
+        return None
+    if _link(roots.proc(pid, "ns", "time")) != _link(roots.proc(None, "ns", "time")):
         return None
     from envdoctor.announce import start_ticks
 
     own = start_ticks(roots.procfs, pid)
     if own is None or own == ticks:
         return None
-    return ("the document was written by another process with the same pid (another pid namespace "
-            "sharing this /dev/shm), not by this one")
+    return ("the document was written by another process with the same pid (a reused pid, or another "
+            "pid namespace sharing this /dev/shm), not by this one")
+
+
+def _link(path: Any) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 def live_document(roots: Any, pid: int | None) -> dict[str, Any] | None:

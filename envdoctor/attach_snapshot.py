@@ -25,16 +25,27 @@ LIVE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_
             "MKL_NUM_THREADS", "LOCAL_WORLD_SIZE", "LOCAL_RANK")
 
 
-def document_name(pid: int, start_ticks: int | None = None) -> str:
+def document_name(pid: int, namespace: int | None = None) -> str:
     """The document's file name: the pid as the job sees it (its own PID namespace) and,
-    when known, the process's start time (clock ticks since boot, field 22 of
-    /proc/N/stat, the same from every pid namespace). Jobs in containers that share
-    /dev/shm (`docker run --ipc=host`) are each pid 1: the start time keeps their
-    documents apart. Without it (no /proc), the older name of the pid alone, which the
-    reader still reads (an envdoctor before 2026-11-23 writes only that one)."""
-    if start_ticks is None:
+    when known, that namespace's inode (`readlink /proc/N/ns/pid`, the same number from
+    the host and from inside). Jobs in containers that share /dev/shm (`docker run
+    --ipc=host`) are each pid 1 of their own namespace: the inode keeps their documents
+    apart, however close together they started. Without it (no /proc), the older name
+    of the pid alone, which the reader still reads (what envdoctor wrote before
+    2026-11-23)."""
+    if namespace is None:
         return f"envdoctor-attach-{pid}.json"
-    return f"envdoctor-attach-{pid}-{start_ticks}.json"
+    return f"envdoctor-attach-{pid}-{namespace}.json"
+
+
+def pid_namespace(link: str | os.PathLike) -> int | None:
+    """The inode of a pid namespace from its /proc link (`pid:[4026531836]`), or None."""
+    try:
+        text = os.readlink(link)
+    except (OSError, ValueError):
+        return None
+    digits = text[text.find("[") + 1:-1] if text.startswith("pid:[") and text.endswith("]") else ""
+    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 20 else None
 
 
 # -- what the job publishes ---------------------------------------------------------------

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from envdoctor import attach as attach_module
 from envdoctor.attach import MAX_BYTES, SCHEMA, document_name, read_document, startup_hook, validate
+from envdoctor.attach_snapshot import pid_namespace
 from envdoctor.paths import Roots
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +50,8 @@ def test_attach_imports_no_torch_and_publishes_a_readable_document():
     doc = out["doc"]
     assert doc["schema"] == SCHEMA and doc["torch"] is None and doc["cuda"]["initialized"] is False
     assert doc["cost"]["publications"] >= 1
-    assert out["source"].endswith(document_name(doc["pid"], doc["start_ticks"]))  # envdoctor-attach-<pid>-<ticks>.json
+    # envdoctor-attach-<pid>-<pid namespace>.json: the child shares this test's pid namespace
+    assert out["source"].endswith(document_name(doc["pid"], pid_namespace("/proc/self/ns/pid")))
     assert isinstance(doc["start_ticks"], int)
     assert not os.path.exists(out["path"])  # removed at exit
 

@@ -242,22 +242,50 @@ def test_a_refused_document_is_said_in_the_verdict_facts(tmp_path):
         path.unlink(missing_ok=True)
 
 
-def test_the_sweep_tells_a_live_process_from_an_old_one_under_the_same_pid(tmp_path):
-    """A document named with a live pid but another start time is a dead process's (a
-    reused pid, or another namespace's pid 1 long gone): removed once stale. One whose
-    start time matches the live process stays."""
-    from envdoctor.announce import start_ticks
-
-    parent = os.getppid()
+def test_the_sweep_takes_another_namespaces_leftovers_only_when_no_reader_would(tmp_path):
+    """A document from another pid namespace (a container sharing /dev/shm) names a pid we
+    cannot look up. It goes once it is older than ten minutes and three of its own
+    intervals; a live job publishing every hour keeps its document (the sweep of one
+    start took it while a reader still accepted it)."""
     old = time.time() - 3600
-    reused = tmp_path / document_name(parent, 1)
-    alive = tmp_path / document_name(parent, start_ticks("/proc", parent))
-    for path in (reused, alive):
-        path.write_text("{}")
+    hourly = tmp_path / document_name(1, 1)  # namespace inode 1: not ours
+    leftover = tmp_path / document_name(2, 1)
+    hourly.write_text(json.dumps(good(1, interval_seconds=3600.0)))
+    leftover.write_text(json.dumps(good(2)))
+    for path in (hourly, leftover):
         os.utime(path, (old, old))
     publisher = Publisher(interval=60, directory=str(tmp_path)).start()
     publisher.close()
-    assert not reused.exists() and alive.exists()
+    assert hourly.exists() and not leftover.exists()
+
+
+def test_close_leaves_a_newer_publishers_document_and_its_exit_handler_goes():
+    """attach() right after close() from another thread: the old close() removed the file the
+    new publisher had just written (same process, same name). And every attach/close cycle
+    left an exit handler behind."""
+    r = run_py("""
+        import os, envdoctor
+        p = envdoctor.attach(interval=60)
+        p._stop.set()                       # close() has begun in another thread...
+        q = envdoctor.attach(interval=60)   # ...and attach() runs before it removes the file
+        q.publish()
+        p.close()
+        assert os.path.exists(q.path), "the old close() removed the new publisher's document"
+        q.close()
+        import gc, weakref
+        closed = []
+        for _ in range(50):
+            publisher = envdoctor.attach(interval=60)
+            publisher.close()
+            closed.append(weakref.ref(publisher))
+        del publisher
+        envdoctor.attach(interval=60).close()  # the module's last one is another now
+        gc.collect()
+        alive = sum(ref() is not None for ref in closed)
+        assert alive == 0, f"{alive} closed publishers still held (by their exit handlers)"
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
 UNSHARED_JOB = """
@@ -274,13 +302,13 @@ def test_two_jobs_that_are_pid_1_in_their_namespaces_keep_their_own_documents():
     /dev/shm. They wrote one file, and a reader judged each job by whichever wrote last."""
     jobs = []
     try:
-        for threads in ("3", "5"):
+        for threads in ("3", "5"):  # back to back: often within one clock tick, so start times can tie
             env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=threads)
-            job = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
-                                    textwrap.dedent(UNSHARED_JOB)], env=env, stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True)
+            jobs.append((threads, subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                                                    textwrap.dedent(UNSHARED_JOB)], env=env, stdin=subprocess.PIPE,
+                                                   stdout=subprocess.PIPE, text=True)))
+        for _, job in jobs:
             assert job.stdout.readline().strip() == "1"  # pid 1 inside
-            jobs.append((threads, job))
         time.sleep(1.2)
         for threads, job in jobs:
             inner = int(Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()[0])  # unshare's child
@@ -289,4 +317,26 @@ def test_two_jobs_that_are_pid_1_in_their_namespaces_keep_their_own_documents():
             assert doc["env"]["OMP_NUM_THREADS"] == threads, (threads, source)
     finally:
         for _, job in jobs:
+            job.communicate("\n", timeout=30)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root and unshare for a time namespace")
+def test_a_job_in_a_time_namespace_is_read():
+    """Inside `unshare --time` the kernel shifts the start times /proc shows, so a name or
+    a check built on them never matched what the host sees: such a job was never found."""
+    job = subprocess.Popen(["unshare", "--time", "--boottime", "100000", "--pid", "--fork", "--mount-proc",
+                            sys.executable, "-c", textwrap.dedent(UNSHARED_JOB)],
+                           env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="7"),
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = job.stdout.readline().strip()
+        if line != "1":
+            job.kill()
+            pytest.skip(f"no time namespaces here: {job.communicate(timeout=30)[1].strip()[:200]}")
+        time.sleep(1.2)
+        inner = int(Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()[0])
+        doc, source = read_document(Roots(), inner)
+        assert doc is not None and doc["env"]["OMP_NUM_THREADS"] == "7", source
+    finally:
+        if job.poll() is None:
             job.communicate("\n", timeout=30)
