@@ -42,16 +42,18 @@ def _status(roots: Any, pid: int) -> tuple[int | None, int | None]:
     return nspid, uid
 
 
-def _open_under(root_fd: int, directory: str, name: str) -> int:
-    """Open root/directory/name without following a symlink at any step."""
-    nofollow = getattr(os, "O_NOFOLLOW", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _open_directory(root_fd: int, directory: str) -> int:
+    """Open root/directory without following a symlink at any step."""
     fds = []
     try:
         current = root_fd
         for part in [p for p in directory.split("/") if p]:
-            current = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow | os.O_CLOEXEC, dir_fd=current)
+            current = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | os.O_CLOEXEC, dir_fd=current)
             fds.append(current)
-        return os.open(name, os.O_RDONLY | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=current)
+        return os.dup(current) if current == root_fd else fds.pop()
     finally:
         for fd in fds:
             os.close(fd)
@@ -107,14 +109,23 @@ def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
         names = [document_name(nspid, namespace), document_name(nspid)] if namespace is not None else [document_name(nspid)]
         reasons = []
         for directory in DIRECTORIES:
-            for name in names:
-                doc, reason = _read_one(root_fd, directory, name, pid, uid)
-                if doc is not None:
-                    reason = validate(doc, nspid) or _same_process(doc, roots, pid)
-                    if reason is None:
-                        return doc, f"{directory}/{name}"
-                if reason:
-                    reasons.append(reason)
+            try:  # once per directory: serve asks this of every process every run
+                dir_fd = _open_directory(root_fd, directory)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    reasons.append(_unopenable(directory, names[0], pid, exc))
+                continue
+            try:
+                for name in names:
+                    doc, reason = _read_one(dir_fd, directory, name, pid, uid)
+                    if doc is not None:
+                        reason = validate(doc, nspid) or _same_process(doc, roots, pid)
+                        if reason is None:
+                            return doc, f"{directory}/{name}"
+                    if reason:
+                        reasons.append(reason)
+            finally:
+                os.close(dir_fd)
         if reasons:
             return None, reasons[0]
         return None, (f"process {pid} is not attached (no {names[0]} in its /dev/shm or /tmp): add "
@@ -125,16 +136,21 @@ def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
         os.close(root_fd)
 
 
-def _read_one(root_fd: int, directory: str, name: str, pid: int, uid: int | None) -> tuple[Any, str]:
-    """The parsed JSON of one candidate, or (None, why not); (None, "") when there is none."""
+def _unopenable(directory: str, name: str, pid: int, exc: OSError) -> str:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return f"{directory}/{name} in process {pid} is (or lies under) a symlink or a non-directory: not followed"
+    return f"cannot open {directory}/{name} of process {pid}: {exc.strerror or exc}"
+
+
+def _read_one(dir_fd: int, directory: str, name: str, pid: int, uid: int | None) -> tuple[Any, str]:
+    """The parsed JSON of one candidate in the opened `directory`, or (None, why not);
+    (None, "") when there is none."""
     try:
-        fd = _open_under(root_fd, directory, name)
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return None, ""
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            return None, f"{directory}/{name} in process {pid} is (or lies under) a symlink or a non-directory: not followed"
-        return None, f"cannot open {directory}/{name} of process {pid}: {exc.strerror or exc}"
+        return None, _unopenable(directory, name, pid, exc)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
