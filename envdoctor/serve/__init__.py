@@ -152,7 +152,11 @@ class Daemon:
         server_thread.start()
         loop_thread.start()
         try:
-            while not stop.wait(60):  # a signal interrupts the wait; its handler sets stop
+            # Python runs a signal's handler in the main thread, between bytecodes; a signal the
+            # kernel hands to another thread (one of the daemon's workers) does not interrupt this
+            # wait, so its handler runs when the wait ends. A short wait bounds that to a second
+            # (once seen: SIGTERM unanswered past 10 s on a loaded runner, with waits of 60 s).
+            while not stop.wait(1.0):
                 pass
         finally:
             log.event("info", "stopping")
