@@ -47,10 +47,10 @@ def start_ticks(procfs: Path | str, pid: int | str) -> int | None:
     finally:
         os.close(fd)
     rest = text[text.rfind(")") + 1:].split()
-    return int(rest[19]) if len(rest) > 19 and _digits(rest[19]) else None
+    return int(rest[19]) if len(rest) > 19 and ascii_digits(rest[19]) else None
 
 
-def _digits(text: str) -> bool:
+def ascii_digits(text: str) -> bool:
     """ASCII digits only: str.isdigit() also takes '²', which int() refuses."""
     return text.isascii() and text.isdigit()
 
@@ -90,7 +90,7 @@ def announced_pids(dirs: Iterable[str], procfs: Path | str = "/proc") -> list[in
             continue
         for name in names:
             stem, _, ext = name.partition(".")
-            if ext != "json" or not _digits(stem) or len(stem) > 10:
+            if ext != "json" or not ascii_digits(stem) or len(stem) > 10:
                 continue
             doc = read(os.path.join(directory, name))
             ticks = doc.get("start_ticks") if doc else None

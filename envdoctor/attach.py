@@ -103,11 +103,10 @@ def _named(name: str) -> tuple[int | None, int | None]:
     """(pid, pid namespace or None) of a document's file name, or (None, None) when it is no
     name attach() writes. ASCII digits of plausible size only: str.isdigit() takes '²',
     which int() refuses, and 20 digits overflowed os.kill (anyone may write /dev/shm)."""
-    stem = name[len("envdoctor-attach-"):-len(".json")]
-    parts = stem.split("-")
-    if not 1 <= len(parts) <= 2 or not all(p.isascii() and p.isdigit() and len(p) <= 20 for p in parts):
-        return None, None
-    if len(parts[0]) > 10:
+    from envdoctor.announce import ascii_digits
+
+    parts = name[len("envdoctor-attach-"):-len(".json")].split("-")
+    if not 1 <= len(parts) <= 2 or not all(ascii_digits(p) for p in parts) or len(parts[0]) > 10 or len(parts[-1]) > 20:
         return None, None
     return int(parts[0]), (int(parts[1]) if len(parts) == 2 else None)
 
