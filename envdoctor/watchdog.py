@@ -21,6 +21,15 @@ A stuck call whose function finally returns frees its key (and its worker goes
 back to the pool). Workers lost to stuck calls are replaced, so the pool keeps
 its capacity; their number is bounded by the number of distinct stuck keys, and
 beyond `max_stuck` new calls are refused rather than given a thread.
+
+`Watchdog.start_chain(calls)` starts calls that are meant to run one after
+another (the checks of one target): one worker runs each as soon as the one
+before has returned, without handing back to the caller in between. Each keeps
+its own key, outcome and deadline. A caller that finds one slow sends the rest
+of the chain to another worker (`Pending.detach_rest()`), so nothing waits
+behind a call that may never return. Why: serve runs ~450 checks a run, and
+waking the caller and a worker for every one of them cost a quarter of the
+run's CPU (measured over 64 processes: 75 ms a run, 58 ms with no hand-over).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 DONE, RAISED, TIMED_OUT, STUCK = "done", "raised", "timed_out", "stuck"
 _SIGNAL_SLICE = 0.1  # seconds the main thread waits at a time, so its signal handlers run
@@ -108,7 +117,7 @@ def where_raised(exc: BaseException) -> str:
 
 
 class _Job:
-    __slots__ = ("key", "fn", "done", "value", "error", "thread", "started", "cancelled", "abandoned", "t0", "t1")
+    __slots__ = ("key", "fn", "done", "value", "error", "thread", "started", "cancelled", "abandoned", "t0", "t1", "next", "runnable")
 
     def __init__(self, key: Hashable, fn: Callable[[], Any]):
         self.key = key
@@ -120,8 +129,10 @@ class _Job:
         self.started: float | None = None  # time.time() when a worker took it
         self.cancelled = False  # timed out before any worker took it: never run it
         self.abandoned = False  # timed out while running: its key is stuck
-        self.t0 = time.monotonic()  # queued
+        self.t0 = time.monotonic()  # queued (for a chained call: when the one before it returned)
         self.t1: float | None = None  # finished
+        self.next: _Job | None = None  # the call chained after this one, until a worker or detach_rest() takes it
+        self.runnable: float | None = self.t0  # None while it waits in a chain behind the call before it
 
 
 class Pending:
@@ -131,7 +142,6 @@ class Pending:
         self._watchdog = watchdog
         self._job = job
         self._outcome = outcome
-        self._t0 = time.monotonic()
 
     def finished_within(self, seconds: float) -> bool:
         """Whether the call ends within `seconds`; unlike wait(), says nothing final (a call
@@ -139,6 +149,21 @@ class Pending:
         if self._outcome is not None or self._job is None:
             return True
         return self._job.done.wait(seconds)
+
+    def is_done(self) -> bool:
+        """Whether it has returned (or was answered without running), without waiting."""
+        return self._outcome is not None or self._job is None or self._job.done.is_set()
+
+    def runnable_since(self) -> float | None:
+        """time.monotonic() since when it has been running or queued for a worker; None
+        while it waits in a chain for the call before it."""
+        return None if self._job is None else self._job.runnable
+
+    def detach_rest(self) -> None:
+        """This call is slow: the calls chained after it go to another worker now
+        instead of waiting for it (start_chain)."""
+        if self._job is not None:
+            self._watchdog._detach(self._job)
 
     def wait(self, deadline: float) -> Outcome:
         """Wait until `deadline` (time.monotonic()) at the latest."""
@@ -157,7 +182,7 @@ class Pending:
                     break
         else:
             job.done.wait(max(0.0, deadline - time.monotonic()))
-        self._outcome = self._watchdog._settle(job, time.monotonic() - self._t0)
+        self._outcome = self._watchdog._settle(job, time.monotonic() - job.t0)  # since it could start
         return self._outcome
 
 
@@ -195,18 +220,53 @@ class Watchdog:
 
     def start(self, key: Hashable, fn: Callable[[], Any]) -> Pending:
         """Start `fn` under `key` unless that key is still stuck; wait on the result later."""
+        return self.start_chain([(key, fn)])[0]
+
+    def start_chain(self, calls: "Sequence[tuple[Hashable, Callable[[], Any]]]") -> list[Pending]:
+        """Start calls that run one after another on one worker, each as soon as the one
+        before it has returned; one Pending each, in order. A key still stuck (or one
+        refused) is answered at once and left out of the chain."""
+        pendings: list[Pending] = []
         with self._lock:
-            stuck = self._stuck.get(key)
-            if stuck is not None:
-                return Pending(self, None, Outcome(STUCK, since=stuck.started, where=_waiting_at(stuck.thread)))
-            if len(self._stuck) >= self.max_stuck:
-                self.refused_total += 1
-                error = RuntimeError(f"{len(self._stuck)} earlier calls are still stuck; not starting another")
-                return Pending(self, None, Outcome(RAISED, error=error))
-            job = _Job(key, fn)
-            self._queue.put(job)
-            self._grow()
-        return Pending(self, job)
+            head = last = None
+            for key, fn in calls:
+                refused = self._refusal(key)
+                if refused is not None:
+                    pendings.append(Pending(self, None, refused))
+                    continue
+                job = _Job(key, fn)
+                if last is None:
+                    head = job
+                else:
+                    job.runnable = None
+                    last.next = job
+                last = job
+                pendings.append(Pending(self, job))
+            if head is not None:
+                self._queue.put(head)
+                self._grow()
+        return pendings
+
+    def _refusal(self, key: Hashable) -> Outcome | None:
+        """Under the lock: the outcome of a call under `key` that must not start (its key is
+        still stuck, or too many are), or None."""
+        stuck = self._stuck.get(key)
+        if stuck is not None:
+            return Outcome(STUCK, since=stuck.started, where=_waiting_at(stuck.thread))
+        if len(self._stuck) >= self.max_stuck:
+            self.refused_total += 1
+            error = RuntimeError(f"{len(self._stuck)} earlier calls are still stuck; not starting another")
+            return Outcome(RAISED, error=error)
+        return None
+
+    def _detach(self, job: _Job) -> None:
+        """The calls chained after `job`, not yet taken by its worker, queued on their own."""
+        with self._lock:
+            rest, job.next = job.next, None
+            if rest is not None:
+                rest.t0 = rest.runnable = time.monotonic()
+                self._queue.put(rest)
+                self._grow()
 
     def stuck(self) -> dict[Hashable, float | None]:
         """Keys whose call is still running past its deadline, with when it started."""
@@ -248,10 +308,14 @@ class Watchdog:
                 continue
             with self._lock:
                 self._idle -= 1
-            self._run(job)
-            with self._lock:
-                if job.abandoned and self._stuck.get(job.key) is job:
-                    del self._stuck[job.key]  # it came back after all: the key may run again
+            while job is not None:
+                self._run(job)
+                with self._lock:
+                    if job.abandoned and self._stuck.get(job.key) is job:
+                        del self._stuck[job.key]  # it came back after all: the key may run again
+                    job.next, job = None, job.next  # the chain's next call, now ours
+                    if job is not None:
+                        job.t0 = job.runnable = time.monotonic()
             # Let go of it before waiting for the next: an idle worker's frame kept its last
             # call (the function's closure, its value, its exception with the traceback's
             # frames), and through them a whole serve run: the session, every result, and
