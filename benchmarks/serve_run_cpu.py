@@ -53,6 +53,12 @@ def cpu_now() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def switches_now() -> int:
+    """Voluntary context switches of this process so far, every thread: each is a thread
+    that went to sleep waiting for another, the cost of handing work between threads."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 def rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -132,13 +138,15 @@ def main() -> None:
         if args.history_points > 0:
             fill_history(scheduler.history, args.history_points, args.interval)
         per_run = []
+        switched = 0
         for _ in range(args.rounds):
             cpu = wall = 0.0
             for _ in range(args.runs):
-                c0, t0 = cpu_now(), time.perf_counter()
+                c0, t0, s0 = cpu_now(), time.perf_counter(), switches_now()
                 scheduler.run_once()
                 tidy()
                 cpu, wall = cpu + cpu_now() - c0, wall + time.perf_counter() - t0
+                switched += switches_now() - s0
                 if args.pause > 0:
                     time.sleep(args.pause)  # not counted: the daemon's sleep costs no CPU
             per_run.append((cpu / args.runs, wall / args.runs))
@@ -147,7 +155,8 @@ def main() -> None:
         print(f"{args.targets} targets + node: CPU {cpu * 1000:.1f} ms per run (rounds: "
               f"{', '.join(f'{c * 1000:.1f}' for c, _ in per_run)}), wall {wall * 1000:.1f} ms; "
               f"at a {args.interval:g} s interval {cpu / args.interval * 100:.2f} % of one core; "
-              f"history {args.history_points or 'as sampled'}; pause {args.pause:g} s; VmRSS {rss_mib():.1f} MiB")
+              f"history {args.history_points or 'as sampled'}; pause {args.pause:g} s; VmRSS {rss_mib():.1f} MiB; "
+              f"{switched / (args.rounds * args.runs):.0f} voluntary context switches a run")
     finally:
         subprocess.run(["pkill", "-f", f"time.sleep\\({marker}\\)$" if args.torch else f"^sleep {marker}$"])
 
