@@ -82,9 +82,21 @@ def fill_history(history, points: int, interval: float) -> None:
             history.add(label, sample, sampler)
 
 
+def _cpu_ticks(pid: str) -> int | None:
+    """utime + stime of a process, in clock ticks (/proc/PID/stat fields 14 and 15)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def wait_for_torch(marker: str, count: int, timeout: float = 300.0) -> None:
-    """Until every torch sleeper has torch mapped (importing it takes seconds each)."""
+    """Until every torch sleeper has torch mapped (importing it takes seconds each) and
+    has gone quiet: libtorch is mapped early in `import torch`, and runs measured while
+    the imports still burn both CPUs cost several times what a settled node's do."""
     deadline = time.monotonic() + timeout
+    before: dict[str, int | None] = {}
     while time.monotonic() < deadline:
         out = subprocess.run(["pgrep", "-f", f"time.sleep\\({marker}\\)$"], capture_output=True, text=True).stdout.split()
         ready = 0
@@ -93,8 +105,10 @@ def wait_for_torch(marker: str, count: int, timeout: float = 300.0) -> None:
                 ready += "libtorch" in Path(f"/proc/{pid}/maps").read_text()
             except OSError:
                 pass
-        if ready >= count:
+        now = {pid: _cpu_ticks(pid) for pid in out}
+        if ready >= count and now == before:
             return
+        before = now
         time.sleep(1.0)
     raise SystemExit(f"torch did not load in {count} processes within {timeout:g} s")
 
