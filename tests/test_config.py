@@ -33,6 +33,14 @@ def test_defaults_when_there_is_no_file(tmp_path):
     assert config.timeout_for(OTHER) == 90  # a check's declared timeout wins over a smaller default
 
 
+def test_a_declared_timeout_shorter_than_the_default_is_kept_as_explain_shows_it(tmp_path):
+    quick = Check(id="quick.read", title="t", run=lambda ctx: ok("x"), timeout=2)
+    config = cfg.load({"quick.read": quick}, environ={}, cwd=tmp_path)
+    assert config.timeout_for(quick) == 2  # was raised to the run's default 15
+    config.set_timeout(7)  # a run-wide timeout the user chose bounds it instead
+    assert config.timeout_for(quick) == 7
+
+
 def test_file_then_environment_precedence_and_size_strings(tmp_path):
     _write(tmp_path, "envdoctor.toml", """
         fail_on = "warn"
