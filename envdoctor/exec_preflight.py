@@ -129,7 +129,10 @@ def launcher_ranks(argv: Sequence[str]) -> int | None:
 def _clamped(plans: Sequence[Any], seconds: float) -> list[Any]:
     from envdoctor.runner import Plan
 
-    return [Plan(p.check, p.config, max(0.05, min(p.timeout, seconds))) for p in plans]
+    # A check cut short by the pre-flight's bound gets more time from exec's --timeout, not its own setting.
+    return [Plan(p.check, p.config, max(0.05, min(p.timeout, seconds)),
+                 p.raise_with if seconds >= p.timeout else "raise exec's --timeout (it bounds the whole pre-flight)")
+            for p in plans]
 
 
 def _torch_facts(session: Any, timeout: float) -> Any:

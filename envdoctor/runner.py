@@ -45,6 +45,7 @@ class Plan:
     check: Check
     config: dict
     timeout: float
+    raise_with: str = ""  # how to give it more time, when a caller's bound (exec's --timeout) set it
 
 
 def _call(plan: Plan, session: Session, deadline: float | None = None) -> Result:
@@ -60,6 +61,12 @@ def _call(plan: Plan, session: Session, deadline: float | None = None) -> Result
 
 def _row(plan: Plan, outcome: Outcome) -> Result:
     """The one row an outcome becomes."""
+    if outcome.kind in (DONE, RAISED) and outcome.seconds > plan.timeout:
+        # It answered, but after its deadline: the caller was waiting on an earlier check
+        # then. Judged by the clock, not by when the runner came to look, so a check's
+        # verdict does not depend on which checks ran beside it.
+        return error(f"timed out: answered after {outcome.seconds:.3g} s, past its {plan.timeout:.3g} s timeout; "
+                     f"{_raise_hint(plan)}", timeout_seconds=plan.timeout)
     if outcome.kind == DONE:
         return outcome.value
     if outcome.kind == RAISED:
@@ -73,8 +80,12 @@ def _row(plan: Plan, outcome: Outcome) -> Result:
         return error(f"{outcome.describe()}; a call that never returns keeps its thread, so envdoctor waits "
                      "for it rather than start another", stuck_since=outcome.since)
     at = f", stuck at {outcome.where}" if outcome.where else ""
-    return error(f"timed out after {plan.timeout:g} s{at}; raise it with [check.\"{plan.check.id}\"] timeout = N",
-                 timeout_seconds=plan.timeout)
+    return error(f"timed out after {plan.timeout:.3g} s{at}; {_raise_hint(plan)}", timeout_seconds=plan.timeout)
+
+
+def _raise_hint(plan: Plan) -> str:
+    """Which knob gives this check more time: its own, or the bound the caller put on it."""
+    return plan.raise_with or f"raise it with [check.\"{plan.check.id}\"] timeout = N"
 
 
 def run_one(plan: Plan, session: Session) -> Result:

@@ -258,3 +258,14 @@ def test_the_jobs_interpreter_is_the_one_whose_torch_is_judged(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(report.read_text())["results"]
     assert "torch 2.99.0+cu128" in row["summary"], row
+
+
+def test_a_check_cut_short_by_execs_bound_names_execs_timeout_not_its_own():
+    from envdoctor.check import Check
+    from envdoctor.model import ok
+    from envdoctor.runner import Plan
+
+    check = Check(id="t.slow", title="t", run=lambda ctx: ok("x"))
+    cut, kept = exec_preflight._clamped([Plan(check, {}, 15.0), Plan(check, {}, 1.0)], 2.06706)
+    assert cut.timeout == 2.06706 and "exec's --timeout" in cut.raise_with
+    assert kept.timeout == 1.0 and kept.raise_with == ""  # its own setting is what binds it

@@ -154,3 +154,34 @@ def test_join_fixes_gives_a_shared_step_once():
     export = "export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
     findings = [(Status.WARN, "unset", export), (Status.WARN, "live", f"torch.set_num_threads(1) in the script; {export}")]
     assert join_fixes(findings) == f"{export}; torch.set_num_threads(1) in the script"
+
+
+def test_a_check_that_answers_past_its_timeout_is_timed_out_whatever_ran_before_it():
+    """Helper-15: a 3.8 s check with timeout 2 was reported ok when a 4 s check ran
+    before it, because the runner looked at it only after waiting for the first."""
+
+    def slow(seconds):
+        def run_it(ctx):
+            time.sleep(seconds)
+            return ok(f"slept {seconds}")
+        return run_it
+
+    plans = [
+        Plan(_check("t.first", slow(1.0)), {}, 5),
+        Plan(_check("t.late", slow(0.6)), {}, 0.3),
+        Plan(_check("t.quick", slow(0.0)), {}, 5),
+    ]
+    results = {r.check: r for r in run(plans, _session())}
+    assert results["t.first"].status is Status.OK
+    late = results["t.late"]
+    assert late.status is Status.ERROR, late.summary
+    assert "past its 0.3 s timeout" in late.summary and 'check."t.late"' in late.summary
+    assert late.facts["timeout_seconds"] == 0.3
+    assert results["t.quick"].status is Status.OK
+
+
+def test_a_bound_set_by_the_caller_names_the_callers_knob():
+    plans = [Plan(_check("t.hang", lambda ctx: time.sleep(2) or ok("x")), {}, 0.2, "raise exec's --timeout")]
+    (row,) = run(plans, _session())
+    assert row.status is Status.ERROR and "timed out after 0.2 s" in row.summary
+    assert "raise exec's --timeout" in row.summary and "[check." not in row.summary
