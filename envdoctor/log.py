@@ -49,6 +49,11 @@ def _quote(value: Any) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# envdoctor's own names (a check id, a target label `pid:123`): never a variable's secret,
+# and masking a coincidence would hide which check a line is about.
+_PUBLIC_FIELDS = frozenset({"check", "target"})
+
+
 def format_line(level: str, message: str, fields: Mapping[str, Any], now: float | None = None) -> str:
     """`ts=... level=... msg="..." k=v ...`, every value redacted and quoted as logfmt needs."""
     with _LOCK:
@@ -58,7 +63,12 @@ def format_line(level: str, message: str, fields: Mapping[str, Any], now: float 
     parts = [f"ts={stamp}Z", f"level={level}", f"msg={_quote(scrub.text(message))}"]
     for key, value in fields.items():
         key = re.sub(r"[^A-Za-z0-9_]", "_", str(key)) or "_"
-        text = redact.MASK if redact.looks_secret(key) and value not in (None, "") else scrub.text("" if value is None else str(value))
+        if key in _PUBLIC_FIELDS:
+            text = "" if value is None else str(value)
+        elif redact.looks_secret(key) and value not in (None, ""):
+            text = redact.MASK
+        else:
+            text = scrub.text("" if value is None else str(value))
         parts.append(f"{key}={_quote(text)}")
     return " ".join(parts)
 

@@ -301,8 +301,11 @@ class Scrubber:
         return value
 
     def result(self, result: Result) -> Result:
+        # The check id and the target label are envdoctor's own names, public by construction:
+        # masking them because a variable holds the same text (EXPERIMENT=cache_growth) turned
+        # a row into `memory.***`, in every exporter and as a Prometheus label. Made writable only.
         return replace(result, summary=self.text(result.summary), remediation=self.text(result.remediation),
-                       facts=self.any(result.facts), target=self.text(result.target), check=self.text(result.check),
+                       facts=self.any(result.facts), target=writable(result.target), check=writable(result.check),
                        fix_env=self.any(result.fix_env))
 
 

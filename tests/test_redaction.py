@@ -105,3 +105,30 @@ def test_scrubber_memo_gives_the_same_answers_and_stays_bounded():
 def test_a_path_ending_in_a_secret_word_is_not_a_secret(text, masked):
     """exec said "/etc/passwd: *** denied (not an executable file)"."""
     assert redact.mask_credentials(text) == masked
+
+
+@pytest.mark.parametrize("fmt", ["json", "prometheus"])
+def test_a_check_id_is_never_masked_because_a_variable_holds_the_same_text(fmt):
+    """Helper-15: EXPERIMENT=cache_growth (an unknown variable, so a possible secret) turned
+    the row into `memory.***`, the Prometheus label too. Check ids and target labels are
+    envdoctor's own names; the variable's value is still masked where a check prints it."""
+    env = {"EXPERIMENT": "cache_growth", "API_TOKEN": "shm.size", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = cli("check", "--only", "memory.cache_growth,shm.size", "--format", fmt, env=env)
+    assert proc.returncode in (0, 1), proc.stderr
+    if fmt == "json":
+        import json
+
+        ids = sorted(r["check"] for r in json.loads(proc.stdout)["results"])
+        assert ids == ["memory.cache_growth", "shm.size"], ids
+    else:
+        assert 'check="memory.cache_growth"' in proc.stdout and 'check="shm.size"' in proc.stdout
+        assert 'check="memory.***"' not in proc.stdout
+
+
+def test_a_log_lines_check_and_target_fields_are_not_masked(monkeypatch):
+    from envdoctor import log
+
+    monkeypatch.setenv("EXPERIMENT", "cache_growth")
+    line = log.format_line("info", "x", {"check": "memory.cache_growth", "target": "pid:1", "note": "cache_growth"})
+    assert "check=memory.cache_growth" in line and "target=pid:1" in line
+    assert "note=***" in line or 'note="***"' in line  # other fields are still scrubbed
