@@ -215,7 +215,7 @@ def list_checks() -> None:
     from envdoctor.exporters.common import one_line  # plug-in titles and errors: no raw control characters
 
     registry = registry_module.load()
-    width = max((len(i) for i in [*registry.ids, *(f.name for f in registry.failures)]), default=10)
+    width = max((len(i) for i in [*registry.ids, *(f.row or f.name for f in registry.failures)]), default=10)
     for check_id in registry.ids:
         check = registry.checks[check_id]
         origin = registry.origins.get(check_id, "")
@@ -224,7 +224,7 @@ def list_checks() -> None:
         plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
         typer.echo(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}"))
     for failure in registry.failures:
-        typer.echo(one_line(f"{failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}"))
+        typer.echo(one_line(f"{failure.row or failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}"))
 
 
 @app.command()

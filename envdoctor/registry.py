@@ -34,6 +34,7 @@ class LoadFailure(NamedTuple):
     value: str  # "module:attr"
     distribution: str
     reason: str
+    row: str = ""  # the id its error row carries, when `name` is taken (see _row_ids)
 
 
 @dataclass
@@ -171,4 +172,21 @@ def load(autoload_plugins: bool | None = None) -> Registry:
             continue
         checks[obj.id] = obj
         origins[obj.id] = dist
-    return Registry(checks, failures, origins)
+    return Registry(checks, _row_ids(failures, set(checks)), origins)
+
+
+def _row_ids(failures: list[LoadFailure], taken: set[str]) -> list[LoadFailure]:
+    """One row per id: a failure named like a loaded check (a plug-in registering `shm.size`)
+    or like an earlier failure gets `distribution:name`, else its entry point. Two rows with
+    one id were two Prometheus series with the same labels, and the textfile collector kept
+    only one of them: the plug-in's error could hide the built-in's verdict."""
+    out = []
+    for failure in failures:
+        row = failure.name
+        for candidate in (failure.name, f"{failure.distribution}:{failure.name}", f"{failure.distribution}:{failure.value}"):
+            row = candidate
+            if candidate not in taken:
+                break
+        taken.add(row)
+        out.append(failure._replace(row=row) if row != failure.name else failure)
+    return out

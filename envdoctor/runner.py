@@ -145,7 +145,7 @@ def load_failure_results(failures, session: Session) -> list[Result]:
     for f in failures:
         r = Result(Status.ERROR, f"check {f.name} ({f.value}, from {f.distribution}) could not be loaded: {f.reason}",
                    f"fix or uninstall {f.distribution}, or set ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1", {"entry_point": f.value})
-        r.check = f.name
+        r.check = f.row or f.name
         r.target = session.target.label
         results.append(r)
     return results

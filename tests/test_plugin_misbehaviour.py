@@ -1,0 +1,61 @@
+"""Plug-ins that misbehave in ways a plug-in author can easily reach: an id that is
+already taken, an exporter whose render breaks. Each becomes one clear row or one
+line with a reason, never two rows with one id, a traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import cli
+
+
+def _site(tmp_path: Path, name: str, module: str, entry_points: str) -> Path:
+    """A distribution `name` on a private sys.path entry, with `module` as its code."""
+    site = tmp_path / "site"
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / f"{name}.py").write_text(module)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    return site
+
+
+_DUPLICATE = '''
+from envdoctor.check import Check
+from envdoctor.model import fail
+
+CHECK = Check(id="shm.size", title="a copy", run=lambda ctx: fail("the plug-in's verdict"))
+'''
+
+
+def test_a_plugin_registering_a_built_in_id_gives_one_row_per_id(tmp_path):
+    site = _site(tmp_path, "dupplug", _DUPLICATE,
+                 "[envdoctor.checks]\nshm.size = dupplug:CHECK\n")
+    env = {"PYTHONPATH": str(site)}
+    proc = cli("check", "--only", "shm.size", "-f", "json", env=env)
+    assert "Traceback" not in proc.stderr
+    rows = json.loads(proc.stdout)["results"]
+    ids = [r["check"] for r in rows]
+    assert sorted(ids) == ["dupplug:shm.size", "shm.size"], ids  # the built-in's row and the plug-in's error
+    by_id = {r["check"]: r for r in rows}
+    assert by_id["shm.size"]["status"] != "error"  # the built-in's verdict, not hidden
+    assert by_id["dupplug:shm.size"]["status"] == "error" and "already provided by envdoctor" in by_id["dupplug:shm.size"]["summary"]
+
+    prom = cli("check", "--only", "shm.size", "-f", "prometheus", env=env).stdout
+    success = [line for line in prom.splitlines() if line.startswith("envdoctor_check_success{")]
+    assert len(success) == len(set(line.split("}")[0] for line in success)) == 2, success
+
+    listing = cli("checks", env=env).stdout
+    assert "dupplug:shm.size" in listing and "already provided" in listing
+
+
+def test_failures_sharing_a_name_get_distinct_row_ids():
+    from envdoctor.registry import LoadFailure, _row_ids
+
+    failures = [LoadFailure("acme.x", "a:X", "acme", "import failed"), LoadFailure("acme.x", "b:X", "acme", "import failed"),
+                LoadFailure("acme.x", "c:X", "other", "import failed"), LoadFailure("shm.size", "d:X", "acme", "dup")]
+    rows = [f.row or f.name for f in _row_ids(failures, {"shm.size"})]
+    assert rows == ["acme.x", "acme:acme.x", "other:acme.x", "acme:shm.size"]
