@@ -174,7 +174,7 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> N
     try:
         text = export.render(fmt, report, export.ExportOptions(catalog=registry.checks, fail_on=fail_on,
                                                                color=color, width=width))
-    except export.UnknownFormat as exc:
+    except export.FormatError as exc:  # a plug-in format that broke, hung or gave no text: nothing written
         _die(str(exc))
     if output is None:
         write_stdout(text)

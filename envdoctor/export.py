@@ -41,8 +41,15 @@ class Exporter:
     help: str = ""  # one line for --help
 
 
-class UnknownFormat(ValueError):
+class FormatError(ValueError):
+    """A format could not give the report; the message says which and why (one line, exit 2)."""
+
+
+class UnknownFormat(FormatError):
     """No exporter of that name, or it could not be loaded; the message says which."""
+
+
+PLUGIN_RENDER_TIMEOUT = 10.0  # seconds a plug-in format may take to render one report
 
 
 def names() -> list[str]:
@@ -75,4 +82,24 @@ def get(name: str) -> Exporter:
 
 
 def render(name: str, report: "Report", options: ExportOptions | None = None) -> str:
-    return get(name).render(report, options or ExportOptions())
+    """The report in format `name`. A plug-in's render runs bounded and contained, like a
+    plug-in's check: one that raises (SystemExit too), hangs or returns something other
+    than text is a FormatError naming it, and nothing has been written yet."""
+    exporter = get(name)
+    options = options or ExportOptions()
+    module = getattr(exporter.render, "__module__", None) or "?"
+    if module.startswith("envdoctor."):
+        return exporter.render(report, options)
+    from envdoctor.watchdog import DONE, RAISED, default_watchdog, describe_exception
+
+    outcome = default_watchdog().call(("plugin-render", name), lambda: exporter.render(report, options),
+                                      PLUGIN_RENDER_TIMEOUT)
+    where = f"format {name!r} ({module})"
+    if outcome.kind == RAISED:
+        raise FormatError(f"{where} broke while rendering: {describe_exception(outcome.error)}")
+    if outcome.kind != DONE:
+        raise FormatError(f"{where} did not render within {PLUGIN_RENDER_TIMEOUT:g} s"
+                          + (f" (stuck at {outcome.where})" if outcome.where else ""))
+    if not isinstance(outcome.value, str):
+        raise FormatError(f"{where} returned {type(outcome.value).__name__}, not text (a bug in the plug-in)")
+    return outcome.value

@@ -59,3 +59,35 @@ def test_failures_sharing_a_name_get_distinct_row_ids():
                 LoadFailure("acme.x", "c:X", "other", "import failed"), LoadFailure("shm.size", "d:X", "acme", "dup")]
     rows = [f.row or f.name for f in _row_ids(failures, {"shm.size"})]
     assert rows == ["acme.x", "acme:acme.x", "other:acme.x", "acme:shm.size"]
+
+
+_FORMATS = '''
+import sys, time
+from envdoctor.export import Exporter
+
+RAISES = Exporter(name="raises", render=lambda report, options: {}["missing"])
+NONE = Exporter(name="none", render=lambda report, options: None)
+BYTES = Exporter(name="bytes", render=lambda report, options: b"x")
+EXITS = Exporter(name="exits", render=lambda report, options: sys.exit(0))
+HANGS = Exporter(name="hangs", render=lambda report, options: time.sleep(3600))
+'''
+
+
+@pytest.mark.parametrize("fmt, reason", [
+    ("raises", "broke while rendering: KeyError"),
+    ("none", "returned NoneType, not text"),
+    ("bytes", "returned bytes, not text"),
+    ("exits", "broke while rendering: raised SystemExit(0)"),
+    ("hangs", "did not render within 10 s"),
+])
+def test_a_plugin_format_that_breaks_is_one_line_exit_2_and_keeps_the_output_file(tmp_path, fmt, reason):
+    """Helper-15: each of these gave a traceback, a hang or exit 0 with no report."""
+    site = _site(tmp_path, "fmtplug", _FORMATS, "[envdoctor.exporters]\n" + "".join(
+        f"{name} = fmtplug:{name.upper()}\n" for name in ("raises", "none", "bytes", "exits", "hangs")))
+    out = tmp_path / "report.txt"
+    out.write_text("the previous report\n")
+    proc = cli("check", "--only", "shm.size", "-f", fmt, "-o", str(out), env={"PYTHONPATH": str(site)}, timeout=60)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"format '{fmt}' (fmtplug)" in proc.stderr and reason in proc.stderr, proc.stderr
+    assert out.read_text() == "the previous report\n"
