@@ -147,14 +147,16 @@ def check(
 
     sampling = _memory_window(config, registry, window)
     roots = Roots(procfs=procfs, sysfs=sysfs, rootfs=rootfs)
-    try:
-        session = pipeline.build_session(config, pid=pid, roots=roots, python=python, onnx_files=onnx)
-        with _window_progress(session, sampling, only, skip):
-            report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
-    except UsageError as exc:
-        _die(str(exc))
+    from envdoctor.deadman import Heartbeat
 
-    _emit(report, fmt, registry, config.fail_on, output)
+    with Heartbeat():  # a plug-in stuck in C holding the interpreter lock cannot hang the run for good
+        try:
+            session = pipeline.build_session(config, pid=pid, roots=roots, python=python, onnx_files=onnx)
+            with _window_progress(session, sampling, only, skip):
+                report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
+        except UsageError as exc:
+            _die(str(exc))
+        _emit(report, fmt, registry, config.fail_on, output)
     threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
     worst = max((r.status.severity for r in report.results), default=0)
     raise typer.Exit(EXIT_FOUND if worst >= threshold else EXIT_OK)

@@ -91,3 +91,43 @@ def test_a_plugin_format_that_breaks_is_one_line_exit_2_and_keeps_the_output_fil
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert f"format '{fmt}' (fmtplug)" in proc.stderr and reason in proc.stderr, proc.stderr
     assert out.read_text() == "the previous report\n"
+
+
+_WEDGED = '''
+import re
+from envdoctor.check import Check
+from envdoctor.model import ok
+
+
+def _run(ctx):
+    re.match(r"(a+)+$", "a" * 40 + "b")  # hours inside _sre, holding the interpreter lock
+    return ok("never")
+
+
+CHECK = Check(id="wedge.regex", title="holds the GIL", run=_run)
+'''
+
+
+@pytest.mark.parametrize("command", [["check", "--only", "wedge.regex,shm.size", "--timeout", "2"],
+                                     ["serve", "--web.listen-address", "127.0.0.1:0", "--interval", "5"]])
+def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tmp_path, command):
+    """Helper-15: no Python thread runs while the regex holds the lock, so no timeout fired,
+    SIGTERM was ignored, and `check` and `serve` hung for good. The deadman's C thread ends
+    the process once no Python ran for WEDGED_SECONDS, naming the stuck plug-in."""
+    import subprocess
+    import sys
+    import time
+
+    from envdoctor.deadman import WEDGED_SECONDS
+
+    site = _site(tmp_path, "wedgeplug", _WEDGED, "[envdoctor.checks]\nwedge.regex = wedgeplug:CHECK\n")
+    env = dict(__import__("os").environ, PYTHONPATH=str(site))
+    env.pop("ENVDOCTOR_CONFIG", None)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", *command], env=env, capture_output=True, text=True,
+                          timeout=WEDGED_SECONDS + 60)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert f"Timeout (0:00:{WEDGED_SECONDS:02.0f})!" in proc.stderr, proc.stderr[-2000:]
+    assert "wedgeplug.py" in proc.stderr and "in _run" in proc.stderr  # names the stuck plug-in
+    assert took < WEDGED_SECONDS + 30, took

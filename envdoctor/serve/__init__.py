@@ -123,9 +123,12 @@ class Daemon:
         from envdoctor import log
         from envdoctor.serve import httpd, malloc, webconfig
 
+        from envdoctor import deadman
+
         scheduler = self.scheduler
         if self.options.once:
-            snap = scheduler.run_once()
+            with deadman.Heartbeat():
+                snap = scheduler.run_once()
             log.event("info", "one run complete", targets=len(snap.targets), seconds=f"{snap.run_seconds:.3f}",
                       textfile=str(self.options.textfile or ""))
             return EXIT_IO if self.textfile_error else 0
@@ -156,9 +159,13 @@ class Daemon:
             # kernel hands to another thread (one of the daemon's workers) does not interrupt this
             # wait, so its handler runs when the wait ends. A short wait bounds that to a second
             # (once seen: SIGTERM unanswered past 10 s on a loaded runner, with waits of 60 s).
-            while not stop.wait(1.0):
-                pass
+            # Each wake is also the deadman's heartbeat: a plug-in wedged in C holding the
+            # interpreter lock stops it, and the daemon exits to be restarted (envdoctor.deadman).
+            deadman.beat()
+            while not stop.wait(deadman.BEAT_SECONDS):
+                deadman.beat()
         finally:
+            deadman.disarm()
             log.event("info", "stopping")
             httpd.close(self.server)
             loop_thread.join(timeout=0.5)  # a run in progress is abandoned (daemon thread); exit is not held up

@@ -1,0 +1,76 @@
+"""The last resort when a check never lets go of Python's interpreter lock.
+
+The watchdog bounds a check that blocks (a hung read, a lock, a sleep) because a
+blocked call releases the interpreter lock and the waiting thread wakes at its
+deadline. A plug-in stuck inside one C call that holds the lock (a catastrophic
+regular expression: `re.match(r'(a+)+$', 'a' * 40 + 'b')` runs for hours in
+`_sre`) stops every Python thread: no deadline is noticed, no signal handler
+runs, SIGTERM is ignored, and `check` or `serve` hangs for good.
+
+Only a thread that needs no interpreter lock can see that: faulthandler's
+watchdog, a C thread. A heartbeat from Python re-arms it every second; when no
+Python thread has run for WEDGED_SECONDS, it writes every thread's stack to
+stderr (naming the stuck plug-in's file and line) and ends the process with exit
+status 1. A service manager then restarts `serve` (the systemd unit restarts on
+failure; a DaemonSet always). Armed only by envdoctor's own commands, never in a
+training script (`preflight()`, `attach()`), whose process is the user's.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+from typing import IO
+
+WEDGED_SECONDS = 20.0  # no Python thread ran for this long: the interpreter is wedged
+BEAT_SECONDS = 1.0
+
+_sink: IO[str] | None = None
+
+
+def _stream() -> IO[str] | int:
+    """stderr, or /dev/null when stderr is closed (faulthandler needs a real descriptor)."""
+    global _sink
+    try:
+        if sys.stderr is not None:
+            sys.stderr.fileno()
+            return sys.stderr
+    except (OSError, ValueError, AttributeError):  # closed, or replaced by an object without one
+        pass
+    if _sink is None:
+        _sink = open(os.devnull, "w")
+    return _sink
+
+
+def beat() -> None:
+    """Python is running: push the deadline WEDGED_SECONDS away again."""
+    faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_stream())
+
+
+def disarm() -> None:
+    faulthandler.cancel_dump_traceback_later()
+
+
+class Heartbeat:
+    """A thread that beats every BEAT_SECONDS until stopped (for commands whose main
+    thread is busy running the checks); `with Heartbeat():` arms and disarms."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="envdoctor-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(BEAT_SECONDS):
+            beat()
+
+    def __enter__(self) -> "Heartbeat":
+        beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=BEAT_SECONDS + 1)
+        disarm()
