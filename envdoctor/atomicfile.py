@@ -56,8 +56,26 @@ def _write_special(path: str, mode: int, data: bytes) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None = None) -> None:
-    """Replace `path` with `data` atomically (see the module docstring for the rules)."""
+def current_umask() -> int:
+    """The process's umask, read without changing it: os.umask() can only be read by
+    setting it, and a file another thread creates in between gets the wrong mode."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)  # no /proc (or a kernel before 4.7): the racy way
+    os.umask(umask)
+    return umask
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None = None,
+                 umask: int | None = None) -> None:
+    """Replace `path` with `data` atomically (see the module docstring for the rules).
+    `umask`: the one a new file's mode honours, when the caller read it earlier (before a
+    plug-in check could change the process's)."""
     name = os.fspath(path)
     if not name:
         raise OutputError("no file name given (an empty path)")
@@ -98,9 +116,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
             elif st is not None:
                 os.fchmod(fd, stat.S_IMODE(st.st_mode))
             else:
-                umask = os.umask(0)
-                os.umask(umask)
-                os.fchmod(fd, 0o644 & ~umask)
+                os.fchmod(fd, 0o644 & ~(current_umask() if umask is None else umask))
         finally:
             os.close(fd)
         os.replace(tmp, real)

@@ -125,7 +125,12 @@ def check(
         python = found
     procfs, sysfs, rootfs = (_directory(flag, text) for flag, text in
                              (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
-    output = None if output_text is None else Path(output_text)
+    # Settled before any check runs: a check may chdir() or change the umask, and the report
+    # must still land where the user's shell meant, with the mode the user's umask gives.
+    output = None if output_text is None else Path(output_text).absolute()
+    from envdoctor.atomicfile import current_umask
+
+    umask = current_umask()
     if output_text and output_text.endswith("/"):  # Path() drops the slash: x.json/ wrote a file x.json
         typer.echo(f"envdoctor: cannot write {output_text}: it names a directory; give a file name", err=True)
         raise typer.Exit(EXIT_IO)
@@ -156,13 +161,13 @@ def check(
                 report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
         except UsageError as exc:
             _die(str(exc))
-        _emit(report, fmt, registry, config.fail_on, output)
+        _emit(report, fmt, registry, config.fail_on, output, umask)
     threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
     worst = max((r.status.severity for r in report.results), default=0)
     raise typer.Exit(EXIT_FOUND if worst >= threshold else EXIT_OK)
 
 
-def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> None:
+def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path], umask: Optional[int] = None) -> None:
     import shutil
 
     from envdoctor import export
@@ -182,7 +187,7 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path]) -> N
         write_stdout(text)
         return
     try:
-        write_atomic(output, text)  # a reader never sees half a report; nothing else is touched
+        write_atomic(output, text, umask=umask)  # a reader never sees half a report; nothing else is touched
     except OutputError as exc:
         typer.echo(f"envdoctor: {exc}", err=True)
         raise typer.Exit(EXIT_IO)
@@ -531,7 +536,9 @@ def serve(
     procfs, sysfs, rootfs = (_directory(flag, text) for flag, text in
                              (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
     options = Options(listen_address=listen_address, web_config_file=web_config_file, interval=interval,
-                      textfile=None if textfile_text is None else Path(textfile_text), once=once, config_file=config_file,
+                      # absolute, as the config files: a plug-in check's chdir() must not move them
+                      textfile=None if textfile_text is None else Path(textfile_text).absolute(), once=once,
+                      config_file=os.path.abspath(config_file) if config_file else config_file,
                       procfs=procfs, sysfs=sysfs, rootfs=rootfs)
     if program.relaunch_serve and not once:
         from envdoctor.serve import relaunch

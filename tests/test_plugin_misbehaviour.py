@@ -131,3 +131,62 @@ def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tm
     assert f"Timeout (0:00:{WEDGED_SECONDS:02.0f})!" in proc.stderr, proc.stderr[-2000:]
     assert "wedgeplug.py" in proc.stderr and "in _run" in proc.stderr  # names the stuck plug-in
     assert took < WEDGED_SECONDS + 30, took
+
+
+_WANDERER = '''
+import os
+from envdoctor.check import Check
+from envdoctor.model import ok
+
+
+def _run(ctx):
+    os.chdir(os.environ["WANDER_TO"])
+    os.umask(0o777)
+    return ok("moved the working directory and masked every permission bit")
+
+
+CHECK = Check(id="wander.off", title="chdir and umask", run=_run)
+'''
+
+
+def test_a_check_that_changes_directory_and_umask_moves_no_output(tmp_path):
+    """Helper-15: `-o rel.json` landed under the check's new directory, with mode 000."""
+    import os
+    import stat
+
+    site = _site(tmp_path, "wanderplug", _WANDERER, "[envdoctor.checks]\nwander.off = wanderplug:CHECK\n")
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    proc = cli("check", "--only", "wander.off", "-f", "json", "-o", "rel.json", cwd=work,
+               env={"PYTHONPATH": str(site), "WANDER_TO": str(elsewhere)})
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "rel.json").is_file() and not (elsewhere / "rel.json").exists()
+    old = os.umask(0o022)
+    os.umask(old)
+    assert stat.S_IMODE((work / "rel.json").stat().st_mode) == 0o644 & ~old
+
+
+def test_the_umask_is_read_without_being_changed():
+    import os
+
+    from envdoctor.atomicfile import current_umask
+
+    old = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027
+    finally:
+        os.umask(old)
+
+
+def test_serves_textfile_stays_where_it_was_named_when_a_check_changes_directory(tmp_path):
+    site = _site(tmp_path, "wanderplug", _WANDERER, "[envdoctor.checks]\nwander.off = wanderplug:CHECK\n")
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    proc = cli("serve", "--once", "--textfile", "rel.prom", cwd=work,
+               env={"PYTHONPATH": str(site), "WANDER_TO": str(elsewhere)})
+    assert proc.returncode == 0, proc.stderr
+    assert 'check="wander.off"' in (work / "rel.prom").read_text()  # the check did run, and moved
+    assert not (elsewhere / "rel.prom").exists()
+    assert f"textfile={work / 'rel.prom'}" in proc.stderr  # the log names where it really is
