@@ -135,6 +135,9 @@ def check(
         typer.echo(f"envdoctor: cannot write {output_text}: it names a directory; give a file name", err=True)
         raise typer.Exit(EXIT_IO)
 
+    for flag, given in (("--only", only), ("--skip", skip)):
+        if given and not any(part.strip() for item in given for part in item.split(",")):
+            _die(f"{flag} {' '.join(given)!r} names no check id; `envdoctor checks` lists them")  # `--only ,` ran every check
     only = [part.strip() for item in only for part in item.split(",") if part.strip()]
     skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
     registry = pipeline.load_registry()

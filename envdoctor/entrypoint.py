@@ -133,6 +133,9 @@ def _validate(options: ExecOptions, argv: list[str]) -> None:
                                f"not {options.timeout:g}")
     if options.fail_on is not None and options.fail_on not in ("warn", "fail"):
         raise Stop(EXIT_USAGE, f"--fail-on must be warn or fail, not {options.fail_on!r}")
+    for flag, given in (("--only", options.only), ("--skip", options.skip)):
+        if given and not any(part.strip() for item in given for part in item.split(",")):
+            raise Stop(EXIT_USAGE, f"{flag} {' '.join(given)!r} names no check id; `envdoctor checks` lists them")
     if options.report is not None and not options.report.strip():  # '' wrote nothing and said nothing
         raise Stop(EXIT_USAGE, "--report needs a file name")
     if options.report:

@@ -70,6 +70,8 @@ def test_hanging_and_raising_checks_end_as_errors_near_the_timeout(plugin_env, t
     (("check", "--pid", "999999999"), "no process 999999999"),
     (("check", "--python", "/no/such/python3"), "--python /no/such/python3: no such executable interpreter"),
     (("check", "--only", "shm.sise"), "unknown check id 'shm.sise'"),
+    (("check", "--only", ","), "--only ',' names no check id"),  # ran every check
+    (("check", "--skip", " , "), "--skip ' , ' names no check id"),
     (("check", "--format", "yaml"), "--format must be one of"),
     (("check", "--fail-on", "error"), "--fail-on must be warn or fail"),
     (("check", "--path.procfs", "/nonexistent"), "is not a directory"),
