@@ -121,9 +121,23 @@ def wanted(result: Mapping[str, Any]) -> dict[str, str | None]:
     return rule[0](result) if rule else {}
 
 
-def reason(result: Mapping[str, Any]) -> str:
+_REASON_CHARS = 200
+
+
+def reason(result: Mapping[str, Any], name: str | None = None) -> str:
+    """Why `name` is changed, in a few words: the rule's, when its rule derives that change;
+    else what the check found (its summary), so a fix is never explained by another finding's
+    words (`CUDA_VISIBLE_DEVICES=0,x,1` was logged as "GPU models differ")."""
     rule = _RULES.get(result.get("check", ""))
-    return rule[1](result.get("facts", {})) if rule else f"from {result.get('check')}"
+    if rule and (name is None or name in rule[0](result)):
+        return rule[1](result.get("facts", {}))
+    summary = str(result.get("summary") or "").strip()
+    if not summary:
+        return f"from {result.get('check')}"
+    name, sep, rest = summary.partition("': ")  # `CUDA_VISIBLE_DEVICES='0,x,1': entry ...`: the log shows the value
+    if sep and "=" in name and " " not in name.split("=", 1)[0]:
+        summary = rest
+    return summary if len(summary) <= _REASON_CHARS else summary[:_REASON_CHARS - 1].rstrip() + "…"
 
 
 def plan(results: Sequence[Mapping[str, Any]], env: Mapping[str, str], keep: Sequence[str] = ()) -> FixPlan:
@@ -134,15 +148,13 @@ def plan(results: Sequence[Mapping[str, Any]], env: Mapping[str, str], keep: Seq
     changes: list[Change] = []
     kept: list[Change] = []
     for result in results:
-        why = None
         for name, value in wanted(result).items():
             if name in seen:
                 continue
             seen.add(name)
             if env.get(name) == value:
                 continue
-            why = why or reason(result)
-            change = Change(name, env.get(name), value, why, str(result.get("check", "")))
+            change = Change(name, env.get(name), value, reason(result, name), str(result.get("check", "")))
             (kept if name in protected else changes).append(change)
     return FixPlan(changes, kept)
 

@@ -267,6 +267,16 @@ def test_fix_gives_the_command_fitting_thread_counts_and_keep_protects_a_variabl
     assert one(kept.stderr, f"kept OMP_NUM_THREADS={cpus * 8} (--keep)")["wanted"] == str(cpus)
 
 
+def test_a_fix_is_explained_by_its_own_finding_not_another_rules_words():
+    """Helper-15: the clean CUDA_VISIBLE_DEVICES list was logged as "GPU models differ"."""
+    show = [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
+    fixed = envdoctor_exec("--fix", "--only", "cuda.visible_devices", "--", *show, env={"CUDA_VISIBLE_DEVICES": "0,x,1"})
+    assert fixed.stdout.strip() == "0,1", fixed.stderr
+    change = one(fixed.stderr, "set CUDA_VISIBLE_DEVICES")
+    assert "GPU models differ" not in change["msg"]
+    assert "entry 'x' is invalid" in change["msg"] and "ignores 1 after it" in change["msg"], change["msg"]
+
+
 def test_report_file_is_the_json_report_of_the_exec_checks(tmp_path):
     report = tmp_path / "report.json"
     proc = envdoctor_exec("--fix", "--report", str(report), "--", "true", env={"OMP_NUM_THREADS": "999"})
