@@ -202,6 +202,17 @@ def _write_report(path: str, text: str) -> None:
         log("error", f"--report: {exc}")
 
 
+def _still_loading(plan: Mapping[str, Any], messages: Sequence[Any]) -> str:
+    """What a pre-flight cut off before its plan was doing, and the knob that helps."""
+    if plan:
+        return "; raise --timeout"
+    importing = next((m["importing"] for m in messages if isinstance(m, dict) and "importing" in m), None)
+    if importing:
+        return (f" (it was still importing plug-in checks: {', '.join(importing)}); raise --timeout, or set "
+                "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1 to run without plug-ins")
+    return " (it was still loading the checks and the config); raise --timeout"
+
+
 def _run(options: ExecOptions, argv: list[str]) -> int:
     env = dict(os.environ)
     options = dataclasses.replace(options, timeout=default_budget(options, env))
@@ -228,8 +239,7 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
         report_text = outcome.value.get("report")
         _log_results(rows, options, {c["check"] for c in [*changes, *kept]})
     else:
-        unfinished = (f"the pre-flight did not finish within {options.timeout:g} s"
-                      + ("" if plan else " (it was still loading the checks and the config)") + "; raise --timeout"
+        unfinished = (f"the pre-flight did not finish within {options.timeout:g} s" + _still_loading(plan, outcome.messages)
                       if outcome.kind == forked.TIMED_OUT else f"the pre-flight broke: {outcome.error}")
         rows = _unfinished(plan.get("plan", []), unfinished)
         report_text = _report_without_child(rows, outcome.seconds) if options.report else None
@@ -243,7 +253,8 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
 
     counts = _counts(rows)
     summary = (f"{len(rows)} check{'s' if len(rows) != 1 else ''} in {outcome.seconds:.2f} s: "
-               + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to check"))
+               + (", ".join(f"{n} {s}" for s, n in counts.items() if n)
+                  or ("nothing verified (the pre-flight did not finish)" if unfinished else "nothing to check")))
     if changes:
         summary += f"; {len(changes)} variable{'s' if len(changes) != 1 else ''} changed by --fix"
     would = [] if options.fix else envfix.plan(sorted(rows, key=lambda r: -_SEVERITY.get(r["status"], 0)), env,

@@ -310,7 +310,7 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
 
     os.environ.clear()  # plug-ins and the config read the environment the command will get
     os.environ.update(env)
-    registry = registry_module.load()
+    registry = registry_module.load(importing=lambda eps: send({"importing": [f"{ep.name} ({ep.value})" for ep in eps]}))
     try:
         config = load_config(registry.checks, known_ids={f.name for f in registry.failures})
         ranks = launcher_ranks(argv)

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 # importlib.metadata only on a cache miss: importing it is a seventh of a warm start
 from envdoctor.entrypoints import EntryPoint, entry_points
@@ -141,7 +141,9 @@ def plugins_enabled() -> bool:
     return os.environ.get(DISABLE_AUTOLOAD_VAR, "") in ("", "0")
 
 
-def load(autoload_plugins: bool | None = None) -> Registry:
+def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPoint]], None] | None = None) -> Registry:
+    """Every check. `importing` is told the plug-in entry points before their imports start,
+    so a caller that may be killed during them (exec's pre-flight) can name them."""
     if autoload_plugins is None:
         autoload_plugins = plugins_enabled()
     checks: dict[str, Check] = {}
@@ -149,7 +151,10 @@ def load(autoload_plugins: bool | None = None) -> Registry:
     failures: list[LoadFailure] = []
     seen_values: set[str] = set()
     eps = entry_points_of(GROUP)
-    plugins = load_bounded([ep for ep in eps if not _is_builtin(ep)]) if autoload_plugins else {}
+    third_party = [ep for ep in eps if not _is_builtin(ep)] if autoload_plugins else []
+    if third_party and importing is not None:
+        importing(third_party)
+    plugins = load_bounded(third_party) if third_party else {}
     for ep in eps:
         if ep.value in seen_values:  # the same distribution found twice on sys.path
             continue
