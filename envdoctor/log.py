@@ -42,7 +42,7 @@ def protect(envs: Iterable[Mapping[str, str]]) -> None:
 
 
 def _quote(value: Any) -> str:
-    text = "" if value is None else str(value)
+    text = redact.writable("" if value is None else str(value))  # an undecodable byte as \xff, as reports show it
     text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
     if text and _BARE.match(text):
         return text

@@ -147,8 +147,15 @@ def _mask_pairs(text: str) -> str:
     return "".join(out)
 
 
+# An undecodable byte as a message's repr() spells it (OMP_NUM_THREADS='\udcff'): shown as
+# \xff too, as the byte itself is, so one byte reads one way in reports and in logs.
+REPR_BYTE = re.compile(r"\\udc([89a-fA-F][0-9a-fA-F])")
+
+
 def writable(text: str) -> str:
     """The text with lone surrogates (undecodable bytes) spelled as \\xNN, so it encodes as UTF-8."""
+    if "\\udc" in text:
+        text = REPR_BYTE.sub(r"\\x\1", text)
     if not _SURROGATE.search(text):
         return text
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from envdoctor.redact import REPR_BYTE
 from envdoctor.units import format_bytes
 
 # System facts in display order, with their labels.
@@ -57,9 +58,7 @@ def system_rows(system: dict[str, Any]) -> list[tuple[str, str]]:
 # plug-in's message) is escaped for the format it goes into, here and only here.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# An undecodable byte as a message's repr() spells it (OMP_NUM_THREADS='\udcff'): shown
-# as \xff too, as the byte itself is above, so one byte reads one way everywhere.
-_REPR_BYTE = re.compile(r"\\udc([89a-fA-F][0-9a-fA-F])")
+_REPR_BYTE = REPR_BYTE  # OMP_NUM_THREADS='\udcff' as repr() spells the byte: shown as \xff
 
 
 def _spell(match: "re.Match[str]") -> str:

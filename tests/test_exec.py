@@ -277,6 +277,15 @@ def test_a_fix_is_explained_by_its_own_finding_not_another_rules_words():
     assert "entry 'x' is invalid" in change["msg"] and "ignores 1 after it" in change["msg"], change["msg"]
 
 
+def test_an_undecodable_byte_reads_the_same_in_execs_log_as_in_checks_report():
+    """Helper-15: exec's log showed OMP_NUM_THREADS='\\udcff' where check showed '\\xff'."""
+    env = {"OMP_NUM_THREADS": "\udcff"}  # the byte 0xff, as subprocess encodes it (surrogateescape)
+    logged = one(envdoctor_exec("--only", "cpu.threads", "--", "true", env=env).stderr, "fail cpu.threads")["msg"]
+    reported = json.loads(cli("check", "--only", "cpu.threads", "-f", "json", env=env).stdout)["results"][0]["summary"]
+    assert "OMP_NUM_THREADS='\\xff'" in logged and "OMP_NUM_THREADS='\\xff'" in reported, (logged, reported)
+    assert "udc" not in logged + reported
+
+
 def test_report_file_is_the_json_report_of_the_exec_checks(tmp_path):
     report = tmp_path / "report.json"
     proc = envdoctor_exec("--fix", "--report", str(report), "--", "true", env={"OMP_NUM_THREADS": "999"})
