@@ -43,6 +43,15 @@ def _die(message: str) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+def _absolute(text: str) -> Path:
+    """`text` against today's working directory, so a check's os.chdir() cannot move it; as
+    given when that directory was removed (the write then says so in one line)."""
+    try:
+        return Path(text).absolute()
+    except OSError:  # getcwd() fails in a removed directory
+        return Path(text)
+
+
 def _directory(flag: str, text: str) -> Path:
     """A --path.* value as a directory that exists. Taken as text, not as a typer Path:
     Path('') is '.', and --path.rootfs '' silently read the working directory."""
@@ -127,7 +136,7 @@ def check(
                              (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
     # Settled before any check runs: a check may chdir() or change the umask, and the report
     # must still land where the user's shell meant, with the mode the user's umask gives.
-    output = None if output_text is None else Path(output_text).absolute()
+    output = None if output_text is None else _absolute(output_text)
     from envdoctor.atomicfile import current_umask
 
     umask = current_umask()
@@ -540,8 +549,8 @@ def serve(
                              (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
     options = Options(listen_address=listen_address, web_config_file=web_config_file, interval=interval,
                       # absolute, as the config files: a plug-in check's chdir() must not move them
-                      textfile=None if textfile_text is None else Path(textfile_text).absolute(), once=once,
-                      config_file=os.path.abspath(config_file) if config_file else config_file,
+                      textfile=None if textfile_text is None else _absolute(textfile_text), once=once,
+                      config_file=str(_absolute(config_file)) if config_file else config_file,
                       procfs=procfs, sysfs=sysfs, rootfs=rootfs)
     if program.relaunch_serve and not once:
         from envdoctor.serve import relaunch
