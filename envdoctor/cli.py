@@ -151,7 +151,7 @@ def check(
     skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
     registry = pipeline.load_registry()
     try:
-        config = load_config(registry.checks, explicit_file=config_file, known_ids={f.name for f in registry.failures})
+        config = load_config(registry.checks, explicit_file=config_file, known_ids=registry.failure_ids)
     except ConfigError as exc:
         _die(f"bad config: {exc}")
     if fail_on:

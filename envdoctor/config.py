@@ -316,7 +316,9 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
         if not isinstance(table, dict):
             raise ConfigError("expected a table of settings", file=name, line=where(line_table, None), key=table_name)
         check = catalog.get(check_id)
-        if check is None:  # a plug-in that failed to load: keep what was said, judge nothing
+        if check is None:  # a plug-in that failed to load: judge nothing, but `enabled = false` hides its row
+            if isinstance(table.get("enabled"), bool):
+                config.checks.setdefault(check_id, {})["enabled"] = table["enabled"]
             continue
         settled = config.checks.setdefault(check_id, {})
         for key, value in table.items():

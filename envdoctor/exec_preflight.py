@@ -312,7 +312,7 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     os.environ.update(env)
     registry = registry_module.load(importing=lambda eps: send({"importing": [f"{ep.name} ({ep.value})" for ep in eps]}))
     try:
-        config = load_config(registry.checks, known_ids={f.name for f in registry.failures})
+        config = load_config(registry.checks, known_ids=registry.failure_ids)
         ranks = launcher_ranks(argv)
         threads = config.checks.setdefault("cpu.threads", {})
         if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):
@@ -324,8 +324,10 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
         return {"stop": [EXIT_USAGE, str(exc)]}
     fail_on = options.fail_on or config.fail_on
     only = set(_split(options.only)) | set(config.only)
-    failures = [f for f in registry.failures if not only or f.name in only]
-    send({"plan": [p.check.id for p in plans] + [f.name for f in failures], "fail_on": fail_on})
+    from envdoctor.pipeline import disabled_in
+
+    failures = registry.failures_selected(only, set(_split(options.skip)) | set(config.skip), disabled_in(config))
+    send({"plan": [p.check.id for p in plans] + [f.row or f.name for f in failures], "fail_on": fail_on})
     answer = preflight(plans, env, options, options.timeout, failures, started=started, python=job_python(argv, env))
     answer["fail_on"] = fail_on
     return answer

@@ -164,7 +164,7 @@ def _config(registry):
     from envdoctor import config as config_module
 
     try:
-        return config_module.load(registry.checks, known_ids={f.name for f in registry.failures}), None
+        return config_module.load(registry.checks, known_ids=registry.failure_ids), None
     except ConfigError as exc:
         return config_module.Config(), f"config ignored: {exc}"
 

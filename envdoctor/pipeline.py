@@ -35,9 +35,14 @@ class Selection:
     skip: Sequence[str] = ()
 
 
+def disabled_in(config: Config) -> Callable[[str], bool]:
+    """Whether the config switches an id off (`[check."ID"] enabled = false`)."""
+    return lambda check_id: not config.checks.get(check_id, {}).get("enabled", True)
+
+
 def plan(registry: Registry, config: Config, selection: Selection) -> list[runner.Plan]:
     """The checks to run, in id order; unknown ids are a usage error."""
-    known = set(registry.checks) | {f.name for f in registry.failures}
+    known = set(registry.checks) | registry.failure_ids
     only = list(selection.only) or list(config.only)
     skip = set(selection.skip) | set(config.skip)
     for check_id in [*only, *skip]:
@@ -53,7 +58,7 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
         if check_id in skip:
             continue
         plans.append(runner.Plan(check, config.settings_for(check), config.timeout_for(check)))
-    if not plans and (only or skip) and not [f for f in registry.failures if not only or f.name in only]:
+    if not plans and (only or skip) and not registry.failures_selected(only, skip, disabled_in(config)):
         raise UsageError("--only/--skip (or the config's only/skip) leave no check to run")
     return plans
 
@@ -81,7 +86,7 @@ def run_checks(registry: Registry, config: Config, session: Session, selection: 
     planned = plan(registry, config, selection)
     plans = [p for p in planned if p.check.runs_in(mode)]
     only = set(selection.only) | set(config.only)
-    failures = [f for f in registry.failures if not only or f.name in only]
+    failures = registry.failures_selected(only, set(selection.skip) | set(config.skip), disabled_in(config))
     results = (runner.load_failure_results(failures, session) + runner.run(plans, session)
                + _elsewhere([p.check for p in planned if p.check.id in only and not p.check.runs_in(mode)], mode, session))
     results.sort(key=lambda r: r.check)

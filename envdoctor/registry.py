@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 # importlib.metadata only on a cache miss: importing it is a seventh of a warm start
 from envdoctor.entrypoints import EntryPoint, entry_points
@@ -36,6 +36,11 @@ class LoadFailure(NamedTuple):
     reason: str
     row: str = ""  # the id its error row carries, when `name` is taken (see _row_ids)
 
+    @property
+    def ids(self) -> frozenset[str]:
+        """What --only, --skip and the config may call it: its entry point's name and its row's id."""
+        return frozenset((self.name, self.row or self.name))
+
 
 @dataclass
 class Registry:
@@ -49,6 +54,18 @@ class Registry:
     @property
     def ids(self) -> list[str]:
         return sorted(self.checks)
+
+    @property
+    def failure_ids(self) -> set[str]:
+        return {i for f in self.failures for i in f.ids}
+
+    def failures_selected(self, only: Iterable[str] = (), skip: Iterable[str] = (),
+                          disabled: Callable[[str], bool] = lambda _id: False) -> list[LoadFailure]:
+        """The failures a run shows as rows: named by --only (when given), not by --skip, and
+        not switched off in the config, by either of their ids."""
+        only, skip = set(only), set(skip)
+        return [f for f in self.failures
+                if (not only or f.ids & only) and not f.ids & skip and not any(disabled(i) for i in f.ids)]
 
 
 def _is_builtin(ep: EntryPoint) -> bool:

@@ -52,6 +52,22 @@ def test_a_plugin_registering_a_built_in_id_gives_one_row_per_id(tmp_path):
     assert "dupplug:shm.size" in listing and "already provided" in listing
 
 
+def test_the_row_id_of_a_failure_is_accepted_wherever_an_id_is(tmp_path):
+    """Helper-16: `checks` listed dupplug:shm.size, and --skip, --only and the config refused it."""
+    site = _site(tmp_path, "dupplug", _DUPLICATE, "[envdoctor.checks]\nshm.size = dupplug:CHECK\n")
+    env = {"PYTHONPATH": str(site)}
+
+    def ids(*args, cwd=None):
+        proc = cli("check", *args, "-f", "json", env=env, cwd=cwd)
+        assert proc.returncode in (0, 1), proc.stderr
+        return sorted(r["check"] for r in json.loads(proc.stdout)["results"])
+
+    assert ids("--only", "dupplug:shm.size") == ["dupplug:shm.size"]
+    assert ids("--only", "shm.size,dist.env", "--skip", "dupplug:shm.size") == ["dist.env", "shm.size"]
+    (tmp_path / "envdoctor.toml").write_text('[check."dupplug:shm.size"]\nenabled = false\n')
+    assert ids("--only", "shm.size", "--config", str(tmp_path / "envdoctor.toml")) == ["shm.size"]
+
+
 def test_failures_sharing_a_name_get_distinct_row_ids():
     from envdoctor.registry import LoadFailure, _row_ids
 

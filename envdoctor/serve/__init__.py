@@ -101,7 +101,7 @@ class Daemon:
 
         try:
             config = load_config(self.registry.checks, explicit_file=self.options.config_file,
-                                 known_ids={f.name for f in self.registry.failures})
+                                 known_ids=self.registry.failure_ids)
             pipeline.plan(self.registry, config, pipeline.Selection())
             return config, settings.from_config(config, self.options.interval)
         except (ConfigError, UsageError) as exc:
