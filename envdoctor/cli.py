@@ -9,11 +9,12 @@ inside the commands that need them, so `envdoctor --help` and every command star
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
@@ -76,7 +77,24 @@ def _root(
     """Catch the CUDA and system-environment problems that waste GPU training runs."""
 
 
+def _deadman_bounded(command: Callable[..., None]) -> Callable[..., None]:
+    """Run a command under the deadman's heartbeat (envdoctor.deadman), from before the
+    plug-ins are imported to its last write: a plug-in wedged in C holding the interpreter
+    lock, at import or in its check, then ends the process with its stack instead of
+    hanging it for good. Not for exec, which becomes the job and runs plug-ins in a child."""
+
+    @functools.wraps(command)
+    def bounded(*args: Any, **kwargs: Any) -> None:
+        from envdoctor.deadman import Heartbeat
+
+        with Heartbeat():
+            command(*args, **kwargs)
+
+    return bounded
+
+
 @app.command()
+@_deadman_bounded
 def check(
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
     skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
@@ -164,16 +182,13 @@ def check(
 
     sampling = _memory_window(config, registry, window)
     roots = Roots(procfs=procfs, sysfs=sysfs, rootfs=rootfs)
-    from envdoctor.deadman import Heartbeat
-
-    with Heartbeat():  # a plug-in stuck in C holding the interpreter lock cannot hang the run for good
-        try:
-            session = pipeline.build_session(config, pid=pid, roots=roots, python=python, onnx_files=onnx)
-            with _window_progress(session, sampling, only, skip):
-                report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
-        except UsageError as exc:
-            _die(str(exc))
-        _emit(report, fmt, registry, config.fail_on, output, umask)
+    try:
+        session = pipeline.build_session(config, pid=pid, roots=roots, python=python, onnx_files=onnx)
+        with _window_progress(session, sampling, only, skip):
+            report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
+    except UsageError as exc:
+        _die(str(exc))
+    _emit(report, fmt, registry, config.fail_on, output, umask)
     threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
     worst = max((r.status.severity for r in report.results), default=0)
     raise typer.Exit(EXIT_FOUND if worst >= threshold else EXIT_OK)
@@ -227,6 +242,7 @@ def write_stdout(text: str) -> None:
 
 
 @app.command("checks")
+@_deadman_bounded
 def list_checks() -> None:
     """List every registered check, built-in and plug-in, with its one-line purpose."""
     from envdoctor import registry as registry_module
@@ -247,6 +263,7 @@ def list_checks() -> None:
 
 
 @app.command()
+@_deadman_bounded
 def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, e.g. shm.size.")) -> None:
     """Print what a check reads, why it matters to a CUDA job, how to fix a failure, and its settings."""
     import inspect

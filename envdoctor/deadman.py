@@ -20,33 +20,34 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import sys
 import threading
-from typing import IO
 
 WEDGED_SECONDS = 20.0  # no Python thread ran for this long: the interpreter is wedged
 BEAT_SECONDS = 1.0
 
-_sink: IO[str] | None = None
+_dump_fd: int | None = None
 
 
-def _stream() -> IO[str] | int:
-    """stderr, or /dev/null when stderr is closed (faulthandler needs a real descriptor)."""
-    global _sink
+def _open_dump_fd() -> int:
+    """Where the stacks go: stderr, reopened as a new non-blocking description of the same
+    file or pipe. Written through fd 2 itself, a full pipe nobody reads blocked the dump,
+    and the process never reached its exit (seen: stuck in anon_pipe_write). A new
+    description's O_NONBLOCK leaves fd 2's own writes blocking, as the rest expects.
+    /dev/null when stderr is closed; fd 2 as it is when it cannot be reopened (a socket)."""
     try:
-        if sys.stderr is not None:
-            sys.stderr.fileno()
-            return sys.stderr
-    except (OSError, ValueError, AttributeError):  # closed, or replaced by an object without one
-        pass
-    if _sink is None:
-        _sink = open(os.devnull, "w")
-    return _sink
+        return os.open("/proc/self/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:  # stderr is closed
+        return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return 2
 
 
 def beat() -> None:
     """Python is running: push the deadline WEDGED_SECONDS away again."""
-    faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_stream())
+    global _dump_fd
+    if _dump_fd is None:
+        _dump_fd = _open_dump_fd()
+    faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_dump_fd)
 
 
 def disarm() -> None:

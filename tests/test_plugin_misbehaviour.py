@@ -124,21 +124,30 @@ CHECK = Check(id="wedge.regex", title="holds the GIL", run=_run)
 '''
 
 
+_WEDGED_AT_IMPORT = _WEDGED.replace("CHECK = Check(", "_run(None)\nCHECK = Check(")
+
+
+@pytest.mark.parametrize("when", ["in its check", "at import"])
 @pytest.mark.parametrize("command", [["check", "--only", "wedge.regex,shm.size", "--timeout", "2"],
                                      ["serve", "--web.listen-address", "127.0.0.1:0", "--interval", "5"]])
-def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tmp_path, command):
+def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tmp_path, command, when):
     """Helper-15: no Python thread runs while the regex holds the lock, so no timeout fired,
     SIGTERM was ignored, and `check` and `serve` hung for good. The deadman's C thread ends
-    the process once no Python ran for WEDGED_SECONDS, naming the stuck plug-in."""
+    the process once no Python ran for WEDGED_SECONDS, naming the stuck plug-in. Helper-16:
+    at import, before the deadman was armed, both still hung."""
+    import os
     import subprocess
     import sys
     import time
 
     from envdoctor.deadman import WEDGED_SECONDS
 
-    site = _site(tmp_path, "wedgeplug", _WEDGED, "[envdoctor.checks]\nwedge.regex = wedgeplug:CHECK\n")
-    env = dict(__import__("os").environ, PYTHONPATH=str(site))
+    module = _WEDGED if when == "in its check" else _WEDGED_AT_IMPORT
+    site = _site(tmp_path, "wedgeplug", module, "[envdoctor.checks]\nwedge.regex = wedgeplug:CHECK\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("ENVDOCTOR_CONFIG", None)
+    if when == "at import":
+        command = [c if c != "wedge.regex,shm.size" else "shm.size" for c in command]
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "envdoctor", *command], env=env, capture_output=True, text=True,
                           timeout=WEDGED_SECONDS + 60)
@@ -147,6 +156,43 @@ def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tm
     assert f"Timeout (0:00:{WEDGED_SECONDS:02.0f})!" in proc.stderr, proc.stderr[-2000:]
     assert "wedgeplug.py" in proc.stderr and "in _run" in proc.stderr  # names the stuck plug-in
     assert took < WEDGED_SECONDS + 30, took
+
+
+def test_the_deadman_still_exits_when_stderr_is_a_full_pipe_nobody_reads(tmp_path):
+    """Helper-16: the dump blocked writing to a full stderr pipe, and the process never exited."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from envdoctor.deadman import WEDGED_SECONDS
+
+    site = _site(tmp_path, "wedgeplug", _WEDGED, "[envdoctor.checks]\nwedge.regex = wedgeplug:CHECK\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("ENVDOCTOR_CONFIG", None)
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, fcntl.F_SETFL, os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(w, b"x" * 4096)
+        except BlockingIOError:
+            pass  # full: nothing more fits until someone reads
+        fcntl.fcntl(w, fcntl.F_SETFL, 0)
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "--only", "wedge.regex", "-f", "json"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=w)
+        try:
+            code = proc.wait(timeout=WEDGED_SECONDS + 40)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert code == 1 and time.monotonic() - started < WEDGED_SECONDS + 30
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 _WANDERER = '''

@@ -68,8 +68,11 @@ class Daemon:
             why = textfile.check_path(options.textfile)
             if why:
                 raise StartError(why)
-        self.registry = pipeline.load_registry()
-        config, serve_settings = self._load()
+        from envdoctor import deadman
+
+        with deadman.Heartbeat():  # a plug-in wedged in C at import ends the start with its stack, not a hang
+            self.registry = pipeline.load_registry()
+            config, serve_settings = self._load()
         try:
             self.web = webconfig.load(options.web_config_file)
         except webconfig.WebConfigError as exc:
