@@ -40,8 +40,16 @@ app = typer.Typer(
 def _die(message: str) -> None:
     from envdoctor.exporters.common import one_line  # the message may quote what the user typed
 
-    typer.echo(f"envdoctor: {one_line(message)}", err=True)
+    typer.echo(f"envdoctor: {one_line(_scrubbed(message))}", err=True)
     raise typer.Exit(EXIT_USAGE)
+
+
+def _scrubbed(text: str) -> str:
+    """`text` with our environment's secrets masked, as in every report: a plug-in's error
+    (its import, its format's render) may quote a token it read (DESIGN principle 3)."""
+    from envdoctor import redact
+
+    return redact.scrubber_for([os.environ]).text(text)
 
 
 def _absolute(text: str) -> Path:
@@ -259,7 +267,8 @@ def list_checks() -> None:
         plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
         typer.echo(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}"))
     for failure in registry.failures:
-        typer.echo(one_line(f"{failure.row or failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: {failure.reason}"))
+        typer.echo(one_line(_scrubbed(f"{failure.row or failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: "
+                                      f"{failure.reason}")))
 
 
 @app.command()

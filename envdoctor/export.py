@@ -82,24 +82,32 @@ def get(name: str) -> Exporter:
 
 
 def render(name: str, report: "Report", options: ExportOptions | None = None) -> str:
-    """The report in format `name`. A plug-in's render runs bounded and contained, like a
-    plug-in's check: one that raises (SystemExit too), hangs or returns something other
-    than text is a FormatError naming it, and nothing has been written yet."""
+    """The report in format `name`. A plug-in's render runs in a forked child under a
+    deadline (envdoctor.forked), as exec's pre-flight does: one that raises (SystemExit
+    too), hangs, wedges the interpreter in C, calls os._exit or returns anything but text
+    is a FormatError naming it, and nothing has been written yet. In a thread, os._exit(0)
+    ended envdoctor with exit 0 and no report, and a wedge took the deadman's 20 s."""
     exporter = get(name)
     options = options or ExportOptions()
     module = getattr(exporter.render, "__module__", None) or "?"
     if module.startswith("envdoctor."):
         return exporter.render(report, options)
-    from envdoctor.watchdog import DONE, RAISED, default_watchdog, describe_exception
+    from envdoctor import forked
+    from envdoctor.redact import writable
 
-    outcome = default_watchdog().call(("plugin-render", name), lambda: exporter.render(report, options),
-                                      PLUGIN_RENDER_TIMEOUT)
+    def in_child(send: Any) -> dict[str, str]:
+        value = exporter.render(report, options)
+        if not isinstance(value, str):
+            return {"not_text": type(value).__name__}
+        return {"text": str.__str__(value)}  # a plain str: a subclass's own encode() never runs
+
+    outcome = forked.call(in_child, PLUGIN_RENDER_TIMEOUT, what="its render process")
     where = f"format {name!r} ({module})"
-    if outcome.kind == RAISED:
-        raise FormatError(f"{where} broke while rendering: {describe_exception(outcome.error)}")
-    if outcome.kind != DONE:
-        raise FormatError(f"{where} did not render within {PLUGIN_RENDER_TIMEOUT:g} s"
-                          + (f" (stuck at {outcome.where})" if outcome.where else ""))
-    if not isinstance(outcome.value, str):
-        raise FormatError(f"{where} returned {type(outcome.value).__name__}, not text (a bug in the plug-in)")
-    return outcome.value
+    if outcome.kind == forked.TIMED_OUT:
+        raise FormatError(f"{where} did not render within {PLUGIN_RENDER_TIMEOUT:g} s (its process was killed)")
+    if outcome.kind != forked.DONE:
+        raise FormatError(f"{where} broke while rendering: {outcome.error}")
+    answer = outcome.value if isinstance(outcome.value, dict) else {}
+    if "text" not in answer:
+        raise FormatError(f"{where} returned {answer.get('not_text', '?')}, not text (a bug in the plug-in)")
+    return writable(answer["text"])  # lone surrogates spelled \xNN, as in every other output

@@ -161,7 +161,7 @@ def _child(fn: Callable[[Callable[[Any], None]], Any], fd: int) -> None:
             os._exit(code)
 
 
-def _read_lines(r: int, deadline: float) -> tuple[list[Any], dict[str, Any] | None, str]:
+def _read_lines(r: int, deadline: float, what: str) -> tuple[list[Any], dict[str, Any] | None, str]:
     """(messages, the final payload or None, why there is none) read from the child by `deadline`."""
     buffer = b""
     messages: list[Any] = []
@@ -174,21 +174,21 @@ def _read_lines(r: int, deadline: float) -> tuple[list[Any], dict[str, Any] | No
             return messages, None, "timed out"
         chunk = os.read(r, 65536)
         if not chunk:
-            return messages, None, "the pre-flight process died without an answer"
+            return messages, None, f"{what} died without an answer"
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             try:
                 payload = json.loads(line.decode("utf-8", "surrogateescape"))
             except ValueError as exc:
-                return messages, None, f"unreadable answer from the pre-flight process: {exc}"
+                return messages, None, f"unreadable answer from {what}: {exc}"
             if "message" in payload:
                 messages.append(payload["message"])
             else:
                 return messages, payload, ""
 
 
-def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOutcome:
+def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float, what: str = "the pre-flight process") -> ChildOutcome:
     """Run `fn(send)` in a forked child. `send(obj)` passes an early message to the
     parent (what it is about to do, in case it never finishes); the return value is
     the answer. Both must be JSON-serialisable.
@@ -207,7 +207,7 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float) -> ChildOut
         _child(fn, w)
     os.close(w)
     try:
-        messages, payload, why = _read_lines(r, started + timeout)
+        messages, payload, why = _read_lines(r, started + timeout, what)
     finally:
         os.close(r)
     seconds = time.monotonic() - started

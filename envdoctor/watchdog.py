@@ -96,7 +96,10 @@ def describe_exception(exc: BaseException | None) -> str:
     if exc is None:
         return "raised nothing"
     kind = type(exc).__name__
-    text = str(exc)
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: B036 - a plug-in's exception whose __str__ itself raises
+        text = "<its message could not be read>"
     what = f"{kind}: {text}" if text else kind
     if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
         what = f"raised {kind}({text})" if text else f"raised {kind}"

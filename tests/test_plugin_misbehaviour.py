@@ -86,7 +86,53 @@ NONE = Exporter(name="none", render=lambda report, options: None)
 BYTES = Exporter(name="bytes", render=lambda report, options: b"x")
 EXITS = Exporter(name="exits", render=lambda report, options: sys.exit(0))
 HANGS = Exporter(name="hangs", render=lambda report, options: time.sleep(3600))
+
+
+def _wedge(report, options):
+    import re
+    re.match(r"(a+)+$", "a" * 40 + "b")  # holds the interpreter lock for hours
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("str broke")
+
+    __repr__ = __str__
+
+
+def _unprintable(report, options):
+    raise _Unprintable()
+
+
+class _Text(str):
+    def encode(self, *args, **kwargs):
+        raise RuntimeError("encode of subclass")
+
+
+def _leaks(report, options):
+    import os
+    raise RuntimeError("leak " + os.environ["MY_API_TOKEN"])
+
+
+def _os_exit(report, options):
+    import os
+    os._exit(0)
+
+
+WEDGES = Exporter(name="wedges", render=_wedge)
+UNPRINTABLE = Exporter(name="unprintable", render=_unprintable)
+SUBCLASS = Exporter(name="subclass", render=lambda report, options: _Text("a str subclass\\n"))
+SURROGATES = Exporter(name="surrogates", render=lambda report, options: "bad \\udcff \\ud800 end\\n")
+LEAKS = Exporter(name="leaks", render=_leaks)
+OSEXIT = Exporter(name="osexit", render=_os_exit)
 '''
+_FORMAT_NAMES = ("raises", "none", "bytes", "exits", "hangs", "wedges", "unprintable", "subclass", "surrogates",
+                 "leaks", "osexit")
+
+
+def _format_site(tmp_path):
+    return _site(tmp_path, "fmtplug", _FORMATS, "[envdoctor.exporters]\n" + "".join(
+        f"{name} = fmtplug:{name.upper()}\n" for name in _FORMAT_NAMES))
 
 
 @pytest.mark.parametrize("fmt, reason", [
@@ -95,18 +141,39 @@ HANGS = Exporter(name="hangs", render=lambda report, options: time.sleep(3600))
     ("bytes", "returned bytes, not text"),
     ("exits", "broke while rendering: raised SystemExit(0)"),
     ("hangs", "did not render within 10 s"),
+    ("wedges", "did not render within 10 s"),  # helper-16: the deadman's 20 s and a stack dump
+    ("unprintable", "_Unprintable: <its message could not be read>"),  # helper-16: a traceback
+    ("osexit", "its render process died without an answer"),  # helper-16: exit 0, no report
+    ("leaks", "RuntimeError: leak ***"),  # helper-16: the token itself
 ])
 def test_a_plugin_format_that_breaks_is_one_line_exit_2_and_keeps_the_output_file(tmp_path, fmt, reason):
     """Helper-15: each of these gave a traceback, a hang or exit 0 with no report."""
-    site = _site(tmp_path, "fmtplug", _FORMATS, "[envdoctor.exporters]\n" + "".join(
-        f"{name} = fmtplug:{name.upper()}\n" for name in ("raises", "none", "bytes", "exits", "hangs")))
     out = tmp_path / "report.txt"
     out.write_text("the previous report\n")
-    proc = cli("check", "--only", "shm.size", "-f", fmt, "-o", str(out), env={"PYTHONPATH": str(site)}, timeout=60)
+    env = {"PYTHONPATH": str(_format_site(tmp_path)), "MY_API_TOKEN": "hunter2hunter2"}
+    proc = cli("check", "--only", "shm.size", "-f", fmt, "-o", str(out), env=env, timeout=60)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert f"format '{fmt}' (fmtplug)" in proc.stderr and reason in proc.stderr, proc.stderr
+    assert "hunter2" not in proc.stderr
     assert out.read_text() == "the previous report\n"
+
+
+@pytest.mark.parametrize("fmt, written", [("subclass", "a str subclass\n"), ("surrogates", "bad \\xff \\ud800 end\n")])
+def test_a_plugin_formats_odd_text_is_written_as_plain_utf8(tmp_path, fmt, written):
+    """Helper-16: a str subclass whose encode() raised, and lone surrogates, gave tracebacks."""
+    out = tmp_path / "report.txt"
+    proc = cli("check", "--only", "shm.size", "-f", fmt, "-o", str(out), env={"PYTHONPATH": str(_format_site(tmp_path))})
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+    assert out.read_text(encoding="utf-8") == written
+
+
+def test_checks_masks_a_secret_a_broken_plugin_quotes(tmp_path):
+    site = _site(tmp_path, "secplug", "import os\nraise RuntimeError('cannot load with ' + os.environ['MY_API_TOKEN'])\n",
+                 "[envdoctor.checks]\nsec.broken = secplug:CHECK\n")
+    proc = cli("checks", env={"PYTHONPATH": str(site), "MY_API_TOKEN": "topsecretvalue42"})
+    assert "sec.broken" in proc.stdout and "cannot load with ***" in proc.stdout, proc.stdout
+    assert "topsecretvalue42" not in proc.stdout + proc.stderr
 
 
 _WEDGED = '''
