@@ -52,13 +52,25 @@ def other_users_process():
     proc = subprocess.Popen(["setpriv", f"--reuid={TARGET_UID}", f"--regid={TARGET_UID}", "--clear-groups",
                              "env", "OMP_NUM_THREADS=64", "sleep", "60"])
     deadline = time.monotonic() + 10
-    while os.stat(f"/proc/{proc.pid}").st_uid != TARGET_UID and time.monotonic() < deadline:
+    # Until `sleep` itself runs: between setpriv's setuid and the last execve the process is
+    # briefly not dumpable, and its /proc files are root's (a fresh clone's run under load
+    # once read environ with sys_ptrace alone).
+    while not _settled(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
         yield proc.pid
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def _settled(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            name = comm.read().strip()
+        return name == "sleep" and os.stat(f"/proc/{pid}/environ").st_uid == TARGET_UID
+    except OSError:
+        return False
 
 
 def _read_as(pid, *setpriv_args):
