@@ -224,7 +224,7 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path], umas
     try:
         write_atomic(output, text, umask=umask)  # a reader never sees half a report; nothing else is touched
     except OutputError as exc:
-        typer.echo(f"envdoctor: {exc}", err=True)
+        typer.echo(f"envdoctor: {_scrubbed(str(exc))}", err=True)
         raise typer.Exit(EXIT_IO)
 
 
@@ -265,7 +265,7 @@ def list_checks() -> None:
         needs = f" [needs {', '.join(check.needs)}]" if check.needs else ""
         off = " (off by default)" if not check.enabled else ""
         plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
-        typer.echo(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}"))
+        typer.echo(one_line(_scrubbed(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}")))
     for failure in registry.failures:
         typer.echo(one_line(_scrubbed(f"{failure.row or failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: "
                                       f"{failure.reason}")))
@@ -282,27 +282,37 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
 
     registry = registry_module.load()
     check = registry.get(check_id)
+    lines: list[str] = []
+    say = lines.append
+    broken = [f for f in registry.failures if check_id in f.ids]
+    if check is None and broken:  # `checks` lists a broken plug-in's id: say what became of it
+        for failure in broken:
+            say(f"{failure.row or failure.name}: BROKEN plug-in from {failure.distribution} ({failure.value}): {failure.reason}")
+        typer.echo(_scrubbed("\n".join(lines)))
+        return
     if check is None:
         _die(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(registry.ids)}")
-    typer.echo(f"{check.id}: {check.title}\n")
-    typer.echo(inspect.cleandoc(check.explain or "(this check has no explanation)"))
-    typer.echo("")
+    say(f"{check.id}: {check.title}\n")
+    say(inspect.cleandoc(check.explain or "(this check has no explanation)"))
+    say("")
     if check.needs:
-        typer.echo(f"Needs: {', '.join(check.needs)} (skipped with the reason when missing).")
-    typer.echo(f"Enabled by default: {'yes' if check.enabled else 'no'}.")
-    typer.echo(f"\nSettings, in envdoctor.toml under [check.\"{check.id}\"] (or {env_name(check.id, 'KEY')}):")
+        say(f"Needs: {', '.join(check.needs)} (skipped with the reason when missing).")
+    say(f"Enabled by default: {'yes' if check.enabled else 'no'}.")
+    say(f"\nSettings, in envdoctor.toml under [check.\"{check.id}\"] (or {env_name(check.id, 'KEY')}):")
     from envdoctor.config import DEFAULT_TIMEOUT, toml_value
 
-    typer.echo(f"  enabled = {toml_value(check.enabled)}")
+    say(f"  enabled = {toml_value(check.enabled)}")
     timeout = check.timeout if check.timeout is not None else DEFAULT_TIMEOUT
-    typer.echo(f"  timeout = {toml_value(float(timeout))}" + ("" if check.timeout is not None else "  # the run's default"))
+    say(f"  timeout = {toml_value(float(timeout))}" + ("" if check.timeout is not None else "  # the run's default"))
     for key, default in check.config.items():
-        typer.echo(f"  {key} = {toml_value(default)}")
+        say(f"  {key} = {toml_value(default)}")
     if check.metrics:
-        typer.echo("\nMetrics:")
+        say("\nMetrics:")
         for m in check.metrics:
             label = f"{{target,{m.label}}}" if m.label else "{target}"
-            typer.echo(f"  envdoctor_{m.name}{label}  {m.help}")
+            say(f"  envdoctor_{m.name}{label}  {m.help}")
+    # a plug-in's title, explanation and defaults are its own text: masked as its rows are
+    typer.echo(_scrubbed("\n".join(lines)))
 
 
 def _kill_probes() -> None:

@@ -11,7 +11,8 @@ Only a thread that needs no interpreter lock can see that: faulthandler's
 watchdog, a C thread. A heartbeat from Python re-arms it every second; when no
 Python thread has run for WEDGED_SECONDS, it writes every thread's stack to
 stderr (naming the stuck plug-in's file and line) and ends the process with exit
-status 1. A service manager then restarts `serve` (the systemd unit restarts on
+status 1; if even that write cannot finish, SIGALRM ends it BACKSTOP_SECONDS
+later. A service manager then restarts `serve` (the systemd unit restarts on
 failure; a DaemonSet always). Armed only by envdoctor's own commands, never in a
 training script (`preflight()`, `attach()`), whose process is the user's.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import threading
 
 WEDGED_SECONDS = 20.0  # no Python thread ran for this long: the interpreter is wedged
@@ -42,16 +44,30 @@ def _open_dump_fd() -> int:
         return 2
 
 
+BACKSTOP_SECONDS = 10.0  # after the dump's deadline: SIGALRM ends a process whose dump cannot finish
+
+
+def _backstop(seconds: float) -> None:
+    """SIGALRM, left at its default action, ends the process in the kernel, with no Python
+    and no write: the end when even the dump blocks (stderr a socket nobody reads, which
+    cannot be reopened non-blocking; seen stuck in sock_alloc_send_pskb). Only while no
+    one else has a use for SIGALRM."""
+    if signal.getsignal(signal.SIGALRM) == signal.SIG_DFL:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
 def beat() -> None:
     """Python is running: push the deadline WEDGED_SECONDS away again."""
     global _dump_fd
     if _dump_fd is None:
         _dump_fd = _open_dump_fd()
     faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_dump_fd)
+    _backstop(WEDGED_SECONDS + BACKSTOP_SECONDS)
 
 
 def disarm() -> None:
     faulthandler.cancel_dump_traceback_later()
+    _backstop(0)
 
 
 class Heartbeat:

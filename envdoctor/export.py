@@ -101,7 +101,7 @@ def render(name: str, report: "Report", options: ExportOptions | None = None) ->
             return {"not_text": type(value).__name__}
         return {"text": str.__str__(value)}  # a plain str: a subclass's own encode() never runs
 
-    outcome = forked.call(in_child, PLUGIN_RENDER_TIMEOUT, what="its render process")
+    outcome = forked.call(in_child, PLUGIN_RENDER_TIMEOUT, what="its render process", quiet=True)
     where = f"format {name!r} ({module})"
     if outcome.kind == forked.TIMED_OUT:
         raise FormatError(f"{where} did not render within {PLUGIN_RENDER_TIMEOUT:g} s (its process was killed)")

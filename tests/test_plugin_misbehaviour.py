@@ -119,7 +119,23 @@ def _os_exit(report, options):
     os._exit(0)
 
 
+def _spawns(report, options):
+    import os, subprocess
+    subprocess.Popen(["sh", "-c", f"sleep {os.environ['MARK']} & sleep {os.environ['MARK']}"])
+    return "rendered\\n"
+
+
+def _noisy(report, options):
+    import os, sys
+    print("RENDER-STDOUT-NOISE", flush=True)
+    print("RENDER-STDERR-NOISE " + os.environ["MY_API_TOKEN"], file=sys.stderr, flush=True)
+    raise RuntimeError("noisy")
+
+
 WEDGES = Exporter(name="wedges", render=_wedge)
+SPAWNS = Exporter(name="spawns", render=_spawns)
+NOISY = Exporter(name="noisy", render=_noisy)
+HUGE = Exporter(name="huge", render=lambda report, options: ("x" * 1023 + "\\n") * 102400)
 UNPRINTABLE = Exporter(name="unprintable", render=_unprintable)
 SUBCLASS = Exporter(name="subclass", render=lambda report, options: _Text("a str subclass\\n"))
 SURROGATES = Exporter(name="surrogates", render=lambda report, options: "bad \\udcff \\ud800 end\\n")
@@ -127,7 +143,7 @@ LEAKS = Exporter(name="leaks", render=_leaks)
 OSEXIT = Exporter(name="osexit", render=_os_exit)
 '''
 _FORMAT_NAMES = ("raises", "none", "bytes", "exits", "hangs", "wedges", "unprintable", "subclass", "surrogates",
-                 "leaks", "osexit")
+                 "leaks", "osexit", "spawns", "noisy", "huge")
 
 
 def _format_site(tmp_path):
@@ -145,6 +161,7 @@ def _format_site(tmp_path):
     ("unprintable", "_Unprintable: <its message could not be read>"),  # helper-16: a traceback
     ("osexit", "its render process died without an answer"),  # helper-16: exit 0, no report
     ("leaks", "RuntimeError: leak ***"),  # helper-16: the token itself
+    ("noisy", "RuntimeError: noisy"),  # helper-17: its own stderr line first, with the token
 ])
 def test_a_plugin_format_that_breaks_is_one_line_exit_2_and_keeps_the_output_file(tmp_path, fmt, reason):
     """Helper-15: each of these gave a traceback, a hang or exit 0 with no report."""
@@ -155,8 +172,76 @@ def test_a_plugin_format_that_breaks_is_one_line_exit_2_and_keeps_the_output_fil
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert f"format '{fmt}' (fmtplug)" in proc.stderr and reason in proc.stderr, proc.stderr
-    assert "hunter2" not in proc.stderr
+    assert "hunter2" not in proc.stderr and proc.stdout == ""
     assert out.read_text() == "the previous report\n"
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose command line holds `mark`."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mark.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_what_a_plugin_format_starts_ends_with_its_render(tmp_path):
+    """Helper-17: `sh -c 'sleep & sleep'` started by a render outlived envdoctor (only direct
+    children were killed), and a 100 MB answer took past the deadline to come back."""
+    import os
+    import time
+
+    mark = f"3{os.getpid() % 1000:03d}.{time.monotonic_ns() % 997}"
+    env = {"PYTHONPATH": str(_format_site(tmp_path)), "MARK": mark}
+    try:
+        proc = cli("check", "--only", "shm.size", "-f", "spawns", "-o", str(tmp_path / "r.txt"), env=env)
+        assert proc.returncode in (0, 1), proc.stderr
+        assert (tmp_path / "r.txt").read_text() == "rendered\n"
+        time.sleep(0.3)
+        assert _marked(mark) == []
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, 9)
+    big = cli("check", "--only", "shm.size", "-f", "huge", "-o", str(tmp_path / "big.txt"), env=env)
+    assert big.returncode in (0, 1), big.stderr
+    assert (tmp_path / "big.txt").stat().st_size == 1024 * 102400
+
+
+def test_a_wedged_check_ends_even_when_its_stderr_is_a_socket_nobody_reads(tmp_path):
+    """Helper-17: a socket cannot be reopened non-blocking, the dump blocked in
+    sock_alloc_send_pskb, and the process never exited; SIGALRM is the backstop."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from envdoctor.deadman import BACKSTOP_SECONDS, WEDGED_SECONDS
+
+    site = _site(tmp_path, "wedgeplug", _WEDGED, "[envdoctor.checks]\nwedge.regex = wedgeplug:CHECK\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("ENVDOCTOR_CONFIG", None)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "--only", "wedge.regex", "-f", "json"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=theirs.fileno())
+        try:
+            code = proc.wait(timeout=WEDGED_SECONDS + BACKSTOP_SECONDS + 40)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert code in (1, -signal.SIGALRM), code
+    assert time.monotonic() - started < WEDGED_SECONDS + BACKSTOP_SECONDS + 20
 
 
 @pytest.mark.parametrize("fmt, written", [("subclass", "a str subclass\n"), ("surrogates", "bad \\xff \\ud800 end\n")])
@@ -166,6 +251,23 @@ def test_a_plugin_formats_odd_text_is_written_as_plain_utf8(tmp_path, fmt, writt
     proc = cli("check", "--only", "shm.size", "-f", fmt, "-o", str(out), env={"PYTHONPATH": str(_format_site(tmp_path))})
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
     assert out.read_text(encoding="utf-8") == written
+
+
+def test_checks_and_explain_mask_a_secret_a_plugins_own_text_quotes(tmp_path):
+    module = ("import os\nfrom envdoctor.check import Check\nfrom envdoctor.model import ok\n"
+              "CHECK = Check(id='leak.title', title='title ' + os.environ['MY_API_TOKEN'], run=lambda ctx: ok('x'),\n"
+              "              explain='reads ' + os.environ['MY_API_TOKEN'])\n")
+    site = _site(tmp_path, "leakplug", module, "[envdoctor.checks]\nleak.title = leakplug:CHECK\n")
+    env = {"PYTHONPATH": str(site), "MY_API_TOKEN": "topsecretvalue42"}
+    listing, page = cli("checks", env=env), cli("explain", "leak.title", env=env)
+    assert "title ***" in listing.stdout and "reads ***" in page.stdout, (listing.stdout, page.stdout)
+    assert "topsecretvalue42" not in listing.stdout + page.stdout
+
+
+def test_explain_names_a_broken_plugin_that_checks_lists(tmp_path):
+    site = _site(tmp_path, "dupplug", _DUPLICATE, "[envdoctor.checks]\nshm.size = dupplug:CHECK\n")
+    page = cli("explain", "dupplug:shm.size", env={"PYTHONPATH": str(site)})
+    assert page.returncode == 0 and "dupplug:shm.size: BROKEN plug-in from dupplug" in page.stdout, page.stderr
 
 
 def test_checks_masks_a_secret_a_broken_plugin_quotes(tmp_path):
@@ -319,3 +421,38 @@ def test_serves_textfile_stays_where_it_was_named_when_a_check_changes_directory
     assert 'check="wander.off"' in (work / "rel.prom").read_text()  # the check did run, and moved
     assert not (elsewhere / "rel.prom").exists()
     assert f"textfile={work / 'rel.prom'}" in proc.stderr  # the log names where it really is
+
+
+_SPAWNS_AND_HANGS = '''
+import os, subprocess, time
+from envdoctor.check import Check
+from envdoctor.model import ok
+
+
+def _run(ctx):
+    subprocess.Popen(["sh", "-c", f"sleep {os.environ['MARK']} & sleep {os.environ['MARK']}"])
+    time.sleep(3600)
+    return ok("never")
+
+
+CHECK = Check(id="spawn.hang", title="starts a tree, then hangs", run=_run, modes=("check", "exec"))
+'''
+
+
+def test_execs_preflight_leaves_no_grandchild_of_a_plugin_check_behind(tmp_path):
+    """Helper-17: the pre-flight child's grandchildren (`sh -c 'sleep & sleep'`) outlived it,
+    held the job's stdout, and kept a `| cut` pipeline open for five minutes."""
+    import os
+    import time
+
+    mark = f"4{os.getpid() % 1000:03d}.{time.monotonic_ns() % 997}"
+    site = _site(tmp_path, "spawnplug", _SPAWNS_AND_HANGS, "[envdoctor.checks]\nspawn.hang = spawnplug:CHECK\n")
+    try:
+        proc = cli("exec", "--only", "spawn.hang", "--timeout", "3", "--", "true",
+                   env={"PYTHONPATH": str(site), "MARK": mark}, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        time.sleep(0.3)
+        assert _marked(mark) == []
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, 9)

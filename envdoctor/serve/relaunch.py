@@ -90,7 +90,9 @@ def run(options: Any) -> int:
         except StartError as exc:
             from envdoctor.exporters.common import one_line
 
-            sys.stderr.write(f"envdoctor: {one_line(str(exc))}\n")
+            from envdoctor import redact
+
+            sys.stderr.write(f"envdoctor: {one_line(redact.scrubber_for([os.environ]).text(str(exc)))}\n")
             return EXIT_USAGE
         return daemon.run()
     except KeyboardInterrupt:
