@@ -45,11 +45,10 @@ def _die(message: str) -> None:
 
 
 def _scrubbed(text: str) -> str:
-    """`text` with our environment's secrets masked, as in every report: a plug-in's error
-    (its import, its format's render) may quote a token it read (DESIGN principle 3)."""
-    from envdoctor import redact
+    """`text` with our environment's secrets masked, as in every report (DESIGN principle 3)."""
+    from envdoctor.redact import mask_own_secrets
 
-    return redact.scrubber_for([os.environ]).text(text)
+    return mask_own_secrets(text)
 
 
 def _absolute(text: str) -> Path:
@@ -163,9 +162,11 @@ def check(
     # Settled before any check runs: a check may chdir() or change the umask, and the report
     # must still land where the user's shell meant, with the mode the user's umask gives.
     output = None if output_text is None else _absolute(output_text)
-    from envdoctor.atomicfile import current_umask
+    umask = None
+    if output is not None:
+        from envdoctor.atomicfile import current_umask
 
-    umask = current_umask()
+        umask = current_umask()
     if output_text and output_text.endswith("/"):  # Path() drops the slash: x.json/ wrote a file x.json
         typer.echo(f"envdoctor: cannot write {output_text}: it names a directory; give a file name", err=True)
         raise typer.Exit(EXIT_IO)
@@ -259,16 +260,18 @@ def list_checks() -> None:
 
     registry = registry_module.load()
     width = max((len(i) for i in [*registry.ids, *(f.row or f.name for f in registry.failures)]), default=10)
+    lines = []  # plug-in titles and reasons are their own text: masked as their rows are, in one pass
     for check_id in registry.ids:
         check = registry.checks[check_id]
         origin = registry.origins.get(check_id, "")
         needs = f" [needs {', '.join(check.needs)}]" if check.needs else ""
         off = " (off by default)" if not check.enabled else ""
         plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
-        typer.echo(one_line(_scrubbed(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}")))
+        lines.append(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}"))
     for failure in registry.failures:
-        typer.echo(one_line(_scrubbed(f"{failure.row or failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: "
-                                      f"{failure.reason}")))
+        lines.append(one_line(f"{failure.row or failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: "
+                              f"{failure.reason}"))
+    typer.echo(_scrubbed("\n".join(lines)))
 
 
 @app.command()

@@ -322,6 +322,14 @@ def scrubber_for(envs: Iterable[Mapping[str, str]], public: Iterable[str] = ()) 
     return Scrubber(secret_values(envs, public=public))
 
 
+def mask_own_secrets(text: str) -> str:
+    """A one-line message of ours (a usage error, a broken plug-in's reason) with this
+    process's secrets masked, as in reports: a plug-in's error may quote a token it read."""
+    import os
+
+    return scrubber_for([os.environ]).text(text)
+
+
 def scrub_free_text(text: str, envs: Iterable[Mapping[str, str]]) -> str:
     """Redact another program's output (the probe's stderr): every secret value, short
     ones included, in every spelling, and every credential by shape. Redact before

@@ -204,7 +204,6 @@ def _row_ids(failures: list[LoadFailure], taken: set[str]) -> list[LoadFailure]:
     only one of them: the plug-in's error could hide the built-in's verdict."""
     out = []
     for failure in failures:
-        row = failure.name
         for candidate in (failure.name, f"{failure.distribution}:{failure.name}", f"{failure.distribution}:{failure.value}"):
             row = candidate
             if candidate not in taken:

@@ -58,7 +58,6 @@ def system_rows(system: dict[str, Any]) -> list[tuple[str, str]]:
 # plug-in's message) is escaped for the format it goes into, here and only here.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff\ufffe\uffff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_REPR_BYTE = REPR_BYTE  # OMP_NUM_THREADS='\udcff' as repr() spells the byte: shown as \xff
 
 
 def _spell(match: "re.Match[str]") -> str:
@@ -73,7 +72,7 @@ def printable(text: Any) -> str:
     spelled as \\xNN / \\uNNNN: nothing raw reaches a terminal, and every character
     is one XML 1.0 and UTF-8 accept. Newlines and tabs stay."""
     text = text if isinstance(text, str) else str(text)
-    return _REPR_BYTE.sub(r"\\x\1", _SURROGATE.sub(_spell, _CONTROL.sub(_spell, text)))
+    return REPR_BYTE.sub(r"\\x\1", _SURROGATE.sub(_spell, _CONTROL.sub(_spell, text)))
 
 
 def one_line(text: Any) -> str:

@@ -90,9 +90,9 @@ def run(options: Any) -> int:
         except StartError as exc:
             from envdoctor.exporters.common import one_line
 
-            from envdoctor import redact
+            from envdoctor.redact import mask_own_secrets
 
-            sys.stderr.write(f"envdoctor: {one_line(redact.scrubber_for([os.environ]).text(str(exc)))}\n")
+            sys.stderr.write(f"envdoctor: {one_line(mask_own_secrets(str(exc)))}\n")
             return EXIT_USAGE
         return daemon.run()
     except KeyboardInterrupt:
