@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +23,8 @@ from envdoctor.errors import OutputError
 
 NO_CACHE_VAR = "ENVDOCTOR_NO_CACHE"
 MAX_AGE_SECONDS = 24 * 3600  # a safety net for whatever a fingerprint misses
+KEEP_PER_KIND = 32  # the newest entries of one kind (entry-points, torch-probe, ...) kept
+LEFTOVER_SECONDS = 60.0  # a temporary file this old was left by a writer that died
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -70,6 +73,57 @@ def write(path: Path, schema: str, fingerprint: Any, facts: dict[str, Any]) -> b
         text = json.dumps(entry, sort_keys=True, allow_nan=False)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(path, text, mode=0o600)
-        return True
     except (OSError, OutputError, TypeError, ValueError):
         return False
+    prune(path)
+    return True
+
+
+def prune(path: Path, *, keep: int = KEEP_PER_KIND, now: float | None = None) -> int:
+    """Delete the other entries of `path`'s kind that can no longer be hits; how many went.
+
+    A cache file is named for what it describes (one interpreter and search path, one
+    python), so every venv, PYTHONPATH and scratch directory leaves a file of its own,
+    and nothing removed them: one run of our test suite left 434. An entry older than
+    MAX_AGE_SECONDS is a miss whatever it holds, so it goes; of the rest, only the
+    newest `keep` of the kind stay. Called after a write, which only a miss makes, so
+    the warm path never lists the directory. Never raises; follows no symlink; touches
+    only names this module writes (KIND-HEX.json, and write_atomic's leftovers of them).
+    """
+    kind = re.escape(path.name.rsplit("-", 1)[0])
+    ours = re.compile(rf"(?P<leftover>\.)?{kind}-[0-9a-f]+\.json(?(leftover)\.[^/]+\.tmp)")
+    now = time.time() if now is None else now
+    entries: list[tuple[float, str]] = []
+    doomed: list[str] = []
+    try:
+        with os.scandir(path.parent) as listing:
+            for item in listing:
+                match = ours.fullmatch(item.name)
+                if match is None or item.name == path.name:
+                    continue
+                try:
+                    if not item.is_file(follow_symlinks=False):
+                        continue
+                    age = now - item.stat(follow_symlinks=False).st_mtime
+                except OSError:
+                    continue
+                if match["leftover"]:
+                    if age > LEFTOVER_SECONDS:  # a live writer renames its file within milliseconds
+                        doomed.append(item.path)
+                elif not -LEFTOVER_SECONDS <= age <= MAX_AGE_SECONDS:  # read() refuses it anyway
+                    doomed.append(item.path)
+                else:
+                    entries.append((age, item.path))
+    except OSError:
+        return 0
+    entries.sort()  # youngest first; `path` itself, just written, is younger than all and counts as one
+    doomed += [p for _, p in entries[max(keep - 1, 0):]]
+    removed = 0
+    for p in doomed:
+        try:
+            os.unlink(p)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+

@@ -7,12 +7,33 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
+
+
+def pytest_configure(config):
+    """Every envdoctor the suite runs, in-process or as a child, caches under a directory
+    of this test process's own, removed at the end: the suite used to leave hundreds of
+    entries in the user's ~/.cache/envdoctor (one per scratch search path)."""
+    cache_home = tempfile.mkdtemp(prefix="envdoctor-test-cache-")
+    config._envdoctor_cache_home = (cache_home, os.environ.get("XDG_CACHE_HOME"))
+    os.environ["XDG_CACHE_HOME"] = cache_home
+
+
+def pytest_unconfigure(config):
+    cache_home, before = getattr(config, "_envdoctor_cache_home", (None, None))
+    if cache_home is None:
+        return
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+    shutil.rmtree(cache_home, ignore_errors=True)
 
 
 def pytest_addoption(parser):

@@ -1,0 +1,132 @@
+"""The cache directory stays bounded: a write removes its kind's entries that can no
+longer be hits (too old), and all but the newest few, and nothing else.
+
+Before this, every interpreter and search path left an entry of its own for good:
+one run of the test suite left 434 files in root's ~/.cache/envdoctor."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envdoctor import diskcache
+
+HOUR = 3600.0
+
+
+def _entry(directory: Path, name: str, age_seconds: float, now: float) -> Path:
+    path = directory / name
+    path.write_text("{}")
+    os.utime(path, (now - age_seconds, now - age_seconds))
+    return path
+
+
+def test_a_write_removes_expired_entries_of_its_kind_and_keeps_fresh_ones(tmp_path):
+    now = time.time()
+    expired = [_entry(tmp_path, f"entry-points-{i:04x}.json", 25 * HOUR + i, now) for i in range(5)]
+    fresh = [_entry(tmp_path, f"entry-points-{i:04x}.json", 60 * i, now) for i in range(100, 105)]
+    other_kind = _entry(tmp_path, "torch-probe-00aa.json", 48 * HOUR, now)
+
+    assert diskcache.write(tmp_path / "entry-points-ffff.json", "s/v1", ["key"], {"a": 1})
+
+    assert not any(p.exists() for p in expired)
+    assert all(p.exists() for p in fresh)
+    assert other_kind.exists(), "an entry of another kind is that kind's own write to prune"
+    assert diskcache.read(tmp_path / "entry-points-ffff.json", "s/v1", ["key"]) == {"a": 1}
+
+
+def test_only_the_newest_entries_of_a_kind_stay(tmp_path):
+    now = time.time()
+    paths = [_entry(tmp_path, f"torch-probe-{i:04x}.json", 10.0 * i, now) for i in range(50)]
+
+    written = tmp_path / "torch-probe-ffff.json"
+    assert diskcache.write(written, "s/v1", 1, {})
+
+    kept = sorted(tmp_path.glob("torch-probe-*.json"))
+    assert len(kept) == diskcache.KEEP_PER_KIND
+    assert written in kept
+    # the youngest others (ages 0, 10, ... s) are the ones kept
+    assert set(kept) - {written} == set(paths[: diskcache.KEEP_PER_KIND - 1])
+
+
+def test_prune_leaves_foreign_names_directories_and_symlinks_alone(tmp_path):
+    now = time.time()
+    victim = tmp_path / "precious.json"
+    victim.write_text("keep me")
+    os.utime(victim, (now - 90 * 24 * HOUR,) * 2)
+    link = tmp_path / "entry-points-0bad.json"
+    link.symlink_to(victim)
+    hook = tmp_path / "attach-hook-0123456789abcdef"
+    hook.mkdir()
+    os.utime(hook, (now - 90 * 24 * HOUR,) * 2)
+    near_misses = [_entry(tmp_path, name, 90 * 24 * HOUR, now) for name in (
+        "entry-points-XYZ.json",           # not hex
+        "entry-points-00.json.bak",        # not ours
+        ".entry-points-00.json",           # a dot but no .tmp: not write_atomic's
+        "my-entry-points-00.json",         # another prefix
+    )]
+
+    assert diskcache.prune(tmp_path / "entry-points-ffff.json", now=now) == 0
+
+    assert victim.read_text() == "keep me"
+    assert link.is_symlink()
+    assert hook.is_dir()
+    assert all(p.exists() for p in near_misses)
+
+
+def test_a_dead_writers_temporary_file_goes_a_live_ones_stays(tmp_path):
+    now = time.time()
+    dead = _entry(tmp_path, ".onnx-stack-00ab.json.k2j4x9.tmp", 10 * 60, now)
+    live = _entry(tmp_path, ".onnx-stack-00cd.json.p0q1r2.tmp", 0.5, now)
+
+    assert diskcache.prune(tmp_path / "onnx-stack-ffff.json", now=now) == 1
+
+    assert not dead.exists()
+    assert live.exists()
+
+
+def test_an_entry_dated_in_the_future_goes(tmp_path):
+    now = time.time()
+    future = _entry(tmp_path, "onnx-stack-0001.json", -2 * HOUR, now)  # a clock set back since
+    assert diskcache.prune(tmp_path / "onnx-stack-ffff.json", now=now) == 1
+    assert not future.exists()
+
+
+def test_prune_of_a_missing_or_unreadable_directory_is_nothing(tmp_path):
+    assert diskcache.prune(tmp_path / "absent" / "entry-points-ffff.json") == 0
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    try:
+        # root reads a 0o000 directory anyway; either way prune answers a count
+        assert diskcache.prune(locked / "entry-points-ffff.json") == 0
+    finally:
+        locked.chmod(0o700)
+
+
+def test_the_cli_prunes_a_littered_cache_directory(tmp_path):
+    """A real `envdoctor checks` whose entry-points cache misses (a search path it has not
+    seen) writes its entry and leaves the directory at the bound."""
+    cache = tmp_path / "xdg" / "envdoctor"
+    cache.mkdir(parents=True)
+    now = time.time()
+    expired = [_entry(cache, f"entry-points-{i:04x}.json", 30 * HOUR, now) for i in range(300)]
+    fresh = [_entry(cache, f"entry-points-{i:04x}.json", 1.0 * i, now) for i in range(1000, 1060)]
+    unrelated = _entry(cache, "torch-probe-0001.json", 30 * HOUR, now)
+    scratch = tmp_path / "scratch"  # a new sys.path entry: the CLI's cache file is a new name
+    scratch.mkdir()
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(scratch)}
+    env.pop("ENVDOCTOR_NO_CACHE", None)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+    left = sorted(cache.glob("entry-points-*.json"))
+    assert len(left) == diskcache.KEEP_PER_KIND
+    assert not any(p.exists() for p in expired)
+    assert set(fresh[: diskcache.KEEP_PER_KIND - 1]) <= set(left)
+    assert unrelated.exists()
