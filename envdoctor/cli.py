@@ -291,6 +291,8 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
     if check is None and broken:  # `checks` lists a broken plug-in's id: say what became of it
         for failure in broken:
             say(f"{failure.row or failure.name}: BROKEN plug-in from {failure.distribution} ({failure.value}): {failure.reason}")
+        say(f'\nIts row goes with [check."{check_id}"] enabled = false in envdoctor.toml, '
+            f"or {env_name(check_id, 'ENABLED')}=0.")
         typer.echo(_scrubbed("\n".join(lines)))
         return
     if check is None:

@@ -32,7 +32,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -250,7 +250,7 @@ def load(
     if found:
         path, prefix = found
         _apply_file(config, path, prefix, catalog, known)
-    _apply_environment(config, environ, catalog)
+    _apply_environment(config, environ, catalog, (known_ids or set()) - set(catalog))
     return config
 
 
@@ -389,12 +389,19 @@ def toml_value(value: Any) -> str:
     return '""' if value is None else repr(value)
 
 
+def env_id(check_id: str) -> str:
+    """A check id as a variable name spells it: upper case, and every character a shell
+    does not take in a name (`.`, and a broken plug-in's `DIST:NAME` `-` and `:`) as `_`."""
+    return re.sub(r"[^A-Za-z0-9]", "_", check_id).upper()
+
+
 def env_name(check_id: str, key: str) -> str:
     """ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES for [check."shm.size"] min_bytes."""
-    return f"{ENV_PREFIX}CHECK__{check_id.replace('.', '_').upper()}__{key.upper()}"
+    return f"{ENV_PREFIX}CHECK__{env_id(check_id)}__{key.upper()}"
 
 
-def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapping[str, Check]) -> None:
+def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapping[str, Check],
+                       broken: Iterable[str] = ()) -> None:
     for key in RUN_KEYS:
         var = ENV_PREFIX + key.upper()
         if var in environ:
@@ -403,15 +410,30 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
                 config.timeout_explicit |= key == "timeout"
             except ParseError as exc:
                 raise ConfigError(str(exc), file="environment", key=var) from None
-    by_env_id = {check_id.replace(".", "_").upper(): check for check_id, check in catalog.items()}
+    by_env_id: dict[str, list[str]] = {}
+    for check_id in sorted({*catalog, *broken}):
+        by_env_id.setdefault(env_id(check_id), []).append(check_id)
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX + "CHECK__"):
             continue
         parts = var[len(ENV_PREFIX + "CHECK__"):].split("__")
-        check = by_env_id.get(parts[0]) if len(parts) == 2 else None
-        if check is None:
+        named = by_env_id.get(parts[0], []) if len(parts) == 2 else []
+        if not named:
             raise ConfigError("expected ENVDOCTOR_CHECK__<CHECK_ID>__<KEY> naming a known check, "
                               "e.g. ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES", file="environment", key=var)
+        if len(named) > 1:
+            raise ConfigError(f"names {' and '.join(named)} alike; set it in envdoctor.toml under "
+                              f'[check."ID"] instead', file="environment", key=var)
+        check = catalog.get(named[0])
+        if check is None:  # a plug-in that failed to load: as in a file, only `enabled` means anything
+            if parts[1].lower() != "enabled":
+                raise ConfigError(f"{named[0]} is a plug-in that did not load; only ENABLED can be set for it",
+                                  file="environment", key=var)
+            try:
+                config.checks.setdefault(named[0], {})["enabled"] = coerce(raw, True, "enabled", from_text=True)
+            except ParseError as exc:
+                raise ConfigError(str(exc), file="environment", key=var) from None
+            continue
         key = parts[1].lower()
         allowed = {**{k: v() for k, v in CHECK_RESERVED.items()}, **check.config}
         if key not in allowed:

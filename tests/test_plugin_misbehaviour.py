@@ -68,6 +68,41 @@ def test_the_row_id_of_a_failure_is_accepted_wherever_an_id_is(tmp_path):
     assert ids("--only", "shm.size", "--config", str(tmp_path / "envdoctor.toml")) == ["shm.size"]
 
 
+def test_a_broken_plugins_row_can_be_switched_off_from_a_shell(tmp_path):
+    """`dupplug:shm.size` has a `:` that no shell takes in a variable's name; its
+    variable spells every such character as `_`, and only ENABLED means anything."""
+    import subprocess
+
+    site = _site(tmp_path, "dup-plug", _DUPLICATE.replace("dupplug", "dup_plug"),
+                 "[envdoctor.checks]\nshm.size = dup_plug:CHECK\n")
+    env = {"PYTHONPATH": str(site)}
+    assert "dup-plug:shm.size" in cli("checks", env=env).stdout
+    explained = cli("explain", "dup-plug:shm.size", env=env).stdout
+    assert "ENVDOCTOR_CHECK__DUP_PLUG_SHM_SIZE__ENABLED=0" in explained, explained
+
+    # set the way a user would: through a shell, which refuses a name with `-` or `:`
+    shell = subprocess.run(["bash", "-c", "export ENVDOCTOR_CHECK__DUP_PLUG_SHM_SIZE__ENABLED=0 && echo set"],
+                           capture_output=True, text=True)
+    assert shell.stdout.strip() == "set", shell.stderr
+    proc = cli("check", "--only", "shm.size", "-f", "json",
+               env={**env, "ENVDOCTOR_CHECK__DUP_PLUG_SHM_SIZE__ENABLED": "0"})
+    assert proc.returncode in (0, 1), proc.stderr
+    assert [r["check"] for r in json.loads(proc.stdout)["results"]] == ["shm.size"]
+
+    wrong = cli("check", env={**env, "ENVDOCTOR_CHECK__DUP_PLUG_SHM_SIZE__TIMEOUT": "5"})
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert "did not load; only ENABLED" in wrong.stderr, wrong.stderr
+
+
+def test_two_ids_that_read_alike_as_a_variable_are_refused_by_it():
+    from envdoctor import config as config_module
+    from envdoctor.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="names a-b:x.y and a_b:x.y alike"):
+        config_module.load({}, environ={"ENVDOCTOR_CHECK__A_B_X_Y__ENABLED": "0"}, known_ids={"a-b:x.y", "a_b:x.y"},
+                           explicit_file=None, cwd=Path("/nonexistent-envdoctor-dir"))
+
+
 def test_failures_sharing_a_name_get_distinct_row_ids():
     from envdoctor.registry import LoadFailure, _row_ids
 
