@@ -390,7 +390,8 @@ def _run_app() -> int:
 
         where = exc.ctx.command_path if isinstance(exc, usage_error) and exc.ctx is not None else ""
         hint = f" (see `{where} --help`)" if where else ""
-        sys.stderr.write(f"envdoctor: {one_line(exc.format_message())}{hint}\n")
+        # click quotes the value it refused, which may be a token pasted into the wrong flag
+        sys.stderr.write(f"envdoctor: {one_line(_scrubbed(exc.format_message()))}{hint}\n")
         return exc.exit_code
     except typer.Abort:
         sys.stderr.write("envdoctor: aborted\n")

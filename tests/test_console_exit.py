@@ -155,3 +155,16 @@ def test_a_usage_error_is_one_line_naming_the_help(args, said):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("envdoctor: ") and said in lines[0] and "--help`" in lines[0], lines
+
+
+def test_a_usage_error_masks_a_secret_pasted_into_the_wrong_flag():
+    """click quotes the value it refused: a token in the wrong flag went to stderr (and CI logs)."""
+    env = {**os.environ, "HF_TOKEN": "hf_s3cr3tvalue1234"}
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--timeout", "hf_s3cr3tvalue1234"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "Invalid value for '--timeout'" in proc.stderr, proc.stderr
+    assert "s3cr3t" not in proc.stderr and "'***'" in proc.stderr
+
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--timeout", "https://bob:hunter2@x.example", "--", "true"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "hunter2" not in proc.stderr and "bob:***@" in proc.stderr, proc.stderr
