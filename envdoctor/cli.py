@@ -93,8 +93,9 @@ def _deadman_bounded(command: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(command)
     def bounded(*args: Any, **kwargs: Any) -> None:
         from envdoctor.deadman import Heartbeat
+        from envdoctor.forked import contained
 
-        with Heartbeat():
+        with contained(), Heartbeat():  # and nothing a check or plug-in started outlives the command
             command(*args, **kwargs)
 
     return bounded

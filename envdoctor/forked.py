@@ -22,6 +22,7 @@ command's child, and a zombie of the command's once it finally exits.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -29,7 +30,7 @@ import select
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 DONE, RAISED, TIMED_OUT = "done", "raised", "timed_out"
 _REAP_SECONDS = 0.5
@@ -117,6 +118,59 @@ def _until_exit(pid: int, deadline: float) -> None:
         os.close(fd)
 
 
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+def _prctl(option: int, value: Any) -> int:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def adopt_orphans(adopt: bool = True) -> bool:
+    """Be (or stop being) the child subreaper of what this process starts (prctl
+    PR_SET_CHILD_SUBREAPER, Linux 3.4+): a grandchild orphaned by a double fork
+    (`setsid daemon &` in a plug-in's shell command) is then re-parented to us, not to
+    PID 1, so descendants() still finds it and kill_tree() can end it. False where it
+    could not be set (not Linux, no libc symbol)."""
+    try:
+        return _prctl(_PR_SET_CHILD_SUBREAPER, int(adopt)) == 0
+    except Exception:  # noqa: BLE001 - AttributeError, OSError: nothing to adopt with
+        return False
+
+
+def adopts_orphans() -> bool:
+    try:
+        import ctypes
+
+        flag = ctypes.c_int(0)
+        return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) == 0 and bool(flag.value)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@contextlib.contextmanager
+def contained() -> Iterator[None]:
+    """Nothing started inside the block outlives it: orphans are adopted while it runs,
+    and every descendant that was not there before it is killed when it ends.
+
+    A check that times out is left running on its thread, and so is the tool it waits
+    on (a hung `nvidia-smi`); a plug-in may start a daemon. Both outlived `envdoctor
+    check` as orphans of PID 1. Processes that were there before (an embedding caller's)
+    are left alone; the killed ones are reaped by whoever waits on them, or by the
+    process's own exit (a double-forked orphan stays a zombie until then)."""
+    me = os.getpid()
+    before = set(descendants(me))
+    was = adopts_orphans()
+    adopt_orphans(True)
+    try:
+        yield
+    finally:
+        kill_tree([pid for pid in descendants(me) if pid not in before])
+        if not was:
+            adopt_orphans(False)
+
+
 def _die_with_parent(parent: int) -> None:
     """In the child: be SIGKILLed when the parent dies (PR_SET_PDEATHSIG). If `envdoctor
     exec` is killed mid-pre-flight, the child and what it started (the cross-rank exchange
@@ -141,6 +195,7 @@ def _write_line(fd: int, payload: dict[str, Any]) -> None:
 def _child(fn: Callable[[Callable[[Any], None]], Any], fd: int, quiet: bool) -> None:
     """In the child: run fn, write its messages and its answer as JSON lines, clean up, _exit."""
     code = 0
+    adopt_orphans()  # a double-forked daemon comes back to us, and goes in the sweep below
     if quiet:  # what fn prints must not mix into the parent's report or its one-line error
         try:
             devnull = os.open(os.devnull, os.O_RDWR)

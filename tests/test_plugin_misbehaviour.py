@@ -5,6 +5,8 @@ line with a reason, never two rows with one id, a traceback or a hang."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -491,4 +493,61 @@ def test_execs_preflight_leaves_no_grandchild_of_a_plugin_check_behind(tmp_path)
         assert _marked(mark) == []
     finally:
         for pid in _marked(mark):
+            os.kill(pid, 9)
+
+
+_LEAVES_PROCESSES = '''
+import subprocess
+from envdoctor.check import Check
+from envdoctor.model import ok
+
+SECONDS = "{seconds}"
+
+
+def _calls_a_hung_tool(ctx):
+    subprocess.run(["sleep", SECONDS])  # a hung external tool (nvidia-smi on a wedged GPU)
+    return ok("returned")
+
+
+def _starts_a_daemon(ctx):
+    subprocess.run(["sh", "-c", "setsid sleep " + SECONDS + " </dev/null >/dev/null 2>&1 &"], check=True)
+    return ok("started a daemon")
+
+
+HUNG = Check(id="leaky.hung_tool", title="waits on a tool that hangs", run=_calls_a_hung_tool, timeout=1)
+DAEMON = Check(id="leaky.daemon", title="starts a double-forked daemon", run=_starts_a_daemon)
+'''
+
+
+def _sleepers(seconds: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[:2] == [b"sleep", seconds.encode()]:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("command", [["check", "-f", "compact"], ["exec", "--", "sh", "-c", "sleep 1"]])
+def test_nothing_a_plugin_started_outlives_the_command(tmp_path, command):
+    """A check that timed out left the tool it waited on running, and a plug-in's
+    `setsid daemon &` went to PID 1: both outlived `check` and exec's pre-flight."""
+    seconds = str(400000 + os.getpid() % 100000)  # a unique command line to look for
+    site = _site(tmp_path, "leaky", _LEAVES_PROCESSES.replace("{seconds}", seconds),
+                 "[envdoctor.checks]\nleaky.hung_tool = leaky:HUNG\nleaky.daemon = leaky:DAEMON\n")
+    try:
+        proc = cli(*command, env={"PYTHONPATH": str(site), "ENVDOCTOR_ONLY": "leaky.hung_tool,leaky.daemon"},
+                   timeout=60)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert "leaky.hung_tool" in proc.stdout + proc.stderr and "timed out" in proc.stdout + proc.stderr
+        deadline = time.monotonic() + 5  # a SIGKILLed process is gone at once; allow a loaded machine
+        while _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sleepers(seconds) == []
+    finally:
+        for pid in _sleepers(seconds):
             os.kill(pid, 9)
