@@ -149,6 +149,8 @@ def test_node_exporter_reads_the_textfile(tmp_path):
     assert code == 200
     assert "node_textfile_scrape_error 0" in body
     assert 'envdoctor_check_status{check="shm.size",status=' in body and 'target="node"' in body
+    # the README says which checks a daemon runs: gpu.health on the node, and never onnx.opset
+    assert 'check="gpu.health"' in text and 'check="onnx.opset"' not in text and "envdoctor_onnx_" not in text
 
 
 def _threads(pid: int) -> int:

@@ -44,8 +44,9 @@ from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
 from envdoctor.watchdog import Watchdog
 
-# Node-wide checks: run once on the node target, not repeated per process.
-NODE_ONLY = ("gpu.health", "onnx.opset")
+# Node-wide checks: run once on the node target, not repeated per process. (onnx.opset
+# would be one too, but it declares itself for `check` only: it loads onnxruntime.)
+NODE_ONLY = ("gpu.health",)
 # Targets are examined one at a time; one that takes longer than SLOW_TARGET_SECONDS (its
 # checks wait on a hung file or time out) is left to finish beside the next ones, up to
 # TARGETS_AT_ONCE together (the default watchdog's 16 workers).
