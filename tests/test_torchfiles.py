@@ -445,6 +445,49 @@ def test_a_process_that_has_not_imported_torch_yet_is_read_from_its_venv(tmp_pat
     assert facts["cudnn_available"] is False and facts["arch_list"] == []
 
 
+@pytest.mark.real
+def test_a_venv_python_started_by_name_from_path_is_read_from_its_venv(tmp_path):
+    """`PATH=venv/bin:$PATH python train.py` without activating: argv[0] is a bare
+    `python`, VIRTUAL_ENV is unset and /proc/N/exe is the base interpreter, so the venv
+    was found nowhere and the process was said to have no torch (helper-18)."""
+    make_venv(tmp_path)
+    site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+    stub_torch(site, "2.97.0+cpu", None)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = f"{tmp_path / 'venv' / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    holder = subprocess.Popen(["python", "-c", "import time; print('ready', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with open(f"/proc/{holder.pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[0] == b"python"
+        facts = torchfacts.gather(Session(target=Target(holder.pid)))  # its PATH, from /proc/N/environ
+    finally:
+        holder.kill()
+        holder.wait()
+    assert facts["torch_version"] == "2.97.0+cpu" and facts["venv"] == str(tmp_path / "venv")
+
+
+def test_a_bare_name_on_path_that_is_another_interpreter_is_not_taken(tmp_path):
+    """A `python` first on PATH that is not what the process runs says nothing about it."""
+    from envdoctor.torchfacts import _found_on_path
+
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "sleep").write_text("#!/bin/sh\n")
+    (other / "sleep").chmod(0o755)
+    real = os.path.realpath(shutil.which("sleep"))
+    holder = subprocess.Popen([real, "60"])
+    try:
+        exe = os.readlink(f"/proc/{holder.pid}/exe")
+        assert _found_on_path("sleep", f"{other}:{os.path.dirname(real)}", exe, Path) == []  # the first one is another
+        assert _found_on_path("sleep", f"relative/bin:{os.path.dirname(real)}", exe, Path) == [real]
+        assert _found_on_path("sleep", "", exe, Path) == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_vanished_process_is_a_reason_not_a_traceback(tmp_path):
     proc = subprocess.Popen(["true"])
     proc.wait()

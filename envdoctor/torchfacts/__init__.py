@@ -286,6 +286,8 @@ def _process_site_dirs(roots: Any, pid: int, files: list[str], exe: str | None, 
         if "/" in argv0:
             cwd = os.readlink(roots.proc(pid, "cwd")) if not argv0.startswith("/") else "/"
             pythons.append(os.path.normpath(os.path.join(cwd, argv0)))
+        elif argv0 and exe:
+            pythons += _found_on_path(argv0, env.get("PATH", ""), exe, host)
     except OSError:
         pass
     if exe:
@@ -297,6 +299,27 @@ def _process_site_dirs(roots: Any, pid: int, files: list[str], exe: str | None, 
     for python in dict.fromkeys(pythons):
         dirs += locate.interpreter_site_dirs(python, host, resolve)
     return list(dict.fromkeys(dirs))
+
+
+def _found_on_path(name: str, path: str, exe: str, host: Callable[[str], Path]) -> list[str]:
+    """The `name` (`python`, as typed in a shell) that the process's PATH leads to, when it
+    is the interpreter the process runs: a venv's bin/python on PATH, not activated, names
+    no venv anywhere else (argv[0] is bare, VIRTUAL_ENV unset, /proc/N/exe the base)."""
+    try:
+        runs = os.path.realpath(host(exe))
+    except (OSError, ValueError):
+        return []
+    for directory in path.split(":")[:64]:
+        if not directory.startswith("/"):
+            continue  # relative to a cwd we would be guessing at
+        candidate = os.path.join(directory, name)
+        try:
+            here = host(candidate)
+            if here.is_file() and os.access(here, os.X_OK):  # what execvp would have taken
+                return [candidate] if os.path.realpath(here) == runs else []
+        except (OSError, ValueError):
+            continue
+    return []
 
 
 def for_interpreter(python: str, env: dict[str, str], rootfs: Path = Path("/")) -> dict[str, Any] | None:
