@@ -87,8 +87,12 @@ def run_checks(registry: Registry, config: Config, session: Session, selection: 
     plans = [p for p in planned if p.check.runs_in(mode)]
     only = set(selection.only) | set(config.only)
     failures = registry.failures_selected(only, set(selection.skip) | set(config.skip), disabled_in(config))
-    results = (runner.load_failure_results(failures, session) + runner.run(plans, session)
-               + _elsewhere([p.check for p in planned if p.check.id in only and not p.check.runs_in(mode)], mode, session))
+    elsewhere = _elsewhere([p.check for p in planned if p.check.id in only and not p.check.runs_in(mode)], mode, session)
+    if mode == "check" and elsewhere and not plans and not failures:
+        # one skip row and exit 0 read as a pass in CI; exec refuses the same selection
+        raise UsageError(f"--only (or the config's only) leaves no check to run: {elsewhere[0].summary}"
+                         + (f" (and {len(elsewhere) - 1} more like it)" if len(elsewhere) > 1 else ""))
+    results = runner.load_failure_results(failures, session) + runner.run(plans, session) + elsewhere
     results.sort(key=lambda r: r.check)
     return results
 

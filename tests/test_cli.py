@@ -142,3 +142,18 @@ def test_check_help_names_every_built_in_format_and_exit_74(monkeypatch):
     for name in export.names():
         assert name in proc.stdout, name
     assert "74 the report could not be written" in proc.stdout
+
+
+def test_only_a_check_that_does_not_run_in_check_mode_is_bad_usage():
+    """`--only preflight.live` printed one skip row and exit 0, which CI reads as a pass;
+    exec already refused such a selection (helper-18)."""
+    proc = cli("check", "--only", "preflight.live")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "envdoctor: --only (or the config's only) leaves no check to run: "
+        "preflight.live does not run in check mode (it runs in: inprocess)"]
+
+    mixed = cli("check", "--only", "preflight.live,shm.size", "-f", "json")
+    rows = {r["check"]: r for r in json.loads(mixed.stdout)["results"]}
+    assert mixed.returncode in (0, 1) and set(rows) == {"preflight.live", "shm.size"}, mixed.stderr
+    assert rows["preflight.live"]["status"] == "skip" and "does not run in check mode" in rows["preflight.live"]["summary"]
