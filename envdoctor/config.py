@@ -56,6 +56,7 @@ RUN_KEYS = {
 }
 CHECK_RESERVED = {"enabled": bool, "timeout": float}
 ENV_PREFIX = "ENVDOCTOR_"
+PROBE_TIMEOUT_VAR = "ENVDOCTOR_PROBE_TIMEOUT"  # the torch probe's limit (envdoctor.probe)
 
 
 @dataclass
@@ -410,6 +411,11 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
                 config.timeout_explicit |= key == "timeout"
             except ParseError as exc:
                 raise ConfigError(str(exc), file="environment", key=var) from None
+    if environ.get(PROBE_TIMEOUT_VAR, "").strip():  # read by the probe itself; a typo was silently 60 s
+        try:
+            check_timeout(coerce(environ[PROBE_TIMEOUT_VAR], 1.0, "timeout", from_text=True))
+        except ParseError as exc:
+            raise ConfigError(str(exc), file="environment", key=PROBE_TIMEOUT_VAR) from None
     by_env_id: dict[str, list[str]] = {}
     for check_id in sorted({*catalog, *broken}):
         by_env_id.setdefault(env_id(check_id), []).append(check_id)

@@ -202,3 +202,21 @@ def test_a_config_python_that_is_no_interpreter_is_exit_2(tmp_path, where):
     out = cli("check", "--config", str(path), "--only", "shm.size", env=env, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "no such executable interpreter" in out.stderr
+
+
+@pytest.mark.parametrize("value, said", [("abc", "expected a number"), ("-5", "positive"), ("nan", "finite"),
+                                         ("1e9", "at most 86400")])
+def test_a_bad_probe_timeout_is_bad_config_not_the_default(value, said):
+    """ENVDOCTOR_PROBE_TIMEOUT=abc was quietly 60 s; every other ENVDOCTOR_* typo is exit 2 (helper-18)."""
+    proc = cli("check", "--only", "shm.size", env={"ENVDOCTOR_PROBE_TIMEOUT": value})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line, = proc.stderr.strip().splitlines()
+    assert line.startswith("envdoctor: bad config: environment: ENVDOCTOR_PROBE_TIMEOUT: ") and said in line, line
+
+
+def test_a_good_probe_timeout_is_the_probes_limit(monkeypatch):
+    from envdoctor import probe
+
+    monkeypatch.setenv("ENVDOCTOR_PROBE_TIMEOUT", " 7.5 ")
+    assert probe.default_timeout() == 7.5
+    assert cfg.load({}, environ={"ENVDOCTOR_PROBE_TIMEOUT": "7.5"}).timeout == cfg.Config().timeout  # not the run's

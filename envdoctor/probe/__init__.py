@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from envdoctor.errors import EnvdoctorError, Unavailable
+from envdoctor.config import PROBE_TIMEOUT_VAR
 from envdoctor.probe import cache
 
 DEFAULT_TIMEOUT = 60.0  # cold `import torch` here takes ~1.5-2.6 s; a loaded NFS home can take far longer
-TIMEOUT_VAR = "ENVDOCTOR_PROBE_TIMEOUT"
+TIMEOUT_VAR = PROBE_TIMEOUT_VAR  # validated with the rest of the environment (config.load)
 MARKER = "ENVDOCTOR-PROBE-RESULT "
 _SCRIPT = Path(__file__).with_name("torch_probe.py")
 _STDERR_TAIL = 1500
