@@ -71,6 +71,7 @@ class Config:
     python: str | None = None
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {key: value}, as given
     source: str | None = None  # the file that was read, if any
+    python_from: str = ""  # where `python` was set, as an error names it ("envdoctor.toml:5: python")
     timeout_explicit: bool = False  # timeout came from the file, the environment or --timeout
     serve: dict[str, Any] = field(default_factory=dict)  # the [serve] table as given; envdoctor.serve.settings checks it
 
@@ -113,6 +114,21 @@ def _is_file(path: Path) -> bool:
         return False
 
 
+def _not_a_config_file(path: Path) -> str:
+    """Why `path` cannot be read as a config file, in the words a user acts on."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such config file"
+    except OSError as exc:
+        return f"cannot read the config file: {exc.strerror or exc}"
+    if stat.S_ISDIR(mode):
+        return "a directory, not a config file (name the .toml file in it)"
+    return "not a regular file (a device, FIFO or socket cannot be a config file)"
+
+
 def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[str, str] = os.environ) -> tuple[Path, str] | None:
     """(path, table prefix) of the config file to read, or None when there is none."""
     try:
@@ -123,7 +139,7 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
     if chosen:
         path = Path(chosen)
         if not _is_file(path):
-            raise ConfigError("config file not found (or not readable)", file=str(path))
+            raise ConfigError(_not_a_config_file(path), file=str(path))
         return path, ("tool.envdoctor" if path.name == "pyproject.toml" else "")
     if _is_file(cwd / "envdoctor.toml"):
         return cwd / "envdoctor.toml", ""
@@ -266,7 +282,10 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
     except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for int() (tomllib lets that escape)
         match = re.search(r"line (\d+)", str(exc))
         why = "an integer literal is too long (more than 4300 digits)" if "Exceeds the limit" in str(exc) else str(exc)
-        raise ConfigError(f"not valid TOML: {why}", file=name, line=int(match.group(1)) if match else None) from None
+        line = int(match.group(1)) if match else None
+        if line is None and "end of document" in why:  # tomllib names no line there: it is the last one
+            line = max(1, len(text.splitlines()))
+        raise ConfigError(f"not valid TOML: {why}", file=name, line=line) from None
     except RecursionError:  # arrays or inline tables nested hundreds deep: tomllib recurses per level
         raise ConfigError("not valid TOML for envdoctor: nested too deeply", file=name) from None
     if prefix:
@@ -299,6 +318,9 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
             config.timeout_explicit |= key == "timeout"
         except ParseError as exc:
             raise ConfigError(str(exc), file=name, line=where("", key), key=key) from None
+        if key == "python":
+            line = where("", key)
+            config.python_from = f"{name}:{line}: python" if line else f"{name}: python"
         if key in ("only", "skip"):
             unknown = [v for v in getattr(config, key) if v not in known]
             if unknown:
@@ -411,6 +433,8 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
                 config.timeout_explicit |= key == "timeout"
             except ParseError as exc:
                 raise ConfigError(str(exc), file="environment", key=var) from None
+            if key == "python":
+                config.python_from = f"environment: {var}"
     if environ.get(PROBE_TIMEOUT_VAR, "").strip():  # read by the probe itself; a typo was silently 60 s
         try:
             check_timeout(coerce(environ[PROBE_TIMEOUT_VAR], 1.0, "timeout", from_text=True))

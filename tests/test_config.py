@@ -117,8 +117,34 @@ def test_bad_environment_names_the_variable():
 
 
 def test_explicit_missing_file_is_an_error(tmp_path):
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(ConfigError, match="nope.toml: no such config file"):
         cfg.load(CATALOG, explicit_file=str(tmp_path / "nope.toml"), environ={})
+
+
+@pytest.mark.parametrize("given, said", [("DIR", "a directory, not a config file"),
+                                         ("/dev/null", "not a regular file")])
+def test_an_explicit_config_that_is_not_a_file_says_what_it_is(tmp_path, given, said):
+    """Both said "not found (or not readable)", of a directory and a device that exist (helper-18)."""
+    path = str(tmp_path) if given == "DIR" else given
+    with pytest.raises(ConfigError, match=f"^{path}: {said}"):
+        cfg.load(CATALOG, explicit_file=path, environ={})
+
+
+def test_toml_cut_off_at_its_end_names_the_last_line(tmp_path):
+    path = tmp_path / "envdoctor.toml"
+    path.write_text('fail_on = "warn"\n\ntimeout = [\n')
+    with pytest.raises(ConfigError, match=r"envdoctor.toml:3: not valid TOML: .*end of document"):
+        cfg.load(CATALOG, explicit_file=str(path), environ={})
+
+
+def test_a_python_that_does_not_exist_names_where_it_was_set(tmp_path):
+    (tmp_path / "envdoctor.toml").write_text('fail_on = "warn"\npython = "/nonexistent/bin/python"\n')
+    proc = cli("check", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"envdoctor: {tmp_path / 'envdoctor.toml'}:2: python: '/nonexistent/bin/python': no such executable interpreter")
+    proc = cli("check", cwd=tmp_path, env={"ENVDOCTOR_PYTHON": "/also/missing"})
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "envdoctor: environment: ENVDOCTOR_PYTHON: '/also/missing': no such executable interpreter")
 
 
 # --- through the CLI, as a user meets it ---------------------------------------------

@@ -37,6 +37,18 @@ def test_bad_files_name_the_key(tmp_path, text, key):
     assert info.value.key == key
 
 
+@pytest.mark.parametrize("text, line, problem", [
+    ("basic_auth_users:\n  alice: [\n", 3, "expected the node content, but found '<stream end>'"),
+    ('http_server_config:\n  headers:\n    X: "open\n', 4, "found unexpected end of stream"),
+])
+def test_broken_yaml_names_the_line_and_the_parsers_problem(tmp_path, text, line, problem):
+    """It said only "while parsing a flow node": no line, and not what was wrong (helper-18)."""
+    path = write(tmp_path, text)
+    with pytest.raises(webconfig.WebConfigError) as info:
+        webconfig.load(str(path))
+    assert str(info.value).startswith(f"{path}:{line}: not valid YAML: {problem}"), str(info.value)
+
+
 def test_client_ca_without_a_policy_is_refused_like_the_toolkit(tmp_path):
     certs = make_certs(tmp_path)
     path = write(tmp_path, f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_ca_file: {certs['ca'].name}\n")

@@ -84,6 +84,22 @@ def _dummy_hash() -> bytes:
     return bcrypt.hashpw(b"envdoctor-dummy-password", bcrypt.gensalt(rounds=10))
 
 
+def _where_in(name: str, exc: Exception) -> str:
+    """file:line, where the YAML parser says it gave up (its marks count from 0)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    line = getattr(mark, "line", None)
+    return f"{name}:{line + 1}" if isinstance(line, int) else name
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """The parser's own words for what is wrong ("expected ',' or ']', but got '<stream end>'"),
+    not only the context it was in ("while parsing a flow node")."""
+    problem, context = getattr(exc, "problem", None), getattr(exc, "context", None)
+    if problem:
+        return f"{problem} ({context})" if context else str(problem)
+    return str(exc).splitlines()[0]
+
+
 class WebConfigError(ValueError):
     """The file cannot be used; the message names the file and the key."""
 
@@ -170,7 +186,7 @@ def load(path: str | None) -> WebConfig:
     try:
         data = yaml.load(text, Loader=_unique_keys_loader(yaml))
     except yaml.YAMLError as exc:
-        raise WebConfigError(name, None, f"not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise WebConfigError(_where_in(name, exc), None, f"not valid YAML: {_yaml_problem(exc)}") from None
     except RecursionError:  # sequences nested hundreds deep: the parser recurses per level
         raise WebConfigError(name, None, "not a web config: nested too deeply") from None
     if data is None:
