@@ -117,6 +117,29 @@ def loudest_first(findings: Iterable["Finding | tuple"]) -> list[Finding]:
     return sorted((as_finding(f) for f in findings), key=lambda f: -f.status.severity)
 
 
+_OPENS, _CLOSES = "([{", ")]}"
+
+
+def fix_clauses(fix: str) -> list[str]:
+    """A fix's steps: split at "; ", but not inside brackets or `code` ("lower
+    num_workers (slower loading; num_workers=0 uses no shared memory)" is one step)."""
+    clauses, start, depth, in_code = [], 0, 0, False
+    for i, char in enumerate(fix):
+        if char == "`":
+            in_code = not in_code
+        elif in_code:
+            continue
+        elif char in _OPENS:
+            depth += 1
+        elif char in _CLOSES:
+            depth = max(0, depth - 1)
+        elif char == ";" and depth == 0 and fix.startswith("; ", i):
+            clauses.append(fix[start:i])
+            start = i + 2
+    clauses.append(fix[start:])
+    return [c for c in clauses if c]
+
+
 def join_fixes(findings: Iterable[Finding]) -> str:
     """Every distinct fix of a check's findings, worst finding first, as one line.
 
@@ -128,7 +151,7 @@ def join_fixes(findings: Iterable[Finding]) -> str:
     """
     clauses: list[str] = []
     for finding in loudest_first(findings):
-        for clause in finding.fix.split("; ") if finding.fix else ():
+        for clause in fix_clauses(finding.fix) if finding.fix else ():
             if clause and clause not in clauses:
                 clauses.append(clause)
     return "; ".join(clauses)

@@ -5,7 +5,7 @@ fix for every warn/fail under it."""
 from __future__ import annotations
 
 from envdoctor.export import Exporter
-from envdoctor.model import Report, Status
+from envdoctor.model import Report, Status, fix_clauses
 
 from .common import markdown_code, markdown_fence, markdown_text, one_line, system_rows
 from .text_format import ORDER
@@ -35,7 +35,7 @@ def render(report: Report, options) -> str:
         lines += ["", "### Fixes", ""]
         for r in fixes:
             # a fix that offers alternatives ("docker ...; Kubernetes: ...") gets one line each
-            steps = [one_line(step).strip() for line in r.remediation.splitlines() for step in line.split("; ") if step.strip()]
+            steps = [one_line(step).strip() for line in r.remediation.splitlines() for step in fix_clauses(line) if step.strip()]
             fence = markdown_fence(steps)  # longer than any run of backticks in the fix: the fix cannot close it
             lines += [f"- {markdown_code(r.check)} ({r.status.value}):", "", f"  {fence}", *(f"  {step}" for step in steps),
                       f"  {fence}"]

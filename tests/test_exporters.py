@@ -130,6 +130,20 @@ def test_markdown_is_pasteable():
     assert "docker run --shm-size=16g" in text.split("### Fixes")[1]
 
 
+def test_markdown_splits_a_fix_into_its_steps_not_inside_brackets_or_code():
+    """shm.size's "or lower DataLoader num_workers (slower loading; num_workers=0 ...)"
+    came out as two lines, neither of which could be pasted (helper-18)."""
+    fix = ("docker run --shm-size=16g ...; or lower DataLoader num_workers (slower loading; num_workers=0 "
+           "uses no shared memory but the GPU waits); `a; b` stays whole")
+    report = fixed_report()
+    report.results[0] = _result("shm.size", "fail", "too small", fix)
+    fixes = render("markdown", report, OPTIONS).split("### Fixes")[1]
+    steps = [line.strip() for line in fixes.splitlines() if line.startswith("  ") and not line.strip().startswith("```")]
+    assert steps[:3] == ["docker run --shm-size=16g ...",
+                         "or lower DataLoader num_workers (slower loading; num_workers=0 uses no shared memory but the GPU waits)",
+                         "`a; b` stays whole"], steps
+
+
 def test_text_has_no_ansi_unless_asked():
     plain = render("text", fixed_report(), OPTIONS)
     assert "\x1b[" not in plain and "FAIL" in plain and "shm.size" in plain
