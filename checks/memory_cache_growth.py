@@ -261,8 +261,9 @@ def judge(facts: GrowthFacts, settings: Mapping[str, Any]) -> Result:
         return skip("no memory figure of the target could be read" + (f": {'; '.join(facts.notes)}" if facts.notes else ""),
                     **out)
     if g.window < min_window and not findings:
-        return skip(f"sampled {duration(g.window)}, need at least {duration(min_window)} "
-                    f"(envdoctor check --window {int(math.ceil(min_window * 3))})"
+        more = ("serve judges it again each run as its history grows" if facts.source == "history"
+                else f"envdoctor check --window {int(math.ceil(min_window * 3))}")
+        return skip(f"sampled {duration(g.window)}, need at least {duration(min_window)} ({more})"
                     + (f"; sampling stopped: {facts.stopped}" if facts.stopped else ""), **out)
     memories = _memories(facts)
     seen = ", ".join(f"{k} {format_bytes(int(memories[k][1][-1]))}" for k in g.trends)

@@ -162,6 +162,8 @@ def check(
                              (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
     # Settled before any check runs: a check may chdir() or change the umask, and the report
     # must still land where the user's shell meant, with the mode the user's umask gives.
+    if output_text is not None and not output_text.strip():
+        _die("--output needs a file name (it was empty)")  # Path('') is the working directory
     output = None if output_text is None else _absolute(output_text)
     umask = None
     if output is not None:

@@ -25,7 +25,8 @@ def render(report: Report, options) -> str:
     tally = ", ".join(f"{counts[s.value]} {s.value}" for s in TALLY if counts[s.value])
     title = getattr(options, "title", "") or "envdoctor"
     target = f" {report.target}" if report.target not in ("", "self") else ""  # --pid N, node: say whose
-    lines = [f"{title}{target}: {len(report.results)} checks: {tally or 'none run'}"]
+    count = len(report.results)
+    lines = [f"{title}{target}: {count} check{'' if count == 1 else 's'}: {tally or 'none run'}"]
     lines += [f"  note: {one_line(note)}" for note in getattr(options, "notes", ())]
     for r in sorted((r for r in report.results if r.status in RANK), key=lambda r: (RANK[r.status], r.check)):
         lines.append(f"  {r.status.value.upper():5} {one_line(r.check)}: {one_line(r.summary)}"

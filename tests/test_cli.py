@@ -157,3 +157,15 @@ def test_only_a_check_that_does_not_run_in_check_mode_is_bad_usage():
     rows = {r["check"]: r for r in json.loads(mixed.stdout)["results"]}
     assert mixed.returncode in (0, 1) and set(rows) == {"preflight.live", "shm.size"}, mixed.stderr
     assert rows["preflight.live"]["status"] == "skip" and "does not run in check mode" in rows["preflight.live"]["summary"]
+
+
+def test_an_empty_output_name_is_bad_usage_not_the_working_directory(tmp_path):
+    """`-o ''` said "cannot write /the/cwd: it is a directory" (helper-18)."""
+    proc = cli("check", "--only", "shm.size", "-o", "", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == "envdoctor: --output needs a file name (it was empty)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compact_says_one_check_not_one_checks():
+    proc = cli("check", "--only", "shm.size", "-f", "compact")
+    assert proc.stdout.splitlines()[0].startswith("envdoctor: 1 check: "), proc.stdout

@@ -66,6 +66,14 @@ def test_a_window_too_short_is_a_skip_that_says_how_long():
     assert r.status is Status.SKIP and "--window 30" in r.summary
 
 
+def test_a_history_too_short_under_serve_says_to_wait_not_to_run_check():
+    """serve's row for a new process told the user to run `envdoctor check --window 30`;
+    under serve the history just needs more runs (helper-18)."""
+    r = judge(GrowthFacts({"rss": series(5 * MIB, n=5)}, {}, "history"), DEFAULTS)
+    assert r.status is Status.SKIP and "envdoctor check" not in r.summary
+    assert "serve judges it again each run" in r.summary
+
+
 def test_reserved_far_above_allocated_and_rising_retries_say_expandable_segments():
     ts = [float(i) for i in range(30)]
     memories = {"cuda0_reserved": (ts, [8.0 * GIB] * 30), "cuda0_allocated": (ts, [2.0 * GIB] * 30),
