@@ -40,6 +40,16 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return root / "envdoctor"
 
 
+def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> None:
+    """Create `directory` (mode 0700) under the cache root, but never a home directory:
+    with HOME pointing nowhere (`nobody`'s /nonexistent, a container's unset user) the
+    cache is simply not used (OSError), as on a read-only home."""
+    environ = os.environ if environ is None else environ
+    if not os.path.isabs(environ.get("XDG_CACHE_HOME") or "") and not Path.home().is_dir():
+        raise FileNotFoundError(f"no home directory to cache in ({Path.home()})")
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None) -> dict[str, Any] | None:
     """The facts stored at `path` if the entry has this schema and fingerprint and is fresh.
 
@@ -71,7 +81,7 @@ def write(path: Path, schema: str, fingerprint: Any, facts: dict[str, Any]) -> b
     entry = {"schema": schema, "created": time.time(), "fingerprint": fingerprint, "facts": facts}
     try:
         text = json.dumps(entry, sort_keys=True, allow_nan=False)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_dir(path.parent)
         write_atomic(path, text, mode=0o600)
     except (OSError, OutputError, TypeError, ValueError):
         return False

@@ -183,7 +183,7 @@ def _hook_directory() -> str:
     installation = f"{os.path.dirname(os.path.abspath(__file__))}\0{__version__}"
     directory = diskcache.cache_dir() / f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        diskcache.make_dir(directory)
         st = os.lstat(directory)
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
             return str(directory)

@@ -130,3 +130,22 @@ def test_the_cli_prunes_a_littered_cache_directory(tmp_path):
     assert not any(p.exists() for p in expired)
     assert set(fresh[: diskcache.KEEP_PER_KIND - 1]) <= set(left)
     assert unrelated.exists()
+
+
+def test_a_missing_home_is_never_created(tmp_path):
+    """With HOME=/nonexistent (nobody's) a write made /nonexistent/.cache/envdoctor."""
+    home = tmp_path / "no-such-home"
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env["HOME"] = str(home)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert not home.exists()
+
+    existing = tmp_path / "home"
+    existing.mkdir()
+    env["HOME"] = str(existing)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list((existing / ".cache" / "envdoctor").glob("entry-points-*.json")), "an existing home is used"
