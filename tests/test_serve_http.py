@@ -166,6 +166,8 @@ def test_once_that_cannot_write_the_textfile_says_so_and_exits_74(tmp_path):
     out = cli("serve", "--once", "--textfile", str(tmp_path / "taken.prom"), timeout=120)
     assert out.returncode == 74 and "textfile not written" in out.stderr and "Traceback" not in out.stderr
     assert (tmp_path / "taken.prom").is_dir()
+    last = out.stderr.strip().splitlines()[-1]  # it ended on "one run complete" at level=info (helper-18)
+    assert "level=error" in last and "the textfile was not written" in last, last
 
 
 @pytest.mark.parametrize("header, gzip", [("gzip", True), ("gzip, deflate", True), ("deflate, gzip;q=0.5", True),

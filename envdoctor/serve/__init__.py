@@ -132,9 +132,13 @@ class Daemon:
         if self.options.once:
             with deadman.Heartbeat():
                 snap = scheduler.run_once()
+            if self.textfile_error:  # the run's last word must not read as success (exit 74)
+                log.event("error", "one run complete, but the textfile was not written", targets=len(snap.targets),
+                          seconds=f"{snap.run_seconds:.3f}", textfile=str(self.options.textfile or ""))
+                return EXIT_IO
             log.event("info", "one run complete", targets=len(snap.targets), seconds=f"{snap.run_seconds:.3f}",
                       textfile=str(self.options.textfile or ""))
-            return EXIT_IO if self.textfile_error else 0
+            return 0
 
         malloc.limit_arenas()
         stop = scheduler.stop
