@@ -29,7 +29,9 @@ app = typer.Typer(
     help="Catch the CUDA and system-environment problems that waste GPU training runs.\n\n"
     "`envdoctor check` runs every check and prints a report; its exit code says whether anything "
     "is at or above --fail-on. `envdoctor checks` lists the checks, `envdoctor explain ID` says what one "
-    "reads, why it matters and how to fix it.",
+    "reads, why it matters and how to fix it. `envdoctor exec -- CMD` is a container's entrypoint: it checks, "
+    "fixes what it safely can, then becomes CMD. `envdoctor serve` is the node monitor: Prometheus metrics about "
+    "the node and every training process on it.",
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -117,7 +119,10 @@ def check(
                                               help="Config file (default: ./envdoctor.toml or [tool.envdoctor] in ./pyproject.toml)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL",
                                           help="Exit 1 when any result is at or above this level: warn or fail (default fail; error counts as fail)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Default per-check timeout (default 15)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
+                                            help="Per-check timeout for every check (default 15 s, and the checks that "
+                                                 "declare their own keep it: 90 s for those that may import torch, "
+                                                 "300 s for dist.consistency; `envdoctor explain ID` shows it)."),
     output_text: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
@@ -253,7 +258,7 @@ def write_stdout(text: str) -> None:
         raise typer.Exit(EXIT_IO)
 
 
-@app.command("checks")
+@app.command("checks", short_help="List every check, built-in and plug-in.")
 @_deadman_bounded
 def list_checks() -> None:
     """List every registered check, built-in and plug-in, with its one-line purpose."""
@@ -277,7 +282,7 @@ def list_checks() -> None:
     typer.echo(_scrubbed("\n".join(lines)))
 
 
-@app.command()
+@app.command(short_help="What a check reads, why it matters, its fix.")
 @_deadman_bounded
 def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, e.g. shm.size.")) -> None:
     """Print what a check reads, why it matters to a CUDA job, how to fix a failure, and its settings."""
@@ -535,7 +540,8 @@ class _window_progress:
         return False
 
 
-@app.command("exec", context_settings={"allow_interspersed_args": False})
+@app.command("exec", context_settings={"allow_interspersed_args": False},
+             short_help="Check, fix what is safe, then become the job.")
 def exec_command(
     strict: bool = typer.Option(False, "--strict", help="Do not start the command when a result is at or above --fail-on: exit 78."),
     fix: bool = typer.Option(False, "--fix", help="Set or unset the variables the findings say would fix them (thread "
@@ -565,7 +571,7 @@ def exec_command(
     raise typer.Exit(entrypoint.run(options, command or []))
 
 
-@app.command()
+@app.command(short_help="Prometheus metrics on the node and its jobs.")
 def serve(
     listen_address: str = typer.Option("127.0.0.1:10061", "--web.listen-address", metavar="HOST:PORT",
                                        help="Address to answer /metrics, /report, /healthz on (default: loopback only)."),
