@@ -580,7 +580,7 @@ def serve(
     interval: Optional[float] = typer.Option(None, "--interval", metavar="SECONDS", help="Seconds between runs (default 15, or [serve] interval)."),
     textfile_text: Optional[str] = typer.Option(None, "--textfile", metavar="PATH",
                                                 help="Also write each run to PATH (*.prom) for node_exporter's textfile collector."),
-    once: bool = typer.Option(False, "--once", help="Run once (write --textfile if given) and exit; no HTTP server."),
+    once: bool = typer.Option(False, "--once", help="Run once, write --textfile (or, without one, print the metrics) and exit; no HTTP server."),
     config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="Config file (checks' settings and [serve])."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),

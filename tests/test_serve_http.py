@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -195,3 +196,23 @@ def test_a_port_alone_listens_on_every_address_ipv6_and_ipv4():
         assert get(f"http://[::1]:{s.port}/")[0] == 200
     finally:
         assert s.stop() == 0
+
+
+def test_once_without_a_textfile_prints_what_metrics_would_answer():
+    """It did a run and printed nothing (helper-18)."""
+    out = cli("serve", "--once", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "# TYPE envdoctor_check_status gauge" in out.stdout
+    assert 'envdoctor_check_status{check="shm.size",status="ok",target="node"}' in out.stdout
+
+
+@pytest.mark.parametrize("stdout", ["/dev/full", "closed"])
+def test_once_into_a_stdout_that_takes_nothing_is_74_and_one_line(stdout):
+    import subprocess
+    import sys
+
+    kw = {"stdout": open("/dev/full", "wb")} if stdout == "/dev/full" else {"preexec_fn": lambda: os.close(1)}
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once"], stderr=subprocess.PIPE, text=True,
+                          timeout=120, **kw)
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr
+    assert "metrics not written to standard output" in proc.stderr.strip().splitlines()[-1]

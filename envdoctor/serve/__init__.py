@@ -47,6 +47,29 @@ class StartError(Exception):
     """Bad usage, config or web config at start: the CLI prints it and exits 2."""
 
 
+def _print_exposition(metrics: bytes) -> bool:
+    """`serve --once` with no --textfile: what /metrics would have answered, on stdout
+    (it printed nothing at all). False, with one log line, when stdout cannot take it."""
+    import sys
+
+    from envdoctor import log
+
+    try:
+        if sys.stdout is None:
+            raise OSError("standard output is closed")
+        out = getattr(sys.stdout, "buffer", None)
+        if out is not None:
+            out.write(metrics)
+            out.flush()
+        else:  # the CLI's stand-in for a closed stdout (or a caller's text stream)
+            sys.stdout.write(metrics.decode("utf-8"))
+            sys.stdout.flush()
+        return True
+    except (OSError, ValueError) as exc:
+        log.event("error", "metrics not written to standard output", reason=str(getattr(exc, "strerror", None) or exc))
+        return False
+
+
 class Daemon:
     """Everything `serve` runs, built and checked by start(); run() blocks until stopped."""
 
@@ -135,6 +158,8 @@ class Daemon:
             if self.textfile_error:  # the run's last word must not read as success (exit 74)
                 log.event("error", "one run complete, but the textfile was not written", targets=len(snap.targets),
                           seconds=f"{snap.run_seconds:.3f}", textfile=str(self.options.textfile or ""))
+                return EXIT_IO
+            if self.options.textfile is None and not _print_exposition(snap.metrics):
                 return EXIT_IO
             log.event("info", "one run complete", targets=len(snap.targets), seconds=f"{snap.run_seconds:.3f}",
                       textfile=str(self.options.textfile or ""))
