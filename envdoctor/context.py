@@ -108,7 +108,8 @@ def _onnx_available() -> bool:
     import importlib.util
 
     if importlib.util.find_spec("onnx") is None:
-        raise Unavailable(f"the onnx package is not installed in {sys.executable} (pip install 'envdoctor[onnx]')")
+        raise Unavailable(f"the onnx package is not installed in {sys.executable} (onnx.opset imports onnx in "
+                          "envdoctor's own interpreter, whatever --python names: pip install 'envdoctor[onnx]' there)")
     return True
 
 
