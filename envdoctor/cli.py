@@ -274,8 +274,10 @@ def list_checks() -> None:
         origin = registry.origins.get(check_id, "")
         needs = f" [needs {', '.join(check.needs)}]" if check.needs else ""
         off = " (off by default)" if not check.enabled else ""
+        runs = [m for m in check.modes if check.runs_in(m)]
+        where = "" if check.runs_in("check") else f" (not in `check`; runs in: {', '.join(runs) or 'no mode'})"
         plugin = f" (plug-in from {origin})" if origin != "envdoctor" else ""
-        lines.append(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{plugin}"))
+        lines.append(one_line(f"{check_id:<{width}}  {check.title}{needs}{off}{where}{plugin}"))
     for failure in registry.failures:
         lines.append(one_line(f"{failure.row or failure.name:<{width}}  BROKEN plug-in from {failure.distribution}: "
                               f"{failure.reason}"))

@@ -26,6 +26,10 @@ def test_checks_lists_builtins_and_the_installed_plugin(plugin_env):
     assert "plug-in from envdoctor-example-plugin" in marker
     broken = next(line for line in lines if line.startswith("example.broken"))
     assert "BROKEN" in broken and "envdoctor_example_missing_dependency" in broken
+    # a check that `check` never runs says so where it is listed (helper-18)
+    live = next(line for line in lines if line.startswith("preflight.live"))
+    assert live.endswith("(not in `check`; runs in: inprocess)"), live
+    assert not any("not in `check`" in line for line in lines if line.startswith(("shm.size", "onnx.opset")))
 
 
 def test_plugin_runs_end_to_end_and_a_broken_plugin_is_an_error_row(plugin_env, tmp_path):
