@@ -52,6 +52,7 @@ import errno
 import json
 import math
 import os
+import stat
 import sys
 import threading
 import time
@@ -178,12 +179,21 @@ class Publisher:
         for directory in announce_dirs(os.environ, ANNOUNCE_DIRS):
             path = os.path.abspath(os.path.join(directory, f"{self.pid}.json"))  # removed at exit, whatever the cwd
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-                with os.fdopen(fd, "w") as f:
-                    f.write(body)
-                self._announced.append(path)
-            except OSError:  # not ours to write (read-only, another user's): the monitor finds us otherwise
+                # O_NONBLOCK: the directory is world-writable (1777), and a FIFO someone left
+                # under our pid's name blocked this open, and the job with it, for good
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            except OSError:  # not ours to write (read-only, another user's, a FIFO): the monitor finds us otherwise
                 continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue  # a device or a FIFO with a reader: nothing to announce into
+                os.ftruncate(fd, 0)
+                os.write(fd, body.encode())
+                self._announced.append(path)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
 
     def _sweep(self, stale_after: float = 600.0) -> None:
         """Remove documents that killed jobs left behind (SIGKILL runs no atexit), ours by

@@ -128,6 +128,39 @@ def test_relative_directories_and_a_later_chdir_leave_nothing_behind(tmp_path):
     assert left == [], left
 
 
+@pytest.mark.parametrize("planted", ["fifo", "fifo with a reader", "directory", "symlink"])
+def test_what_another_user_leaves_under_our_announcement_name_never_blocks_attach(tmp_path, planted):
+    """The announce directory is 1777. A FIFO named <pid>.json blocked attach()'s open,
+    and with it the job, for good (helper-19); only a regular file of ours is written."""
+    ann = tmp_path / "ann"
+    ann.mkdir()
+    ann.chmod(0o1777)
+    r = run_py(f"""
+        import os, stat, sys, time, envdoctor
+        ann = {str(ann)!r}
+        name = os.path.join(ann, f"{{os.getpid()}}.json")
+        kind = {planted!r}
+        if kind.startswith("fifo"):
+            os.mkfifo(name, 0o666)
+            if kind == "fifo with a reader":
+                reader = os.open(name, os.O_RDONLY | os.O_NONBLOCK)
+        elif kind == "directory":
+            os.mkdir(name)
+        else:
+            os.symlink("/etc/passwd", name)
+        started = time.monotonic()
+        p = envdoctor.attach(interval=0.5, directory={str(tmp_path)!r})
+        print("attached", round(time.monotonic() - started, 2), p is not None, flush=True)
+        mode = os.lstat(name).st_mode
+        print("left", stat.S_ISFIFO(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+    """, env={"ENVDOCTOR_ANNOUNCE_DIR": str(ann)}, timeout=30)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stdout.split()
+    assert lines[0] == "attached" and float(lines[1]) < 5 and lines[2] == "True", r.stdout
+    assert lines[3:] == ["left", "True"], r.stdout  # what was planted is left as it was
+    assert open("/etc/passwd").read().startswith("root:"), "the symlink's target is never written"
+
+
 # -- the reader ---------------------------------------------------------------------------
 
 
