@@ -636,3 +636,33 @@ def test_cached_facts_are_copies_a_caller_may_change(tmp_path):
     assert not any(isinstance(v, dict) and "planted" in v for v in second.values())
     fresh = torchfacts.read_installation(torch_dir)
     assert {k: v for k, v in second.items() if k != "read_seconds"} == {k: v for k, v in fresh.items() if k != "read_seconds"}
+
+
+def test_a_library_truncated_while_it_is_read_never_kills_the_reader(tmp_path):
+    """The arch scan mapped the file: its owner truncating it under the reader (any
+    user's job is serve's target) killed serve with SIGBUS (helper-19). Read, it just ends."""
+    lib = tmp_path / "libtorch_python.so"
+    size = 32 * 1024 * 1024
+    with open(lib, "wb") as f:
+        f.truncate(size)
+        f.seek(size // 2)
+        f.write(b"\x00sm_80 sm_90\x00")
+    flipper = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os
+        fd = os.open({str(lib)!r}, os.O_RDWR)
+        while True:
+            os.ftruncate(fd, 0)
+            os.ftruncate(fd, {size})
+    """)])
+    try:
+        reader = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            from pathlib import Path
+            from envdoctor.torchfacts import elf
+            for _ in range(300):
+                elf.arch_string(Path({str(lib)!r}))
+            print("done")
+        """)], capture_output=True, text=True, timeout=300)
+    finally:
+        flipper.kill()
+        flipper.wait()
+    assert reader.returncode == 0 and reader.stdout.strip() == "done", (reader.returncode, reader.stderr[-500:])

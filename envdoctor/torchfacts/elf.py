@@ -8,16 +8,15 @@ library. libtorch_cuda.so's .rodata also holds the nvcc flags the build used
 ("-gencode;arch=compute_75,code=sm_75;..."), a second witness and the fallback
 when libtorch_python.so has no arch string (builds that moved it).
 
-Both readers map the file and scan only the .rodata section (about 1 MiB of a
-32 MiB libtorch_python.so, 9 MiB of a 470 MiB libtorch_cuda.so), never more than
-MAX_SCAN bytes. A file that is not ELF (a test stub, a truncated copy) is scanned
+Both readers read only the .rodata section (about 1 MiB of a 32 MiB
+libtorch_python.so, 9 MiB of a 470 MiB libtorch_cuda.so), a chunk at a time, never
+more than MAX_SCAN bytes. A file that is not ELF (a test stub, a truncated copy) is scanned
 from its start, bounded the same way. Nothing here raises on a bad file: it
 answers None.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import stat
@@ -25,6 +24,9 @@ import struct
 from pathlib import Path
 
 MAX_SCAN = 64 * 1024 * 1024
+MAX_NAMES = 1024 * 1024  # of the section-name table (a real one is ~500 bytes)
+CHUNK = 4 * 1024 * 1024  # read at a time: the memory a scan holds, whatever the section's size
+OVERLAP = 64 * 1024  # longer than any arch string or -gencode run
 
 # One whole NUL-terminated string made only of arch tokens: "sm_90", "sm_90a", "compute_90".
 _ARCH_STRING = re.compile(rb"\x00((?:sm|compute)_\d+[a-z]?(?: (?:sm|compute)_\d+[a-z]?)*)(?=\x00)")
@@ -32,43 +34,53 @@ _GENCODE = re.compile(rb"(?:-gencode[;= ]arch=compute_\d+[a-z]?,code=(?:sm|compu
 _GENCODE_CODE = re.compile(rb"code=((?:sm|compute)_\d+[a-z]?)")
 
 
-def _section(mm: mmap.mmap, name: bytes) -> tuple[int, int] | None:
+def _read(fd: int, size: int, offset: int) -> bytes:
+    """Up to `size` bytes at `offset`; fewer (or none) where the file ends, or shrank."""
+    return os.pread(fd, max(0, size), offset) if offset >= 0 else b""
+
+
+def _section(fd: int, file_size: int, name: bytes) -> tuple[int, int] | None:
     """(offset, size) of the section called `name` in an ELF file, or None."""
-    if mm.size() < 64 or mm[:4] != b"\x7fELF":
+    header = _read(fd, 64, 0)
+    if len(header) < 64 or header[:4] != b"\x7fELF":
         return None
-    klass, data = mm[4], mm[5]
+    klass, data = header[4], header[5]
     end = "<" if data == 1 else ">"
     try:
         if klass == 2:
-            shoff, = struct.unpack_from(end + "Q", mm, 0x28)
-            shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", mm, 0x3A)
+            shoff, = struct.unpack_from(end + "Q", header, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", header, 0x3A)
             fmt, off_at = end + "IIQQQQ", (4, 5)
         elif klass == 1:
-            shoff, = struct.unpack_from(end + "I", mm, 0x20)
-            shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", mm, 0x2E)
+            shoff, = struct.unpack_from(end + "I", header, 0x20)
+            shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", header, 0x2E)
             fmt, off_at = end + "IIIIII", (4, 5)
         else:
             return None
-        if not shoff or not shnum or shstrndx >= shnum or shoff + shnum * shentsize > mm.size():
+        if not shoff or not shnum or shstrndx >= shnum or shoff + shnum * shentsize > file_size:
             return None
-        headers = [struct.unpack_from(fmt, mm, shoff + i * shentsize) for i in range(min(shnum, 4096))]
+        count = min(shnum, 4096)
+        table = _read(fd, count * shentsize, shoff)
+        headers = [struct.unpack_from(fmt, table, i * shentsize) for i in range(count)]
         strtab_off, strtab_size = headers[shstrndx][off_at[0]], headers[shstrndx][off_at[1]]
+        names = _read(fd, min(strtab_size, MAX_NAMES), strtab_off)
         for h in headers:
-            start = strtab_off + h[0]
-            if start >= strtab_off + strtab_size:
-                continue
-            stop = mm.find(b"\x00", start, strtab_off + strtab_size)
-            if stop >= 0 and mm[start:stop] == name:
+            stop = names.find(b"\x00", h[0])
+            if h[0] < len(names) and stop >= 0 and names[h[0]:stop] == name:
                 offset, size = h[off_at[0]], h[off_at[1]]
-                if offset + size <= mm.size():
+                if offset + size <= file_size:
                     return offset, size
-    except struct.error:
+    except (struct.error, IndexError):
         return None
     return None
 
 
 def _scan(path: Path, pattern: re.Pattern, section: bytes = b".rodata") -> list[bytes]:
-    """Every match of `pattern` in the file's `section` (or its start, if not ELF)."""
+    """Every match of `pattern` in the file's `section` (or its start, if not ELF).
+
+    Read with pread, a chunk at a time, never mapped: a mapped file that its owner
+    truncates under us (any user's job is a target of serve) kills the reader with
+    SIGBUS, which no Python code can catch. A file that shrinks now just ends early."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)  # a FIFO must not block us
     except (OSError, ValueError):
@@ -77,17 +89,28 @@ def _scan(path: Path, pattern: re.Pattern, section: bytes = b".rodata") -> list[
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             return []
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-            where = _section(mm, section) or (0, mm.size())
-            start, size = where[0], min(where[1], MAX_SCAN)
-            # step back one byte so a string at the very start of the section
-            # still has its leading NUL
-            start = max(0, start - 1)
-            return [m.group(0) for m in pattern.finditer(mm, start, start + size + 1)]
+        where = _section(fd, st.st_size, section) or (0, st.st_size)
+        # step back one byte so a string at the very start of the section still has its leading NUL
+        start = max(0, where[0] - 1)
+        return _matches(fd, pattern, start, start + min(where[1], MAX_SCAN) + 1)
     except (OSError, ValueError):
         return []
     finally:
         os.close(fd)
+
+
+def _matches(fd: int, pattern: re.Pattern, start: int, end: int) -> list[bytes]:
+    """The matches in [start, end), read CHUNK bytes at a time. Each read runs OVERLAP
+    bytes past its chunk, and a chunk keeps only matches that start inside it, so a
+    match across a boundary (all are far shorter than OVERLAP) is found whole, once."""
+    found: list[bytes] = []
+    for pos in range(start, end, CHUNK):
+        data = _read(fd, min(end, pos + CHUNK + OVERLAP) - pos, pos)
+        last = pos + CHUNK >= end or len(data) <= CHUNK
+        found += [m.group(0) for m in pattern.finditer(data) if last or m.start() < CHUNK]
+        if len(data) <= CHUNK:  # the end of the file (or it shrank): nothing after this
+            break
+    return found
 
 
 def arch_string(path: Path) -> list[str] | None:
