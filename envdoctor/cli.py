@@ -350,15 +350,19 @@ def _kill_everything_started() -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
+    from envdoctor.errors import Terminated
+
     _kill_everything_started()  # first: a probe runs in its own session and would not hear the signal
-    raise SystemExit(128 + signum)
+    raise Terminated(128 + signum)
 
 
 def _on_sigint(signum, frame) -> None:
     """Ctrl-C: what SIGTERM kills goes too, then Python's KeyboardInterrupt as usual.
     typer turns that into exit 130 inside the CLI, before main() could clean up."""
+    from envdoctor.errors import Interrupted
+
     _kill_everything_started()
-    raise KeyboardInterrupt
+    raise Interrupted
 
 
 class _ClosedStdout(io.TextIOBase):

@@ -57,3 +57,16 @@ class UsageError(EnvdoctorError):
 class OutputError(EnvdoctorError):
     """A report or file could not be written (a full disk, no such directory, a FIFO
     with no reader): one line naming the file and why. Not bad usage: exit 74."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived: the CLI's handler raises this (exit 128 + 15), not a bare SystemExit,
+    so code that contains what a plug-in raises (SystemExit included) can still tell the
+    user's signal apart and let it end the command."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C), raised by the CLI's handler; see Terminated."""
+
+
+STOP_SIGNALS = (Terminated, Interrupted)

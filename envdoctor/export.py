@@ -63,6 +63,7 @@ def names() -> list[str]:
 
 def get(name: str) -> Exporter:
     """The exporter registered as `name`; UnknownFormat with the choices otherwise."""
+    from envdoctor.errors import STOP_SIGNALS
     from envdoctor.registry import entry_points_of, load_bounded
 
     for ep in entry_points_of(GROUP):
@@ -73,6 +74,8 @@ def get(name: str) -> Exporter:
             obj: Any = ep.load() if ep.value.startswith("envdoctor.") else load_bounded([ep])[ep.value]
             if isinstance(obj, BaseException):
                 raise obj
+        except STOP_SIGNALS:  # the user's SIGTERM or Ctrl-C while a built-in format imports
+            raise
         except BaseException as exc:  # a plug-in's import may raise anything
             raise UnknownFormat(f"format {name!r} ({ep.value}) could not be loaded: {type(exc).__name__}: {exc}") from None
         if not isinstance(obj, Exporter):

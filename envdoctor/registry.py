@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 from envdoctor.entrypoints import EntryPoint, entry_points
 
 from envdoctor.check import Check
+from envdoctor.errors import STOP_SIGNALS
 
 GROUP = "envdoctor.checks"
 BUILTIN_PREFIX = "envdoctor."
@@ -183,6 +184,8 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
             obj = plugins[ep.value] if ep.value in plugins else ep.load()
             if isinstance(obj, BaseException):
                 raise obj
+        except STOP_SIGNALS:  # the user's SIGTERM or Ctrl-C during a built-in's import: not its failure
+            raise
         except BaseException as exc:  # a plug-in's import may raise anything, even SystemExit
             failures.append(LoadFailure(ep.name, ep.value, dist, f"import failed: {type(exc).__name__}: {exc}"))
             continue

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -168,3 +169,33 @@ def test_a_usage_error_masks_a_secret_pasted_into_the_wrong_flag():
     proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--timeout", "https://bob:hunter2@x.example", "--", "true"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "hunter2" not in proc.stderr and "bob:***@" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("signum, code", [(15, 143), (2, 130)])
+def test_a_signal_while_a_built_in_check_imports_ends_the_run(signum, code):
+    """SIGTERM or Ctrl-C landing in a built-in check's import was caught as that check's
+    import failure: the run went on and blamed envdoctor's own check (helper-19; torchrun
+    SIGTERMs the other ranks when one dies at start-up)."""
+    script = textwrap.dedent(f"""
+        import importlib.abc, os, signal, sys, threading, time
+        from envdoctor import cli, registry
+        signal.signal(signal.SIGTERM, cli._on_sigterm)
+        signal.signal(signal.SIGINT, cli._on_sigint)
+
+        class SlowImport(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "envdoctor.checks.shm_size":
+                    threading.Timer(0.2, os.kill, (os.getpid(), {signum})).start()
+                    time.sleep(10)  # the signal lands here, inside the built-in's import
+                return None
+
+        sys.meta_path.insert(0, SlowImport())
+        try:
+            loaded = registry.load(autoload_plugins=False)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        print("went on:", [f.reason for f in loaded.failures])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ENVDOCTOR_NO_CACHE": "1"})
+    assert proc.returncode == code and "went on" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-800:])
