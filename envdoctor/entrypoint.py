@@ -213,8 +213,23 @@ def _still_loading(plan: Mapping[str, Any], messages: Sequence[Any]) -> str:
     return " (it was still loading the checks and the config); raise --timeout"
 
 
+def _passable(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment execve can hand the job: an entry with an empty name (`env =x
+    cmd`; the kernel takes any string) cannot be set, unset or passed on from Python,
+    and broke the pre-flight and then execve with a traceback. It is dropped, and said."""
+    env = {k: v for k, v in environ.items() if k and "=" not in k and "\0" not in k}
+    if len(env) != len(environ):
+        from envdoctor.redact import mask_own_secrets
+
+        gone = [f"{k}={environ[k]}" for k in environ if k not in env]
+        log("warn", f"dropped {len(gone)} environment entr{'y' if len(gone) == 1 else 'ies'} no program can "
+                    f"look up and execve cannot pass on (an empty name): {mask_own_secrets(', '.join(gone))[:200]}",
+            dropped=len(gone))
+    return env
+
+
 def _run(options: ExecOptions, argv: list[str]) -> int:
-    env = dict(os.environ)
+    env = _passable(os.environ)
     options = dataclasses.replace(options, timeout=default_budget(options, env))
     _validate(options, argv)
     path = resolve_command(argv[0], env.get("PATH"))

@@ -159,6 +159,19 @@ def _probe(python: str, timeout: float) -> Any:
                                           "exec's --timeout bounds it (torch facts are cached after one full run)")) from None
 
 
+def set_environ(env: Mapping[str, str]) -> None:
+    """Make os.environ exactly `env`, in this (disposable) child. os.environ.clear() raised
+    on a name the C library will not unset (an empty one, from `env =x envdoctor exec`);
+    such an entry is left, and the job never gets it (entrypoint._passable)."""
+    for name in list(os.environ):
+        if name not in env:
+            try:
+                del os.environ[name]
+            except OSError:
+                pass
+    os.environ.update(env)
+
+
 def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[str, str], keep: Sequence[str],
                          session: Any, deadline: float) -> tuple[Any, dict[str, str], list[Any]]:
     """--fix: work out the changes, make them, and judge the checks they came from again
@@ -169,8 +182,7 @@ def _fix_and_judge_again(results: list[Any], plans: Sequence[Any], env: Mapping[
     fix = envfix.plan([r.to_dict() for r in sorted(results, key=lambda r: -r.status.severity)], env, keep)
     fixed_env = envfix.apply(env, fix.changes)
     if fix.changes:
-        os.environ.clear()  # exactly the fixed environment: a fix may unset a variable
-        os.environ.update(fixed_env)
+        set_environ(fixed_env)  # exactly the fixed environment: a fix may unset a variable
         # Judged again: every check that wanted one of the changed variables (a change is
         # credited to one check, the loudest, but others may have asked for it too). A
         # cross-rank check cannot be judged again by one rank alone (the others have moved
@@ -264,8 +276,7 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     # The child is disposable: give it the job's environment, so the torch probe and
     # every library it loads see what the command will see.
-    os.environ.clear()
-    os.environ.update(env)
+    set_environ(env)
     first = max(0.05, t0 + budget * 0.7 - time.monotonic())
     host = host or HostSession()
     session = Session(env_override=dict(env), host=host, torch_factory=lambda s: _torch_facts(s, max(0.05, first - 0.1)),
@@ -308,8 +319,7 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     from envdoctor.config import load as load_config
     from envdoctor.errors import ConfigError, UsageError
 
-    os.environ.clear()  # plug-ins and the config read the environment the command will get
-    os.environ.update(env)
+    set_environ(env)  # plug-ins and the config read the environment the command will get
     registry = registry_module.load(importing=lambda eps: send({"importing": [f"{ep.name} ({ep.value})" for ep in eps]}))
     try:
         config = load_config(registry.checks, known_ids=registry.failure_ids)

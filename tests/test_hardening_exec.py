@@ -68,3 +68,17 @@ def test_attach_with_an_ordinary_interval_still_publishes():
     env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_ATTACH"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert "published True" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("fix", [[], ["--fix"]])
+def test_an_environment_entry_with_an_empty_name_is_dropped_and_said_and_the_job_starts(fix):
+    """`env =weird envdoctor exec -- cmd`: os.environ.clear() raised in the pre-flight and
+    execve then refused the name, with a traceback; the job never started (helper-19)."""
+    proc = subprocess.run(["env", "=weird", "KEPT=1", sys.executable, "-m", "envdoctor", "exec", *fix, "--",
+                           "sh", "-c", 'echo "ran KEPT=$KEPT"; env | grep -c "^=weird" || true'],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["ran", "KEPT=1", "0"], proc.stdout
+    assert "broke" not in proc.stderr
+    dropped = [line for line in proc.stderr.splitlines() if "dropped 1 environment entry" in line]
+    assert len(dropped) == 1 and "level=warn" in dropped[0] and "=weird" in dropped[0], proc.stderr
