@@ -48,7 +48,10 @@ def resolve_command(name: str, path_var: str | None) -> str:
     for candidate in candidates:
         try:
             st = os.stat(candidate)
-        except OSError:
+        except OSError as exc:
+            if "/" in name and exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                # a symlink loop, a name too long, a directory we may not search: as a shell says
+                raise CannotRun(EXIT_CANNOT_EXECUTE, f"{name}: {exc.strerror or exc}") from None
             continue
         if stat.S_ISDIR(st.st_mode):
             if "/" in name:

@@ -146,6 +146,10 @@ def test_a_command_that_cannot_be_executed_is_126_in_one_line(tmp_path):
     binary.chmod(0o755)
     garbage = envdoctor_exec("--", str(binary))
     assert garbage.returncode == 126 and "exec format error" in garbage.stderr
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)  # a shell says "Too many levels of symbolic links", 126; exec said "no such file", 127
+    looping = envdoctor_exec("--", str(loop))
+    assert looping.returncode == 126 and "Too many levels of symbolic links" in looping.stderr, looping.stderr
 
 
 def test_a_command_is_found_on_the_path_it_will_get(tmp_path):
