@@ -48,9 +48,25 @@ def exit_now(code: object) -> None:
     os._exit(code)
 
 
+def _hold_reloads_while_starting() -> None:
+    """`serve`: SIGHUP asks the daemon to re-read its config, and one that came while the
+    process was still starting (Python, the CLI, the relaunch: about 0.3 s) killed it, the
+    signal's default action; `kill -HUP $MAINPID` right after a start took the monitor
+    down. It is ignored until the daemon installs its handler (an ignored signal stays
+    ignored across the relaunch's execve); nothing is loaded yet that could be re-read."""
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        import signal
+
+        try:
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread: an embedding caller's business
+            pass
+
+
 def console_main() -> None:
     """The `envdoctor` console script."""
     global relaunch_serve
+    _hold_reloads_while_starting()
     code = _daemon_exit_code()
     if code is not None:
         exit_now(code)
@@ -66,6 +82,7 @@ def module_main() -> None:
     still examining a process when SIGTERM came held the exit up for as long as its
     checks took (past 10 s on a loaded machine); a daemon's run is abandoned, not awaited."""
     global relaunch_serve
+    _hold_reloads_while_starting()
     code = _daemon_exit_code()
     if code is not None:
         exit_now(code)

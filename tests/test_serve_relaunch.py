@@ -171,3 +171,37 @@ def test_sigterm_delivered_to_a_worker_thread_still_stops_the_daemon_within_seco
         assert time.monotonic() - t0 < 5.0
     finally:
         serve.stop()
+
+
+@pytest.mark.parametrize("after", [0.05, 0.15, 0.3])
+def test_a_sighup_while_the_daemon_is_still_starting_does_not_kill_it(after):
+    """SIGHUP re-reads the config; one sent in the first ~0.3 s (Python, the CLI, the
+    relaunch) met the default action and killed the daemon (rc 129; helper-19)."""
+    import time
+
+    from serve_support import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "serve", "--web.listen-address", f"127.0.0.1:{port}",
+                             "--interval", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(after)
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = get(f"http://127.0.0.1:{port}/healthz", timeout=2)[0]
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert proc.poll() is None and status in (200, 503), (proc.returncode, status)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code == 0, proc.stderr.read()[-1000:]
