@@ -41,8 +41,19 @@ def protect(envs: Iterable[Mapping[str, str]]) -> None:
         _extra_secrets.update(values)
 
 
+MAX_VALUE_CHARS = 1000  # of one value (the message too): a 100 KB NCCL_DEBUG made 200 KB lines
+
+
+def _cut(text: str) -> str:
+    """`text`, or its start and how much more there was. Called after redaction, so a cut
+    never leaves the tail of a secret that redaction would have masked whole."""
+    if len(text) <= MAX_VALUE_CHARS:
+        return text
+    return f"{text[:MAX_VALUE_CHARS]}... ({len(text) - MAX_VALUE_CHARS} more characters)"
+
+
 def _quote(value: Any) -> str:
-    text = redact.writable("" if value is None else str(value))  # an undecodable byte as \xff, as reports show it
+    text = _cut(redact.writable("" if value is None else str(value)))  # an undecodable byte as \xff, as reports show it
     text = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
     if text and _BARE.match(text):
         return text

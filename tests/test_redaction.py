@@ -132,3 +132,16 @@ def test_a_log_lines_check_and_target_fields_are_not_masked(monkeypatch):
     line = log.format_line("info", "x", {"check": "memory.cache_growth", "target": "pid:1", "note": "cache_growth"})
     assert "check=memory.cache_growth" in line and "target=pid:1" in line
     assert "note=***" in line or 'note="***"' in line  # other fields are still scrubbed
+
+
+def test_a_huge_value_makes_a_bounded_log_line_cut_after_redaction(monkeypatch):
+    """exec --fix logged a 100 KB NCCL_DEBUG twice in one line, 200 KB (helper-19)."""
+    from envdoctor import log
+
+    secret = "s3cr3t-" + "q" * 40
+    monkeypatch.setenv("MY_API_TOKEN", secret)
+    huge = "x" * (log.MAX_VALUE_CHARS - 20) + " " + secret + " " + "z" * 100_000  # the cut falls inside the secret
+    line = log.format_line("info", f"set NCCL_DEBUG {huge}", {"old": huge, "check": "dist.env"})
+    assert len(line) < 4 * log.MAX_VALUE_CHARS
+    assert "more characters)" in line and "s3cr" not in line  # masked whole, then cut: no head of it is left
+    assert "check=dist.env" in line
