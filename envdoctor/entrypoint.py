@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 from envdoctor.become import CannotRun, become, resolve_command
 from envdoctor.exec_preflight import DEFAULT_TIMEOUT, ExecOptions, default_budget, in_child
@@ -181,14 +182,25 @@ def _hook_directory() -> str:
     from envdoctor import __version__, diskcache
 
     installation = f"{os.path.dirname(os.path.abspath(__file__))}\0{__version__}"
-    directory = diskcache.cache_dir() / f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
-    try:
-        diskcache.make_dir(directory)
-        st = os.lstat(directory)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
-            return str(directory)
-    except OSError:  # no writable home (a read-only container): a private temporary directory
-        pass
+    name = f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
+
+    def private(directory: Path, make: Callable[[Path], None]) -> bool:
+        try:
+            make(directory)
+            st = os.lstat(directory)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+    cached = diskcache.cache_dir() / name
+    if private(cached, diskcache.make_dir):
+        return str(cached)
+    # No usable home (a read-only container): one directory per user and installation in
+    # $TMPDIR, reused as the cache one is; a fresh one each start piled up one per start.
+    # One that someone else made first (the name is predictable) is not used.
+    shared = Path(tempfile.gettempdir()) / f"envdoctor-{name}-{os.geteuid()}"
+    if private(shared, lambda d: d.mkdir(mode=0o700, exist_ok=True)):
+        return str(shared)
     return tempfile.mkdtemp(prefix="envdoctor-attach-")
 
 

@@ -82,3 +82,32 @@ def test_an_environment_entry_with_an_empty_name_is_dropped_and_said_and_the_job
     assert "broke" not in proc.stderr
     dropped = [line for line in proc.stderr.splitlines() if "dropped 1 environment entry" in line]
     assert len(dropped) == 1 and "level=warn" in dropped[0] and "=weird" in dropped[0], proc.stderr
+
+
+def test_without_a_cache_directory_attach_reuses_one_hook_directory_in_tmpdir(tmp_path):
+    """With no usable cache directory, every `exec --attach` made a fresh mkdtemp that
+    nothing could remove (after execve nothing of envdoctor is left): one per start, for
+    good (helper-19). It reuses one private directory per user; one that someone else
+    made under that name first is never used."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    env.update(TMPDIR=str(tmpdir), XDG_CACHE_HOME="/proc/envdoctor-no-cache")
+
+    def start() -> str:
+        proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--attach", "--", "sh", "-c", "echo ran"],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr
+        return next(line.split("hook=")[1].split()[0].strip('"') for line in proc.stderr.splitlines() if "hook=" in line)
+
+    first, second = start(), start()
+    assert first == second and first.startswith(str(tmpdir)), (first, second)
+    assert [p.name for p in tmpdir.iterdir()] == [os.path.basename(first)]
+    assert oct(os.stat(first).st_mode & 0o777) == "0o700"
+
+    shutil.rmtree(first)
+    os.mkdir(first, 0o777)
+    os.chmod(first, 0o777)  # someone made the predictable name first, writable by all
+    third = start()
+    assert third != first and os.path.basename(third).startswith("envdoctor-attach-")
+    assert os.listdir(first) == [], "nothing is written into a directory that is not private"
