@@ -141,7 +141,7 @@ def test_a_regular_file_keeps_its_permissions(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o640 and out.read_text() == "y"
 
 
-@pytest.mark.parametrize("where", ["", ".", "/", "missing-dir/r.txt"])
+@pytest.mark.parametrize("where", [".", "/", "missing-dir/r.txt"])  # '' is bad usage: test_cli
 def test_bad_output_paths_are_one_line_and_exit_74(tmp_path, where):
     proc = cli("check", "--only", "shm.size", "-o", where, cwd=tmp_path)
     assert proc.returncode == 74, (proc.returncode, proc.stderr)
