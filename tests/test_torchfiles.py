@@ -202,6 +202,48 @@ def test_truncated_or_empty_libraries_answer_none(tmp_path, cut):
     assert elf.arch_string(tmp_path) is None  # a directory
 
 
+def test_a_section_table_that_points_past_any_file_is_only_a_bad_file(tmp_path):
+    """A name-table offset of 2**64-1 made pread raise OverflowError out of the scan, an
+    `error` row in cuda.runtime and torch.cudnn, from any user's file (helper-20)."""
+    import struct
+
+    so = build_so(tmp_path, 'const char arch_flags[] = "sm_80 sm_90";\nconst char *keep(void) { return arch_flags; }\n')
+    data = bytearray(so.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shstrndx, = struct.unpack_from("<H", data, 0x3E)
+    for offset in (0xFFFFFFFFFFFFFFFF, 0x7FFFFFFFFFFFFFFF):
+        struct.pack_into("<Q", data, shoff + shstrndx * 64 + 24, offset)  # the name table's sh_offset
+        bad = tmp_path / "bad.so"
+        bad.write_bytes(data)
+        assert elf.arch_string(bad) == ["sm_80", "sm_90"]  # no table: the file is scanned from its start
+        assert elf.gencode_arches(bad) is None
+
+
+def test_a_huge_section_entry_size_costs_no_memory(tmp_path):
+    """e_shentsize 65535 x 4096 entries in a sparse file: the table read was 268 MB at
+    once, enough for any user to get serve (MemoryMax=256M) OOM-killed (helper-20)."""
+    import struct
+
+    so = build_so(tmp_path, 'const char arch_flags[] = "sm_80 sm_90";\nconst char *keep(void) { return arch_flags; }\n')
+    data = bytearray(so.read_bytes()[:64])
+    struct.pack_into("<Q", data, 0x28, 64)  # e_shoff
+    struct.pack_into("<HHH", data, 0x3A, 65535, 4096, 1)  # e_shentsize, e_shnum, e_shstrndx
+    bad = tmp_path / "sparse.so"
+    with open(bad, "wb") as f:
+        f.write(data)
+        f.truncate(64 + 65535 * 4096 + 4096)
+    reader = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import resource
+        from pathlib import Path
+        from envdoctor.torchfacts import elf
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(elf.arch_string(Path({str(bad)!r})), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+    """)], capture_output=True, text=True, timeout=120)
+    assert reader.returncode == 0, reader.stderr
+    found, grew_kib = reader.stdout.rsplit(" ", 1)
+    assert found == "None" and int(grew_kib) < 32 * 1024, reader.stdout  # 4 MiB chunks of zeros, not 268 MB
+
+
 # -- where a target's torch is -----------------------------------------------------------------
 
 

@@ -40,7 +40,16 @@ def _read(fd: int, size: int, offset: int) -> bytes:
 
 
 def _section(fd: int, file_size: int, name: bytes) -> tuple[int, int] | None:
-    """(offset, size) of the section called `name` in an ELF file, or None."""
+    """(offset, size) of the section called `name` in an ELF file, or None (then the
+    caller scans the file's start): offsets and sizes are the file's own word, and an
+    offset past 2**63 or an entry size that makes the table 256 MiB is only a bad file."""
+    try:
+        return _find_section(fd, file_size, name)
+    except (OSError, OverflowError, ValueError, struct.error, IndexError):
+        return None
+
+
+def _find_section(fd: int, file_size: int, name: bytes) -> tuple[int, int] | None:
     header = _read(fd, 64, 0)
     if len(header) < 64 or header[:4] != b"\x7fELF":
         return None
@@ -50,12 +59,14 @@ def _section(fd: int, file_size: int, name: bytes) -> tuple[int, int] | None:
         if klass == 2:
             shoff, = struct.unpack_from(end + "Q", header, 0x28)
             shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", header, 0x3A)
-            fmt, off_at = end + "IIQQQQ", (4, 5)
+            fmt, off_at, entry = end + "IIQQQQ", (4, 5), 64
         elif klass == 1:
             shoff, = struct.unpack_from(end + "I", header, 0x20)
             shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", header, 0x2E)
-            fmt, off_at = end + "IIIIII", (4, 5)
+            fmt, off_at, entry = end + "IIIIII", (4, 5), 40
         else:
+            return None
+        if shentsize != entry:  # the ELF spec's size; anything else is not a table we can read
             return None
         if not shoff or not shnum or shstrndx >= shnum or shoff + shnum * shentsize > file_size:
             return None
