@@ -152,22 +152,27 @@ def adopts_orphans() -> bool:
 @contextlib.contextmanager
 def contained() -> Iterator[None]:
     """Nothing started inside the block outlives it: orphans are adopted while it runs,
-    and every descendant that was not there before it is killed when it ends.
+    and every child that was not there before it is killed when it ends, with all below it.
 
     A check that times out is left running on its thread, and so is the tool it waits
     on (a hung `nvidia-smi`); a plug-in may start a daemon. Both outlived `envdoctor
-    check` as orphans of PID 1. Processes that were there before (an embedding caller's)
-    are left alone; the killed ones are reaped by whoever waits on them, or by the
+    check` as orphans of PID 1. Children that were there before (an embedding caller's,
+    or a shell's background job when the shell exec'd envdoctor) are left alone, and so is
+    all they start; the killed ones are reaped by whoever waits on them, or by the
     process's own exit (a double-forked orphan stays a zombie until then)."""
     me = os.getpid()
-    before = set(descendants(me))
-    was = adopts_orphans()
-    adopt_orphans(True)
+    before = set(children_of(me))
+    # A process that already has children (a shell that exec'd us kept its background
+    # jobs) adopts nothing: an orphan could be one of theirs, and theirs are not ours to end.
+    adopt = not before and not adopts_orphans()
+    if adopt:
+        adopt_orphans(True)
     try:
         yield
     finally:
-        kill_tree([pid for pid in descendants(me) if pid not in before])
-        if not was:
+        started = [pid for pid in children_of(me) if pid not in before]
+        kill_tree([pid for child in started for pid in (child, *descendants(child))])
+        if adopt:
             adopt_orphans(False)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -548,6 +550,30 @@ def test_nothing_a_plugin_started_outlives_the_command(tmp_path, command):
         while _sleepers(seconds) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _sleepers(seconds) == []
+    finally:
+        for pid in _sleepers(seconds):
+            os.kill(pid, 9)
+
+
+def test_what_the_users_shell_started_before_envdoctor_is_left_alone(tmp_path):
+    """`bash -c '( ...; sleep N ) & exec envdoctor check'`: the subshell became check's child,
+    and what it started during the run (its `sleep`, a daemon it double-forked) was killed
+    as if a check had started it (helper-20)."""
+    seconds = str(500000 + os.getpid() % 100000)
+    done = tmp_path / "done"
+    # the job starts its daemon and its sleep while check samples for 3 s (--window)
+    script = (f"( sleep 0.3; setsid sleep {seconds} </dev/null >/dev/null 2>&1 & sleep 1; sleep 4; echo ok > {done} ) & "
+              f"exec {sys.executable} -m envdoctor check --only shm.size,memory.cache_growth --window 3 -f compact")
+    try:
+        started = time.monotonic()
+        proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+        assert proc.returncode in (0, 1) and "Killed" not in proc.stderr, proc.stderr
+        assert _sleepers(seconds), "the shell's own daemon was killed"
+        deadline = time.monotonic() + 20
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done.read_text().strip() == "ok"
+        assert time.monotonic() - started >= 5, "its `sleep 4` was cut short"
     finally:
         for pid in _sleepers(seconds):
             os.kill(pid, 9)
