@@ -184,24 +184,42 @@ def _hook_directory() -> str:
     installation = f"{os.path.dirname(os.path.abspath(__file__))}\0{__version__}"
     name = f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
 
-    def private(directory: Path, make: Callable[[Path], None]) -> bool:
+    def private(directory: Path, make: Callable[[Path], None]) -> str | None:
+        """`directory`, resolved, if only we (or root) can change what is in it: it is ours
+        and not writable by others, and so is every directory above it, or sticky (/tmp).
+        A directory of ours under a parent another user may write can be renamed away
+        and replaced with theirs between our write and the job's start."""
+        me = os.geteuid()
         try:
             make(directory)
-            st = os.lstat(directory)
+            real = Path(os.path.realpath(directory))
+            st = os.lstat(real)
+            if not (stat.S_ISDIR(st.st_mode) and st.st_uid == me and not st.st_mode & 0o022):
+                return None
+            for parent in real.parents:
+                st = os.lstat(parent)
+                if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+                    return None
         except OSError:
-            return False
-        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+            return None
+        return str(real)
 
-    cached = diskcache.cache_dir() / name
-    if private(cached, diskcache.make_dir):
-        return str(cached)
-    # No usable home (a read-only container): one directory per user and installation in
-    # $TMPDIR, reused as the cache one is; a fresh one each start piled up one per start.
-    # One that someone else made first (the name is predictable) is not used.
-    shared = Path(tempfile.gettempdir()) / f"envdoctor-{name}-{os.geteuid()}"
-    if private(shared, lambda d: d.mkdir(mode=0o700, exist_ok=True)):
-        return str(shared)
-    return tempfile.mkdtemp(prefix="envdoctor-attach-")
+    found = private(diskcache.cache_dir() / name, diskcache.make_dir)
+    if found is None:
+        # No usable home (a read-only container): one directory per user and installation in
+        # $TMPDIR, reused as the cache one is; a fresh one each start piled up one per start.
+        # One that someone else made first (the name is predictable) is not used.
+        shared = Path(tempfile.gettempdir()) / f"envdoctor-{name}-{os.geteuid()}"
+        found = private(shared, lambda d: d.mkdir(mode=0o700, exist_ok=True))
+    if found is None:
+        fresh = tempfile.mkdtemp(prefix="envdoctor-attach-")
+        found = private(Path(fresh), lambda d: None)
+        if found is None:
+            os.rmdir(fresh)
+    if found is None:  # the caller starts the job unattached, and says so
+        raise PermissionError(f"no directory only this user can change, under {tempfile.gettempdir()} "
+                              "or the cache directory, to put the hook in")
+    return found
 
 
 def _write_report(path: str, text: str) -> None:

@@ -111,3 +111,31 @@ def test_without_a_cache_directory_attach_reuses_one_hook_directory_in_tmpdir(tm
     third = start()
     assert third != first and os.path.basename(third).startswith("envdoctor-attach-")
     assert os.listdir(first) == [], "nothing is written into a directory that is not private"
+
+
+def test_a_hook_directory_under_a_parent_others_can_write_is_not_used(tmp_path):
+    """A cache root writable by everyone (not sticky): another user could rename the
+    hook directory away and put their own sitecustomize.py in its place before the job
+    started, and run code in the job (helper-20). Only a chain we and root own is used."""
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "envdoctor").mkdir()
+    os.chown(shared / "envdoctor", 65534, 65534)
+    (shared / "envdoctor").chmod(0o777)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    env.update(XDG_CACHE_HOME=str(shared), TMPDIR=str(tmpdir))
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--attach", "--", "sh", "-c", "echo ran"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr
+    hook = next(line.split("hook=")[1].split()[0].strip('"') for line in proc.stderr.splitlines() if "hook=" in line)
+    assert not hook.startswith(str(shared)) and hook.startswith(str(tmpdir)), hook
+    assert not list(shared.rglob("sitecustomize.py")), "no hook is written where others can swap it"
+
+    tmpdir.chmod(0o777)  # a TMPDIR others may write and that is not sticky is no better
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--attach", "--", "sh", "-c", "echo ran"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr
+    assert "--attach: cannot write the start-up hook: no directory only this user can change" in proc.stderr
