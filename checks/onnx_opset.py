@@ -431,10 +431,31 @@ def _schema_opset(ort: Any) -> int | None:
     return max(versions, default=None)
 
 
+TELEMETRY_VAR = "ORT_DISABLE_TELEMETRY"
+
+
+def _import_without_telemetry() -> Any:
+    """`import onnxruntime` with ORT_DISABLE_TELEMETRY=1 for the import, which is when it
+    reads it (unless the user set it). Otherwise its first session saves a telemetry
+    device id under ~/.cache/Microsoft, creating a missing home, and warns in colour on
+    stderr when the home is read-only: a checker should leave no trace of its own there."""
+    if "onnxruntime" in sys.modules:
+        return sys.modules["onnxruntime"]
+    users = TELEMETRY_VAR in os.environ
+    if not users:
+        os.environ[TELEMETRY_VAR] = "1"
+    try:
+        import onnxruntime
+    finally:
+        if not users:
+            os.environ.pop(TELEMETRY_VAR, None)
+    return onnxruntime
+
+
 def probe_runtime() -> RuntimeFacts:
     """Ask the installed onnxruntime what it loads; its absence is a fact, not an error."""
     try:
-        import onnxruntime as ort
+        ort = _import_without_telemetry()
     except ImportError as exc:
         return RuntimeFacts(reason=f"onnxruntime is not installed ({exc}): cannot tell whether it runs these models")
     except Exception as exc:

@@ -45,8 +45,10 @@ def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> None:
     with HOME pointing nowhere (`nobody`'s /nonexistent, a container's unset user) the
     cache is simply not used (OSError), as on a read-only home."""
     environ = os.environ if environ is None else environ
-    if not os.path.isabs(environ.get("XDG_CACHE_HOME") or "") and not Path.home().is_dir():
-        raise FileNotFoundError(f"no home directory to cache in ({Path.home()})")
+    base = environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    if not root.parent.is_dir():  # the cache root may be made, never the home (or whatever) above it
+        raise FileNotFoundError(f"no directory to cache in ({root.parent} does not exist)")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 

@@ -149,3 +149,17 @@ def test_a_missing_home_is_never_created(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert list((existing / ".cache" / "envdoctor").glob("entry-points-*.json")), "an existing home is used"
+
+
+def test_an_xdg_cache_home_under_a_missing_home_is_not_created(tmp_path):
+    """XDG_CACHE_HOME=/missing/home/.cache made the home too (helper-20); its own last
+    directory may be made, as the XDG spec asks."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "nohome" / ".cache"), "HOME": str(tmp_path / "nohome")}
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0 and not (tmp_path / "nohome").exists(), proc.stderr
+    (tmp_path / "home").mkdir()
+    env["XDG_CACHE_HOME"] = str(tmp_path / "home" / "cache")
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0 and list((tmp_path / "home" / "cache" / "envdoctor").glob("entry-points-*"))

@@ -587,3 +587,23 @@ def test_onnx_release_table_reader_survives_bad_files(tmp_path):
     (tmp_path / "helper.py").write_text("VERSION_TABLE: list = [('1.0', 3, 1, 1), ('1.23.0', 14, 28, 5, 1)]\n")
     assert version_table(tmp_path / "helper.py")[-1] == ("1.23.0", 14, 28, 5, 1)
     assert version_table(tmp_path / "missing.py") is None
+
+
+def test_onnxruntime_leaves_no_trace_in_the_users_home(tmp_path):
+    """Its first session saved a telemetry device id under ~/.cache/Microsoft, creating a
+    missing home (helper-20), and warned in colour when the home was read-only."""
+    pytest.importorskip("onnxruntime")
+    import subprocess
+    import sys
+
+    home = tmp_path / "no-home"
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "ORT_DISABLE_TELEMETRY")}
+    env.update(HOME=str(home), ENVDOCTOR_NO_CACHE="1")
+    code = ("import os, json; from envdoctor.checks.onnx_opset import probe_runtime; r = probe_runtime(); "
+            "print(json.dumps([r.max_opset, os.environ.get('ORT_DISABLE_TELEMETRY')]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    max_opset, left = json.loads(proc.stdout)
+    assert isinstance(max_opset, int) and max_opset >= 17  # the limits are still found
+    assert left is None, "the variable is ours only for the import"
+    assert not home.exists() and "telemetry" not in proc.stderr
