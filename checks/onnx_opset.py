@@ -439,7 +439,7 @@ def _import_without_telemetry() -> Any:
     reads it (unless the user set it). Otherwise its first session saves a telemetry
     device id under ~/.cache/Microsoft, creating a missing home, and warns in colour on
     stderr when the home is read-only: a checker should leave no trace of its own there."""
-    if "onnxruntime" in sys.modules:
+    if sys.modules.get("onnxruntime") is not None:  # imported already (None there means: cannot be)
         return sys.modules["onnxruntime"]
     users = TELEMETRY_VAR in os.environ
     if not users:
