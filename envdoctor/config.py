@@ -441,8 +441,13 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
         except ParseError as exc:
             raise ConfigError(str(exc), file="environment", key=PROBE_TIMEOUT_VAR) from None
     by_env_id: dict[str, list[str]] = {}
-    for check_id in sorted({*catalog, *broken}):
+    for check_id in sorted(catalog):
         by_env_id.setdefault(env_id(check_id), []).append(check_id)
+    for check_id in sorted(set(broken) - set(catalog)):
+        # a broken plug-in never takes a loaded check's variable: `shm_size = nosuchmod:CHECK`
+        # made ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES an ambiguity error, and exec refused to start
+        if not any(c in catalog for c in by_env_id.get(env_id(check_id), [])):
+            by_env_id.setdefault(env_id(check_id), []).append(check_id)
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX + "CHECK__"):
             continue

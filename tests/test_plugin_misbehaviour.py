@@ -577,3 +577,14 @@ def test_what_the_users_shell_started_before_envdoctor_is_left_alone(tmp_path):
     finally:
         for pid in _sleepers(seconds):
             os.kill(pid, 9)
+
+
+def test_a_broken_plugin_whose_name_reads_like_a_built_in_never_takes_its_variables(tmp_path):
+    """`shm_size = nosuchmod:CHECK` made ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES "names shm.size
+    and shm_size alike", exit 2 (helper-20): a loaded check keeps its variables."""
+    site = _site(tmp_path, "brokenplug", "", "[envdoctor.checks]\nshm_size = nosuchmod:CHECK\n")
+    env = {"PYTHONPATH": str(site), "ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES": "1000"}
+    proc = cli("check", "--only", "shm.size", "-f", "json", env=env)
+    assert proc.returncode in (0, 1) and "alike" not in proc.stderr, proc.stderr
+    row, = json.loads(proc.stdout)["results"]
+    assert row["check"] == "shm.size" and row["facts"]["min_bytes"] == 1000, row
