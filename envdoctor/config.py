@@ -284,7 +284,7 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
         why = "an integer literal is too long (more than 4300 digits)" if "Exceeds the limit" in str(exc) else str(exc)
         line = int(match.group(1)) if match else None
         if line is None and "end of document" in why:  # tomllib names no line there: it is the last one
-            line = max(1, len(text.splitlines()))
+            line = max(1, len(text.rstrip("\n").split("\n")))  # lines as TOML counts them: "\n" only
         raise ConfigError(f"not valid TOML: {why}", file=name, line=line) from None
     except RecursionError:  # arrays or inline tables nested hundreds deep: tomllib recurses per level
         raise ConfigError("not valid TOML for envdoctor: nested too deeply", file=name) from None

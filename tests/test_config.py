@@ -130,9 +130,11 @@ def test_an_explicit_config_that_is_not_a_file_says_what_it_is(tmp_path, given, 
         cfg.load(CATALOG, explicit_file=path, environ={})
 
 
-def test_toml_cut_off_at_its_end_names_the_last_line(tmp_path):
+@pytest.mark.parametrize("text", ['fail_on = "warn"\n\ntimeout = [\n', 'a = "x\u2028y"\nb = 1\ntimeout = ['])
+def test_toml_cut_off_at_its_end_names_the_last_line(tmp_path, text):
+    """A U+2028 inside a string is no line break to TOML (it was to str.splitlines)."""
     path = tmp_path / "envdoctor.toml"
-    path.write_text('fail_on = "warn"\n\ntimeout = [\n')
+    path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=r"envdoctor.toml:3: not valid TOML: .*end of document"):
         cfg.load(CATALOG, explicit_file=str(path), environ={})
 

@@ -38,8 +38,9 @@ def test_bad_files_name_the_key(tmp_path, text, key):
 
 
 @pytest.mark.parametrize("text, line, problem", [
-    ("basic_auth_users:\n  alice: [\n", 3, "expected the node content, but found '<stream end>'"),
-    ('http_server_config:\n  headers:\n    X: "open\n', 4, "found unexpected end of stream"),
+    ("basic_auth_users:\n  alice: [\n", 2, "expected the node content, but found '<stream end>'"),
+    ('http_server_config:\n  headers:\n    X: "open\n', 3, "found unexpected end of stream"),
+    ("tls_server_config:\n  cert_file: [a, b", 2, "expected ',' or ']'"),  # never a line past the end
 ])
 def test_broken_yaml_names_the_line_and_the_parsers_problem(tmp_path, text, line, problem):
     """It said only "while parsing a flow node": no line, and not what was wrong (helper-18)."""

@@ -84,11 +84,14 @@ def _dummy_hash() -> bytes:
     return bcrypt.hashpw(b"envdoctor-dummy-password", bcrypt.gensalt(rounds=10))
 
 
-def _where_in(name: str, exc: Exception) -> str:
-    """file:line, where the YAML parser says it gave up (its marks count from 0)."""
+def _where_in(name: str, exc: Exception, text: str) -> str:
+    """file:line, where the YAML parser says it gave up (its marks count from 0; at the
+    end of a file that ends in a newline, it names the empty line after: the last one)."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     line = getattr(mark, "line", None)
-    return f"{name}:{line + 1}" if isinstance(line, int) else name
+    if not isinstance(line, int):
+        return name
+    return f"{name}:{min(line + 1, max(1, len(text.rstrip(chr(10)).split(chr(10)))))}"
 
 
 def _yaml_problem(exc: Exception) -> str:
@@ -186,7 +189,7 @@ def load(path: str | None) -> WebConfig:
     try:
         data = yaml.load(text, Loader=_unique_keys_loader(yaml))
     except yaml.YAMLError as exc:
-        raise WebConfigError(_where_in(name, exc), None, f"not valid YAML: {_yaml_problem(exc)}") from None
+        raise WebConfigError(_where_in(name, exc, text), None, f"not valid YAML: {_yaml_problem(exc)}") from None
     except RecursionError:  # sequences nested hundreds deep: the parser recurses per level
         raise WebConfigError(name, None, "not a web config: nested too deeply") from None
     if data is None:
