@@ -44,11 +44,17 @@ def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> None:
     """Create `directory` (mode 0700) under the cache root, but never a home directory:
     with HOME pointing nowhere (`nobody`'s /nonexistent, a container's unset user) the
     cache is simply not used (OSError), as on a read-only home."""
+    from envdoctor.private_dir import may_create_in
+
     environ = os.environ if environ is None else environ
     base = environ.get("XDG_CACHE_HOME") or ""
     root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    if not root.is_absolute():  # HOME=. or HOME=rel: a cache in whatever the working directory is
+        raise FileNotFoundError(f"no absolute home directory to cache in (HOME={str(Path.home())!r})")
     if not root.parent.is_dir():  # the cache root may be made, never the home (or whatever) above it
         raise FileNotFoundError(f"no directory to cache in ({root.parent} does not exist)")
+    if not may_create_in(directory):  # root with another user's HOME (sudo without -H)
+        raise PermissionError(f"{directory}: would be made inside a directory of another user's")
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 

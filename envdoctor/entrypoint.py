@@ -33,7 +33,7 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from envdoctor.become import CannotRun, become, resolve_command
 from envdoctor.exec_preflight import DEFAULT_TIMEOUT, ExecOptions, default_budget, in_child
@@ -173,47 +173,28 @@ def _attach_hook(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _hook_directory() -> str:
-    """~/.cache/envdoctor/attach-hook-<installation>, created 0700 and used only when it is
-    ours and writable by no one else (whatever is in it runs in the job); else a mkdtemp."""
+    """~/.cache/envdoctor/attach-hook-<installation>, created 0700 and used only when no one
+    but us and root can change it or anything above it (whatever is in it runs in the
+    job: envdoctor.private_dir); else the same in $TMPDIR; else a mkdtemp."""
     import hashlib
-    import stat
     import tempfile
 
     from envdoctor import __version__, diskcache
+    from envdoctor.private_dir import make_private, only_ours
 
     installation = f"{os.path.dirname(os.path.abspath(__file__))}\0{__version__}"
     name = f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
 
-    def private(directory: Path, make: Callable[[Path], None]) -> str | None:
-        """`directory`, resolved, if only we (or root) can change what is in it: it is ours
-        and not writable by others, and so is every directory above it, or sticky (/tmp).
-        A directory of ours under a parent another user may write can be renamed away
-        and replaced with theirs between our write and the job's start."""
-        me = os.geteuid()
-        try:
-            make(directory)
-            real = Path(os.path.realpath(directory))
-            st = os.lstat(real)
-            if not (stat.S_ISDIR(st.st_mode) and st.st_uid == me and not st.st_mode & 0o022):
-                return None
-            for parent in real.parents:
-                st = os.lstat(parent)
-                if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-                    return None
-        except OSError:
-            return None
-        return str(real)
-
-    found = private(diskcache.cache_dir() / name, diskcache.make_dir)
+    found = make_private(diskcache.cache_dir() / name, diskcache.make_dir)
     if found is None:
         # No usable home (a read-only container): one directory per user and installation in
         # $TMPDIR, reused as the cache one is; a fresh one each start piled up one per start.
         # One that someone else made first (the name is predictable) is not used.
         shared = Path(tempfile.gettempdir()) / f"envdoctor-{name}-{os.geteuid()}"
-        found = private(shared, lambda d: d.mkdir(mode=0o700, exist_ok=True))
+        found = make_private(shared, lambda d: d.mkdir(mode=0o700, exist_ok=True))
     if found is None:
         fresh = tempfile.mkdtemp(prefix="envdoctor-attach-")
-        found = private(Path(fresh), lambda d: None)
+        found = only_ours(Path(fresh))
         if found is None:
             os.rmdir(fresh)
     if found is None:  # the caller starts the job unattached, and says so

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from envdoctor import diskcache
 
 HOUR = 3600.0
@@ -163,3 +165,31 @@ def test_an_xdg_cache_home_under_a_missing_home_is_not_created(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 0 and list((tmp_path / "home" / "cache" / "envdoctor").glob("entry-points-*"))
+
+
+@pytest.mark.parametrize("home", [".", "rel"])
+def test_a_relative_home_is_no_place_for_a_cache(tmp_path, home):
+    """HOME=. wrote ./.cache/envdoctor into whatever the working directory was (helper-21)."""
+    (tmp_path / "rel").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env["HOME"] = home
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.rglob(".cache")), list(tmp_path.rglob("*"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act with another user's HOME")
+def test_root_with_another_users_home_leaves_nothing_of_its_own_there(tmp_path):
+    """`sudo` without -H keeps the user's HOME: root's cache directories (0700, root's)
+    in it locked the user out of their own cache (helper-21)."""
+    home = tmp_path / "alice"
+    (home / ".cache").mkdir(parents=True)
+    for d in (home, home / ".cache"):
+        os.chown(d, 65534, 65534)
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env["HOME"] = str(home)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "checks"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list((home / ".cache").iterdir()) == []

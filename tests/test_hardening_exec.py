@@ -139,3 +139,50 @@ def test_a_hook_directory_under_a_parent_others_can_write_is_not_used(tmp_path):
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr
     assert "--attach: cannot write the start-up hook: no directory only this user can change" in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (another user)")
+@pytest.mark.parametrize("where", ["tmpdir", "cache"])
+def test_a_symlink_planted_as_the_hook_directory_is_never_followed(where):
+    """Another user made the predictable hook path a symlink to a root-owned directory:
+    root resolved it, found the target trusted, wrote sitecustomize.py there and put it on
+    the job's PYTHONPATH (helper-21). In `cache`, root runs with a HOME whose cache is
+    that user's (sudo without -H)."""
+    import hashlib
+    import tempfile
+
+    import envdoctor.entrypoint
+    from envdoctor import __version__
+
+    installation = f"{os.path.dirname(os.path.abspath(envdoctor.entrypoint.__file__))}\0{__version__}"
+    name = f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
+    base = tempfile.mkdtemp(prefix="envdoctor-test-planted-")
+    try:
+        os.chmod(base, 0o755)  # the other user must reach what it plants in
+        target = os.path.join(base, "root-owned-target")
+        os.mkdir(target, 0o755)
+        tmpdir = os.path.join(base, "tmp")
+        os.mkdir(tmpdir)
+        os.chmod(tmpdir, 0o1777)  # as /tmp: anyone may plant a name there
+        env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+        env["TMPDIR"] = tmpdir
+        if where == "tmpdir":
+            planted = os.path.join(tmpdir, f"envdoctor-{name}-0")
+            env["XDG_CACHE_HOME"] = "/proc/envdoctor-no-cache"
+        else:
+            cache = os.path.join(base, "users-cache")
+            os.makedirs(os.path.join(cache, "envdoctor"))
+            for d in (cache, os.path.join(cache, "envdoctor")):
+                os.chown(d, 65534, 65534)
+            planted = os.path.join(cache, "envdoctor", name)
+            env["XDG_CACHE_HOME"] = cache
+        subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ln", "-s", target, planted],
+                       check=True, timeout=30)
+        proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--attach", "--", "sh", "-c", 'echo "$PYTHONPATH"'],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert os.listdir(target) == [], "nothing is written through the planted link"
+        assert target not in proc.stdout and planted not in proc.stdout, proc.stdout
+        assert os.path.islink(planted), "the planted link is left as it was"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
