@@ -159,19 +159,25 @@ def contained() -> Iterator[None]:
     check` as orphans of PID 1. Children that were there before (an embedding caller's,
     or a shell's background job when the shell exec'd envdoctor) are left alone, and so is
     all they start; the killed ones are reaped by whoever waits on them, or by the
-    process's own exit (a double-forked orphan stays a zombie until then)."""
+    process's own exit (a double-forked orphan stays a zombie until then). The price of
+    leaving a shell's jobs alone: with children at the start, a check's double-forked
+    daemon is not adopted and goes on (README, "hangs")."""
     me = os.getpid()
     before = set(children_of(me))
+    inherited = adopts_orphans()  # kept across the execve that started us
     # A process that already has children (a shell that exec'd us kept its background
     # jobs) adopts nothing: an orphan could be one of theirs, and theirs are not ours to end.
-    adopt = not before and not adopts_orphans()
+    adopt = not before and not inherited
     if adopt:
         adopt_orphans(True)
     try:
         yield
     finally:
-        started = [pid for pid in children_of(me) if pid not in before]
-        kill_tree([pid for child in started for pid in (child, *descendants(child))])
+        # With those children and a subreaper bit we were given, a new child may be one
+        # of their orphans, indistinguishable from ours: then nothing is killed.
+        if not (before and inherited):
+            started = [pid for pid in children_of(me) if pid not in before]
+            kill_tree([pid for child in started for pid in (child, *descendants(child))])
         if adopt:
             adopt_orphans(False)
 

@@ -588,3 +588,21 @@ def test_a_broken_plugin_whose_name_reads_like_a_built_in_never_takes_its_variab
     assert proc.returncode in (0, 1) and "alike" not in proc.stderr, proc.stderr
     row, = json.loads(proc.stdout)["results"]
     assert row["check"] == "shm.size" and row["facts"]["min_bytes"] == 1000, row
+
+
+def test_a_subreaper_bit_given_to_envdoctor_does_not_make_a_shells_jobs_its_own(tmp_path):
+    """A parent that set PR_SET_CHILD_SUBREAPER and exec'd a shell that exec'd envdoctor:
+    the bit survives execve, and the shell job's orphaned daemon, adopted, was killed as
+    if a check had started it (helper-21)."""
+    seconds = str(600000 + os.getpid() % 100000)
+    script = (f"( sleep 0.3; setsid sleep {seconds} </dev/null >/dev/null 2>&1 & ) & "
+              f"exec {sys.executable} -m envdoctor check --only shm.size,memory.cache_growth --window 3 -f compact")
+    launcher = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+                "os.execvp('bash', ['bash', '-c', sys.argv[1]])")
+    try:
+        proc = subprocess.run([sys.executable, "-c", launcher, script], capture_output=True, text=True, timeout=60)
+        assert proc.returncode in (0, 1), proc.stderr
+        assert _sleepers(seconds), "the shell's daemon was killed"
+    finally:
+        for pid in _sleepers(seconds):
+            os.kill(pid, 9)
