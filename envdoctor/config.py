@@ -451,7 +451,8 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX + "CHECK__"):
             continue
-        parts = var[len(ENV_PREFIX + "CHECK__"):].split("__")
+        # split at the last "__": a check id may hold one itself (`vendor.ecc__strict`), a key does not
+        parts = var[len(ENV_PREFIX + "CHECK__"):].rsplit("__", 1)
         named = by_env_id.get(parts[0], []) if len(parts) == 2 else []
         if not named:
             raise ConfigError("expected ENVDOCTOR_CHECK__<CHECK_ID>__<KEY> naming a known check, "

@@ -248,3 +248,12 @@ def test_a_good_probe_timeout_is_the_probes_limit(monkeypatch):
     monkeypatch.setenv("ENVDOCTOR_PROBE_TIMEOUT", " 7.5 ")
     assert probe.default_timeout() == 7.5
     assert cfg.load({}, environ={"ENVDOCTOR_PROBE_TIMEOUT": "7.5"}).timeout == cfg.Config().timeout  # not the run's
+
+
+@pytest.mark.parametrize("check_id", ["vendor.ecc__strict", "vendor.ecc_"])
+def test_an_id_with_a_double_or_trailing_underscore_has_a_working_variable(check_id):
+    """`explain` advertised ENVDOCTOR_CHECK__VENDOR_ECC__STRICT__KEY, which the split at
+    every "__" then refused as naming no check (helper-21)."""
+    catalog = {check_id: Check(id=check_id, title="t", run=lambda c: ok("x"), config={"level": 1})}
+    var = cfg.env_name(check_id, "level")
+    assert cfg.load(catalog, environ={var: "2"}).checks[check_id]["level"] == 2
