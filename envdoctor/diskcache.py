@@ -40,11 +40,13 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return root / "envdoctor"
 
 
-def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> None:
-    """Create `directory` (mode 0700) under the cache root, but never a home directory:
-    with HOME pointing nowhere (`nobody`'s /nonexistent, a container's unset user) the
-    cache is simply not used (OSError), as on a read-only home."""
-    from envdoctor.private_dir import may_create_in
+def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> str:
+    """Make `directory` (mode 0700) under the cache root and return its real path, or raise
+    OSError: never a home directory (with HOME pointing nowhere, `nobody`'s /nonexistent,
+    the cache is simply not used, as on a read-only home), never under a relative HOME,
+    and never inside, or through, anything another user can change
+    (envdoctor.private_dir: root with a user's HOME must not trust that user's files)."""
+    from envdoctor.private_dir import make_private
 
     environ = os.environ if environ is None else environ
     base = environ.get("XDG_CACHE_HOME") or ""
@@ -53,9 +55,24 @@ def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> None:
         raise FileNotFoundError(f"no absolute home directory to cache in (HOME={str(Path.home())!r})")
     if not root.parent.is_dir():  # the cache root may be made, never the home (or whatever) above it
         raise FileNotFoundError(f"no directory to cache in ({root.parent} does not exist)")
-    if not may_create_in(directory):  # root with another user's HOME (sudo without -H)
-        raise PermissionError(f"{directory}: would be made inside a directory of another user's")
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    real = make_private(directory)
+    if real is None:
+        raise PermissionError(f"{directory}: not a directory only this user can change")
+    return real
+
+
+_TRUSTED: dict[str, str | None] = {}  # directory -> its real path if only we can change it (per process)
+
+
+def _trusted(directory: Path) -> str | None:
+    """The cache directory's real path if no other user can change it or what is in it;
+    looked up once per process (a directory nobody else can change stays that way)."""
+    key = str(directory)
+    if key not in _TRUSTED:
+        from envdoctor.private_dir import only_ours
+
+        _TRUSTED[key] = only_ours(directory)
+    return _TRUSTED[key]
 
 
 def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None) -> dict[str, Any] | None:
@@ -64,8 +81,11 @@ def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None)
     `fingerprint` may be a function of the stored facts, for caches whose key depends
     on what was cached (the torch probe's sys.path): the file is still read once.
     """
+    real = _trusted(path.parent)
+    if real is None:  # another user's directory (root with their HOME): its entries are not ours to believe
+        return None
     try:
-        with open(path, "rb") as f:
+        with open(os.path.join(real, path.name), "rb") as f:
             entry = json.load(f)
     except (OSError, ValueError):
         return None
@@ -89,11 +109,12 @@ def write(path: Path, schema: str, fingerprint: Any, facts: dict[str, Any]) -> b
     entry = {"schema": schema, "created": time.time(), "fingerprint": fingerprint, "facts": facts}
     try:
         text = json.dumps(entry, sort_keys=True, allow_nan=False)
-        make_dir(path.parent)
-        write_atomic(path, text, mode=0o600)
+        real = make_dir(path.parent)
+        _TRUSTED[str(path.parent)] = real
+        write_atomic(Path(real) / path.name, text, mode=0o600)
     except (OSError, OutputError, TypeError, ValueError):
         return False
-    prune(path)
+    prune(Path(real) / path.name)
     return True
 
 

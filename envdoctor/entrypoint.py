@@ -185,13 +185,16 @@ def _hook_directory() -> str:
     installation = f"{os.path.dirname(os.path.abspath(__file__))}\0{__version__}"
     name = f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
 
-    found = make_private(diskcache.cache_dir() / name, diskcache.make_dir)
+    try:
+        found: str | None = diskcache.make_dir(diskcache.cache_dir() / name)
+    except OSError:
+        found = None
     if found is None:
         # No usable home (a read-only container): one directory per user and installation in
         # $TMPDIR, reused as the cache one is; a fresh one each start piled up one per start.
         # One that someone else made first (the name is predictable) is not used.
         shared = Path(tempfile.gettempdir()) / f"envdoctor-{name}-{os.geteuid()}"
-        found = make_private(shared, lambda d: d.mkdir(mode=0o700, exist_ok=True))
+        found = make_private(shared)
     if found is None:
         fresh = tempfile.mkdtemp(prefix="envdoctor-attach-")
         found = only_ours(Path(fresh))

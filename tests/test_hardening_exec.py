@@ -186,3 +186,70 @@ def test_a_symlink_planted_as_the_hook_directory_is_never_followed(where):
         assert os.path.islink(planted), "the planted link is left as it was"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (another user)")
+def test_no_other_users_link_or_directory_on_the_way_is_trusted_and_root_writes_nothing_there():
+    """helper-22: a root symlink to another user's symlink (swappable between two
+    resolutions); a cache directory of another user's holding a symlink named as a cache
+    entry (root overwrote its target); a user's symlink in root's sticky directory (root
+    made directories where it chose). Resolved one component at a time, none is used."""
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="envdoctor-test-chain-")
+    try:
+        os.chmod(base, 0o755)
+        theirs = os.path.join(base, "theirs")
+        os.mkdir(theirs, 0o755)
+        os.chown(theirs, 65534, 65534)
+        target = os.path.join(base, "rootreal")
+        os.mkdir(target, 0o755)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        subprocess.run([*nobody, "ln", "-s", target, os.path.join(theirs, "l")], check=True, timeout=30)
+        os.symlink(os.path.join(theirs, "l"), os.path.join(base, "a"))  # root's link to their link
+        victim = os.path.join(base, "victim")
+        with open(victim, "w") as f:
+            f.write("precious\n")
+        home = os.path.join(base, "home")
+        os.makedirs(os.path.join(home, ".cache", "envdoctor"))
+        for d in (home, os.path.join(home, ".cache"), os.path.join(home, ".cache", "envdoctor")):
+            os.chown(d, 65534, 65534)
+        sticky = os.path.join(base, "sticky")
+        os.mkdir(sticky)
+        os.chmod(sticky, 0o1777)
+        subprocess.run([*nobody, "ln", "-s", target, os.path.join(sticky, "xyz")], check=True, timeout=30)
+
+        def run(**extra) -> subprocess.CompletedProcess:
+            env = {k: v for k, v in os.environ.items() if k not in ("ENVDOCTOR_CONFIG", "XDG_CACHE_HOME")}
+            env.update(TMPDIR=os.path.join(base, "no-tmp"), **extra)
+            return subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--attach", "--", "sh", "-c",
+                                   'echo "$PYTHONPATH"'], capture_output=True, text=True, timeout=120, env=env)
+
+        first = run(XDG_CACHE_HOME=os.path.join(base, "a"))
+        assert first.returncode == 0 and os.listdir(target) == [], (first.stderr, os.listdir(target))
+        # entry names are predictable; plant links under every name the run above would use
+        for name in ("entry-points", "torch-probe", "onnx-stack"):
+            for i in range(3):
+                subprocess.run([*nobody, "ln", "-s", victim,
+                                os.path.join(home, ".cache", "envdoctor", f"{name}-{i:020x}.json")], check=True, timeout=30)
+        second = run(HOME=home)
+        assert second.returncode == 0, second.stderr
+        assert open(victim).read() == "precious\n" and oct(os.stat(victim).st_mode & 0o777) == "0o644"
+        assert not [n for n in os.listdir(os.path.join(home, ".cache", "envdoctor")) if not n.endswith(".json")]
+        third = run(XDG_CACHE_HOME=os.path.join(sticky, "xyz"))
+        assert third.returncode == 0 and os.listdir(target) == [], os.listdir(target)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cache_directories_are_made_0700_whatever_the_umask(tmp_path):
+    """parents=True made the missing ones with the default mode: 0777 under umask 000 (helper-22)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env["HOME"] = str(home)
+    proc = subprocess.run(["sh", "-c", f"umask 000 && exec {sys.executable} -m envdoctor checks"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    for d in (home / ".cache", home / ".cache" / "envdoctor"):
+        assert oct(d.stat().st_mode & 0o777) == "0o700", (d, oct(d.stat().st_mode))
