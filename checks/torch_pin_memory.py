@@ -2,12 +2,14 @@
 
 What it reads
   - NVML: whether there is an NVIDIA GPU, and which GPUs have compute processes;
-  - with a GPU: a short measurement in the target interpreter (a separate probe
-    mode, the only one that creates a CUDA context, on one idle GPU, for well
-    under a second of transfers): host-to-device copy bandwidth from pageable
-    and from pinned memory, and the CPU seconds spent pinning per GiB (what
-    DataLoader(pin_memory=True)'s pin thread pays for every batch). Skipped when
-    every GPU already has compute processes, so it never takes from a running job;
+  - with a GPU and a CUDA build of torch: a short measurement (envdoctor's only
+    probe that creates a CUDA context, on one idle GPU, for well under a second
+    of transfers): host-to-device copy bandwidth from pageable and from pinned
+    memory, and the CPU seconds spent pinning per GiB (what
+    DataLoader(pin_memory=True)'s pin thread pays for every batch). It makes the
+    driver calls torch makes for these, through libcuda in a process of its own,
+    without importing torch (envdoctor/probe/copy_probe.py). Skipped when every
+    GPU already has compute processes, so it never takes from a running job;
   - for an attached job (envdoctor.attach): whether its DataLoaders pin memory;
   - for a `--pid` target: the process's CPU time (utime + stime of
     <procfs>/PID/stat) over a short window against the CPUs it may use (affinity
@@ -121,7 +123,7 @@ def _pick_idle_gpu(gpus) -> Any | None:
 
 
 def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
-    from envdoctor.probe import ProbeError, run_measurement
+    from envdoctor.probe import ProbeError, run_copy_measurement
 
     if not cfg["measure"]:
         return None, "measurement disabled ([check.\"torch.pin_memory\"] measure = false)"
@@ -141,7 +143,9 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
         limit = float(cfg["measure_timeout_seconds"])
         if ctx.session.probe_timeout is not None:  # a run-wide --timeout bounds the measurement too
             limit = min(limit, ctx.session.probe_timeout)
-        m = dict(run_measurement(ctx.python, "pin_memory", params, timeout=limit, env=env))
+        m = dict(run_copy_measurement(params, timeout=limit, env=env))
+    except Unavailable as exc:  # no driver library here (a container without the `compute` capability)
+        return None, f"cannot measure: {exc}"
     except ProbeError as exc:
         return {"error": str(exc)}, None
     m["nvml_index"] = gpu.index

@@ -208,3 +208,54 @@ def test_pin_memory_measurement_gives_bandwidth_and_cpu_figures(gpu):
         pytest.skip(f"torch.pin_memory does not measure in this mode: {row['summary']}")
     assert facts.get("pinned_bytes_per_second", 0) > 0 and facts.get("pageable_bytes_per_second", 0) > 0
     assert facts.get("pin_cpu_seconds_per_gib", 0) > 0
+
+
+# torch's own measurement, as the check made it before it called the driver itself:
+# the reference the driver-level figures are held against.
+TORCH_COPY_RATES = textwrap.dedent("""
+    import json, time, torch
+    size, repeats = 128 * 1024 * 1024, 5
+    dst = torch.empty(size, dtype=torch.uint8, device="cuda")
+    pageable = torch.empty(size, dtype=torch.uint8)
+    pageable.fill_(1)
+    def rate(src, non_blocking):
+        dst.copy_(src, non_blocking=non_blocking)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dst.copy_(src, non_blocking=non_blocking)
+        torch.cuda.synchronize()
+        return size * repeats / (time.perf_counter() - start)
+    out = {"pageable": rate(pageable, False)}
+    out["pinned"] = rate(pageable.pin_memory(), True)
+    print(json.dumps(out))
+""")
+
+
+def test_the_driver_level_copy_rates_agree_with_torchs_own(gpu):
+    """copy_probe.py makes torch's driver calls without torch: its pinned and pageable
+    rates must be torch's, within the spread of repeated runs (best of three each)."""
+    _torch_cuda_or_skip()
+    from envdoctor.probe import run_copy_measurement
+
+    params = {"size_bytes": 128 * 1024 * 1024, "repeats": 5, "device": 0}
+    ours, theirs = [], []
+    for _ in range(3):
+        started = time.perf_counter()
+        m = run_copy_measurement(params, timeout=120)
+        wall = time.perf_counter() - started
+        assert not m["errors"], m
+        ours.append((m["pinned_bytes_per_second"], m["pageable_bytes_per_second"], wall, m["context_seconds"]))
+        started = time.perf_counter()
+        t = json.loads(subprocess.run([sys.executable, "-c", TORCH_COPY_RATES], capture_output=True, text=True,
+                                      check=True, timeout=300).stdout.strip().splitlines()[-1])
+        theirs.append((t["pinned"], t["pageable"], time.perf_counter() - started))
+    for o, t in zip(ours, theirs):
+        print(f"driver: pinned {o[0] / 1e9:.1f} GB/s pageable {o[1] / 1e9:.1f} GB/s in {o[2]:.2f} s "
+              f"(context {o[3]:.3f} s) | torch: pinned {t[0] / 1e9:.1f} GB/s pageable {t[1] / 1e9:.1f} GB/s "
+              f"in {t[2]:.2f} s")
+    best_pinned, best_pageable = max(o[0] for o in ours), max(o[1] for o in ours)
+    torch_pinned, torch_pageable = max(t[0] for t in theirs), max(t[1] for t in theirs)
+    assert 0.67 < best_pinned / torch_pinned < 1.5, (ours, theirs)
+    assert 0.67 < best_pageable / torch_pageable < 1.5, (ours, theirs)
+    assert best_pinned > best_pageable and torch_pinned > torch_pageable

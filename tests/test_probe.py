@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from envdoctor import diskcache
 from envdoctor.errors import Unavailable
-from envdoctor.probe import ProbeError, cache, probe_source, run_measurement, run_probe
+from envdoctor.probe import ProbeError, cache, probe_source, run_probe
 
 VENV_PY = Path(sys.executable)
 SITE = Path(next(p for p in sys.path if p.endswith("site-packages")))
@@ -254,13 +254,6 @@ def test_timeout_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("ENVDOCTOR_PROBE_TIMEOUT", "0.3")
     with pytest.raises(ProbeError, match="within 0.3 s"):
         run_probe(str(python), use_cache=False)
-
-
-def test_measurement_mode_reports_failure_without_gpu(tmp_path):
-    """On a CPU torch the pin_memory mode answers with the reason, not a crash."""
-    python = make_stub_python(tmp_path)
-    facts = run_measurement(str(python), "pin_memory", {"size_bytes": 1024, "repeats": 1, "device": 0})
-    assert "measure" in facts["errors"]
 
 
 # -- the cache -----------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def test_gpu_but_not_measured_skips_with_the_reason():
 
 
 def test_measurement_failures_are_errors_with_the_reason():
-    r = judge(PinFacts(None, 1, None, {"error": "the torch probe ... did not finish within 25 s"}, None), CONFIG)
+    r = judge(PinFacts(None, 1, None, {"error": "the pin_memory copy measurement did not finish within 25 s"}, None), CONFIG)
     assert r.status is Status.ERROR and "did not finish" in r.summary
     r = judge(PinFacts(None, 1, None, dict(MEASURED, errors={"measure": "OutOfMemoryError: CUDA out of memory"}), None), CONFIG)
     assert r.status is Status.ERROR and "out of memory" in r.summary
@@ -128,29 +128,29 @@ def gpu_session(fake, torch_facts=CUDA_TORCH):
 def test_measures_on_an_idle_gpu_pinned_by_uuid(monkeypatch):
     calls = []
 
-    def measure(python, mode, params, *, timeout=None, env=None):
-        calls.append((mode, params, env, timeout))
+    def measure(params, *, timeout=None, env=None):
+        calls.append((params, env, timeout))
         return {k: v for k, v in MEASURED.items() if k not in ("nvml_index", "gpu_name")}
 
-    monkeypatch.setattr(envdoctor.probe, "run_measurement", measure)
+    monkeypatch.setattr(envdoctor.probe, "run_copy_measurement", measure)
     fake = FakeNvml(devices=[FakeDevice(uuid="GPU-busy", processes=[(999, 10**9)]), FakeDevice(uuid="GPU-idle")])
     r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
     assert r.status is Status.OK, r.summary
-    (mode, params, env, timeout), = calls
-    assert mode == "pin_memory" and env == {"CUDA_VISIBLE_DEVICES": "GPU-idle"} and params["device"] == 0
+    (params, env, timeout), = calls
+    assert env == {"CUDA_VISIBLE_DEVICES": "GPU-idle"} and params["device"] == 0
     assert params["size_bytes"] == CONFIG["measure_bytes"] and timeout == CONFIG["measure_timeout_seconds"]
     assert r.facts["measured_gpu"] == 1
 
 
 def test_busy_gpus_are_not_measured(monkeypatch):
-    monkeypatch.setattr(envdoctor.probe, "run_measurement", lambda *a, **k: pytest.fail("must not measure on a busy GPU"))
+    monkeypatch.setattr(envdoctor.probe, "run_copy_measurement", lambda *a, **k: pytest.fail("must not measure on a busy GPU"))
     fake = FakeNvml(devices=[FakeDevice(processes=[(999, 10**9)])])
     r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
     assert r.status is Status.SKIP and "so as not to take from them" in r.summary
 
 
 def test_measure_can_be_switched_off(monkeypatch):
-    monkeypatch.setattr(envdoctor.probe, "run_measurement", lambda *a, **k: pytest.fail("measure = false"))
+    monkeypatch.setattr(envdoctor.probe, "run_copy_measurement", lambda *a, **k: pytest.fail("measure = false"))
     r = run_one(Plan(CHECK, dict(CONFIG, measure=False), 90), gpu_session(FakeNvml(devices=[FakeDevice()])))
     assert r.status is Status.SKIP and "measure = false" in r.summary
 
@@ -168,11 +168,46 @@ def test_cpu_torch_on_gpu_node_is_not_measured():
 
 def test_hung_measurement_is_an_error(monkeypatch):
     def hung(*a, **k):
-        raise ProbeError("the torch probe in /x/python did not finish within 25 s (killed)")
+        raise ProbeError("the pin_memory copy measurement did not finish within 25 s (killed)")
 
-    monkeypatch.setattr(envdoctor.probe, "run_measurement", hung)
+    monkeypatch.setattr(envdoctor.probe, "run_copy_measurement", hung)
     r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice()])))
     assert r.status is Status.ERROR and "did not finish within 25 s" in r.summary
+
+
+def _driver_library_loads() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_driver_library_loads(), reason="this machine has the NVIDIA driver's libcuda.so.1")
+def test_without_the_driver_library_the_real_measurement_skips_with_the_loaders_reason():
+    """The real copy probe, run where there is no libcuda.so.1 (a container given only
+    the `utility` capability sees GPUs through NVML but has no CUDA library)."""
+    with pytest.raises(Unavailable, match=r"cannot load libcuda\.so\.1.*No such file"):
+        envdoctor.probe.run_copy_measurement({"size_bytes": 1024, "repeats": 1, "device": 0}, timeout=30)
+    r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice(uuid="GPU-idle")])))
+    assert r.status is Status.SKIP, r.summary
+    assert "cannot measure: cannot load libcuda.so.1" in r.summary
+
+
+def test_the_copy_probe_imports_nothing_but_the_standard_library():
+    """It runs as `python -I -S`: torch (seconds) or envdoctor (a package that may
+    not be importable there) must never be pulled in."""
+    source = (envdoctor.probe._COPY_SCRIPT).read_text()
+    tiny = '{"size_bytes": 1024, "repeats": 1}'  # where a driver is, the measurement is a short one
+    proc = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", source, tiny],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "ctypes" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "envdoctor", "numpy")}, imported
+    assert proc.stdout.startswith(envdoctor.probe.MARKER)
 
 
 # -- the --pid path on real processes ------------------------------------------------------

@@ -9,8 +9,11 @@ killed.
 
     run_probe(python)             -> dict of facts (cached per interpreter and torch
                                      installation; see cache.py)
-    run_measurement(python, ...)  -> dict, never cached: the pin_memory bandwidth
-                                     measurement, the one mode that creates a CUDA context
+    run_copy_measurement(params)  -> dict, never cached: the pin_memory bandwidth
+                                     measurement (copy_probe.py), the one probe that
+                                     creates a CUDA context; it calls the driver
+                                     (libcuda) from envdoctor's own interpreter in a
+                                     process of its own, and imports no torch
 
 Outcomes: the facts; `Unavailable` (the runner makes it a skip) when the
 interpreter does not exist or has no torch; `ProbeError` (the runner makes it an
@@ -28,6 +31,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -41,6 +45,7 @@ DEFAULT_TIMEOUT = 60.0  # cold `import torch` here takes ~1.5-2.6 s; a loaded NF
 TIMEOUT_VAR = PROBE_TIMEOUT_VAR  # validated with the rest of the environment (config.load)
 MARKER = "ENVDOCTOR-PROBE-RESULT "
 _SCRIPT = Path(__file__).with_name("torch_probe.py")
+_COPY_SCRIPT = Path(__file__).with_name("copy_probe.py")
 _STDERR_TAIL = 1500
 EXIT_GRACE = 0.5  # after the probe exits, how long a child it left holding its pipes is waited on
 _STDOUT_LIMIT = 16 * 1024 * 1024  # what is kept of the probe's stdout (its answer is one line)
@@ -202,19 +207,22 @@ def _communicate(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes, 
 
 
 def _execute(python: str, args: list[str], timeout: float, source: str,
-             env: dict[str, str] | None = None) -> dict[str, Any]:
+             env: dict[str, str] | None = None, *, flags: tuple[str, ...] = (),
+             what: str = "") -> dict[str, Any]:
     """Run the probe script and return its JSON, or raise ProbeError with what it printed.
 
     The probe inherits envdoctor's environment (PYTHONPATH, LD_LIBRARY_PATH,
     CUDA_VISIBLE_DEVICES... decide what it finds); `env` overrides single names.
+    `flags` go to the interpreter before -c; `what` names the probe in errors.
     """
+    what = what or f"the torch probe in {python}"
     full_env = None
     if env:
         full_env = dict(os.environ)
         full_env.update(env)
     try:
         proc = subprocess.Popen(
-            [python, "-c", source, *args],
+            [python, *flags, "-c", source, *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -248,7 +256,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
     if timed_out:
         said = _tail(err.decode("utf-8", "replace"), env)
         raise ProbeError(
-            f"the torch probe in {python} did not finish within {timeout:g} s (killed)"
+            f"{what} did not finish within {timeout:g} s (killed)"
             + (f"; it printed: {said}" if said else "; it printed nothing")
             + f"; raise the limit with --timeout or {TIMEOUT_VAR}=SECONDS"
         )
@@ -270,7 +278,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
                 how = f"was killed by signal {-proc.returncode}"
         else:
             how = f"exited with status {proc.returncode}"
-        raise ProbeError(f"the torch probe in {python} {how} without a result" + (f"; it printed: {said}" if said else ""))
+        raise ProbeError(f"{what} {how} without a result" + (f"; it printed: {said}" if said else ""))
     result["_stderr_tail"] = _tail(err.decode("utf-8", "replace"), env)
     return result
 
@@ -314,18 +322,25 @@ def run_probe(python: str, *, timeout: float | None = None, use_cache: bool | No
     return _judge_outcome(python, facts)
 
 
-def run_measurement(python: str, mode: str, params: dict[str, Any], *, timeout: float | None = None,
-                    env: dict[str, str] | None = None) -> dict[str, Any]:
-    """A live measurement in the target interpreter (mode "pin_memory"); never cached.
+def run_copy_measurement(params: dict[str, Any], *, timeout: float | None = None,
+                         env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The pin_memory bandwidth measurement (copy_probe.py); never cached.
 
-    `env` overrides environment variables for the probe only (the pin_memory
-    check pins it to one idle GPU with CUDA_VISIBLE_DEVICES=<uuid>).
+    It needs the driver's libcuda, not torch, so it runs in envdoctor's own
+    interpreter (`-I -S`: no site, no user variables; it imports only ctypes) as a
+    process of its own. `env` overrides environment variables for it only (the
+    pin_memory check pins it to one idle GPU with CUDA_VISIBLE_DEVICES=<uuid>).
+    Unavailable when there is no driver library; a dict with errors["measure"]
+    when a CUDA call failed; ProbeError when it hung or crashed.
     """
-    python = resolve_python(python)
+    python = resolve_python(sys.executable)
     timeout = default_timeout() if timeout is None else timeout
-    facts = _execute(python, [mode, json.dumps(params)], timeout, probe_source(), env)
+    facts = _execute(python, [json.dumps(params)], timeout, _COPY_SCRIPT.read_text(encoding="utf-8"), env,
+                     flags=("-I", "-S"), what="the pin_memory copy measurement")
     facts.pop("_stderr_tail", None)
-    return _judge_outcome(python, facts)
+    if facts.get("unavailable"):
+        raise Unavailable(str(facts["unavailable"]))
+    return facts
 
 
-__all__ = ["run_probe", "run_measurement", "ProbeError", "DEFAULT_TIMEOUT", "resolve_python"]
+__all__ = ["run_probe", "run_copy_measurement", "ProbeError", "DEFAULT_TIMEOUT", "resolve_python"]

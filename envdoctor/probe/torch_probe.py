@@ -18,12 +18,9 @@ Modes (argv[1]):
               (torch.cuda._lazy_init) and creates the primary context on the
               device (hundreds of MiB of GPU memory): envdoctor reads
               capabilities from NVML in its own process instead.
-  pin_memory  a bounded host-to-device copy measurement, pinned against
-              pageable memory. This one DOES create a CUDA context (on one
-              device, for the few hundred milliseconds the measurement takes);
-              only the torch.pin_memory check asks for it, and only when the
-              GPU has no compute processes on it. argv[2] is a JSON object:
-              {"size_bytes": int, "repeats": int, "device": int}.
+
+The pin_memory bandwidth measurement, the one probe that creates a context, does
+not import torch: copy_probe.py makes the same driver calls through libcuda.
 """
 
 import json
@@ -35,7 +32,6 @@ import warnings
 
 MARKER = "ENVDOCTOR-PROBE-RESULT "
 PROBE_VERSION = 1
-GIB = 1024 ** 3
 
 _real_stdout = sys.stdout
 
@@ -157,43 +153,8 @@ def _torch_facts(torch, out):
     out["errors"] = errors
 
 
-def _measure_pin_memory(torch, params, out):
-    size = int(params.get("size_bytes", 128 * 1024 * 1024))
-    repeats = max(1, int(params.get("repeats", 5)))
-    index = int(params.get("device", 0))
-    device = torch.device("cuda", index)
-    t0 = time.perf_counter()
-    dst = torch.empty(size, dtype=torch.uint8, device=device)  # creates the context
-    out["context_seconds"] = time.perf_counter() - t0
-    props = torch.cuda.get_device_properties(device)
-    out["device"] = {"index": index, "name": props.name, "capability": [props.major, props.minor],
-                     "total_memory_bytes": int(props.total_memory)}
-    pageable = torch.empty(size, dtype=torch.uint8)
-    pageable.fill_(1)  # touch every page so the first copy does not pay for page faults
-
-    def copy_rate(src, non_blocking):
-        dst.copy_(src, non_blocking=non_blocking)  # warm-up
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            dst.copy_(src, non_blocking=non_blocking)
-        torch.cuda.synchronize(device)
-        return size * repeats / (time.perf_counter() - start)
-
-    out["pageable_bytes_per_second"] = copy_rate(pageable, False)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    pinned = pageable.pin_memory()  # page-lock a buffer and copy into it: what the DataLoader's pin thread does
-    pin_cpu, pin_wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    out["pin_cpu_seconds_per_gib"] = pin_cpu * GIB / size
-    out["pin_wall_seconds_per_gib"] = pin_wall * GIB / size
-    out["pinned_bytes_per_second"] = copy_rate(pinned, True)
-    out["size_bytes"] = size
-    out["repeats"] = repeats
-
-
 def main(argv):
     mode = argv[1] if len(argv) > 1 else "facts"
-    params = json.loads(argv[2]) if len(argv) > 2 else {}
     out = _base_facts(mode)
     # Keep torch's chatter off the channel the result travels on.
     sys.stdout = sys.stderr
@@ -219,12 +180,7 @@ def main(argv):
         out["torch"] = True
         out["import_seconds"] = time.perf_counter() - started
         _torch_facts(torch, out)
-        if mode == "pin_memory":
-            try:
-                _measure_pin_memory(torch, params, out)
-            except Exception as exc:  # out of memory, a lost GPU: a reason, not a crash
-                out["errors"]["measure"] = "%s: %s" % (type(exc).__name__, exc)
-        elif mode != "facts":
+        if mode != "facts":
             out["errors"]["mode"] = "unknown probe mode %r" % mode
     seen = []
     for w in caught:
