@@ -8,8 +8,11 @@ What it reads
     memory, and the CPU seconds spent pinning per GiB (what
     DataLoader(pin_memory=True)'s pin thread pays for every batch). It makes the
     driver calls torch makes for these, through libcuda in a process of its own,
-    without importing torch (envdoctor/probe/copy_probe.py). Skipped when every
-    GPU already has compute processes, so it never takes from a running job;
+    without importing torch (envdoctor/probe/copy_probe.py). One measurement
+    serves this boot for a day, per GPU and driver (the disk cache;
+    ENVDOCTOR_NO_CACHE=1 measures every time). Not made when every GPU already
+    has compute processes, so it never takes from a running job: then a figure
+    measured earlier this boot is shown, or the check skips;
   - for an attached job (envdoctor.attach): whether its DataLoaders pin memory;
   - for a `--pid` target: the process's CPU time (utime + stime of
     <procfs>/PID/stat) over a short window against the CPUs it may use (affinity
@@ -122,23 +125,107 @@ def _pick_idle_gpu(gpus) -> Any | None:
     return None
 
 
+# -- the measurement's cache ---------------------------------------------------------------
+# A GPU's copy rates are a fact of its link and this boot, not of a run: measuring
+# costs a CUDA context (0.2-0.3 s on an H200) and 128 MiB copied a dozen times, on
+# the GPU a job is about to use. So one measurement serves every `check` of this
+# boot for a day (diskcache's limit), per GPU, driver and measurement size; a
+# reboot (a new boot id) or a driver reload measures again. ENVDOCTOR_NO_CACHE=1
+# measures every time.
+MEASUREMENT_SCHEMA = "envdoctor.pin-memory/1"
+
+
+def _boot_id(ctx) -> str | None:
+    try:
+        text = read_text(ctx.roots.procfs / "sys" / "kernel" / "random" / "boot_id").strip()
+    except OSError:
+        return None
+    return text if 0 < len(text) <= 64 else None
+
+
+def _measurement_key(ctx, gpu, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a cached measurement must match; None when it cannot be told apart (no
+    boot id, no GPU UUID, no driver version): then nothing is cached."""
+    boot = _boot_id(ctx)
+    try:
+        driver = ctx.nvml.driver_version()
+    except Exception:  # Unavailable, a hung NVML: nothing to key on
+        driver = None
+    if not boot or not getattr(gpu, "uuid", None) or not driver:
+        return None
+    return {"boot_id": boot, "gpu_uuid": gpu.uuid, "driver": driver, "params": dict(params)}
+
+
+def _cache_path(key: Mapping[str, Any]):
+    import hashlib
+
+    from envdoctor import diskcache
+
+    digest = hashlib.sha256(f"{key['boot_id']}|{key['gpu_uuid']}".encode()).hexdigest()[:20]
+    return diskcache.cache_dir() / f"pin-memory-{digest}.json"
+
+
+def _cached_measurement(key: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    from envdoctor import diskcache
+
+    if key is None or not diskcache.enabled():
+        return None
+    return diskcache.read(_cache_path(key), MEASUREMENT_SCHEMA, dict(key))
+
+
+def _keep_measurement(key: Mapping[str, Any] | None, m: Mapping[str, Any]) -> None:
+    """Only a measurement that gave both figures is kept; a failure is tried again."""
+    from envdoctor import diskcache
+
+    if key is None or not diskcache.enabled() or m.get("errors") or m.get("error"):
+        return
+    if m.get("pinned_bytes_per_second") and m.get("pageable_bytes_per_second"):
+        diskcache.write(_cache_path(key), MEASUREMENT_SCHEMA, dict(key), dict(m))
+
+
+def _earlier(ctx, gpus, params) -> tuple[Any, dict[str, Any]] | None:
+    """A measurement made earlier this boot on any of these GPUs, with its GPU."""
+    for gpu in gpus:
+        if getattr(gpu, "lost", False) or getattr(gpu, "timed_out", False):
+            continue
+        hit = _cached_measurement(_measurement_key(ctx, gpu, params))
+        if hit is not None:
+            return gpu, hit
+    return None
+
+
+def _labelled(m: Mapping[str, Any], gpu, cached: bool) -> dict[str, Any]:
+    out = dict(m)
+    out["nvml_index"] = gpu.index
+    out["gpu_name"] = gpu.name
+    out["cached"] = cached
+    return out
+
+
 def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
     from envdoctor.probe import ProbeError, run_copy_measurement
 
     if not cfg["measure"]:
         return None, "measurement disabled ([check.\"torch.pin_memory\"] measure = false)"
-    gpu = _pick_idle_gpu(gpus)
-    if gpu is None:
-        return None, "every GPU has compute processes on it; not measuring, so as not to take from them"
     try:
         t = ctx.torch
     except Unavailable as exc:
         return None, f"cannot measure: {exc}"
     if not t.get("torch_cuda_version") or t.get("cuda_available") is False:  # None (from files): the measurement finds out
         return None, f"cannot measure: torch {t.get('torch_version')} in {t.get('python')} cannot use CUDA here"
+    params = {"size_bytes": int(cfg["measure_bytes"]), "repeats": int(cfg["measure_repeats"]), "device": 0}
+    gpu = _pick_idle_gpu(gpus)
+    if gpu is None:
+        earlier = _earlier(ctx, gpus, params)
+        if earlier is not None:  # busy now, measured while it was idle: the link has not changed
+            return _labelled(earlier[1], earlier[0], True), None
+        return None, "every GPU has compute processes on it; not measuring, so as not to take from them"
+    key = _measurement_key(ctx, gpu, params)
+    cached = _cached_measurement(key)
+    if cached is not None:
+        return _labelled(cached, gpu, True), None
     # Pin the probe to the idle GPU by UUID: NVML's index and CUDA's can differ.
     env = {"CUDA_VISIBLE_DEVICES": gpu.uuid} if gpu.uuid else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu.index)}
-    params = {"size_bytes": int(cfg["measure_bytes"]), "repeats": int(cfg["measure_repeats"]), "device": 0}
     try:
         limit = float(cfg["measure_timeout_seconds"])
         if ctx.session.probe_timeout is not None:  # a run-wide --timeout bounds the measurement too
@@ -148,9 +235,9 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
         return None, f"cannot measure: {exc}"
     except ProbeError as exc:
         return {"error": str(exc)}, None
-    m["nvml_index"] = gpu.index
-    m["gpu_name"] = gpu.name
-    return m, None
+    m["measured_at"] = time.time()
+    _keep_measurement(key, m)
+    return _labelled(m, gpu, False), None
 
 
 def _live_pin(ctx) -> bool | None:
@@ -230,7 +317,16 @@ def _measured(m: Mapping[str, Any]) -> str:
     pinned, pageable = m["pinned_bytes_per_second"], m["pageable_bytes_per_second"]
     return (f"host-to-device on GPU {m.get('nvml_index')} ({m.get('gpu_name')}): pinned {pinned / GB:.1f} GB/s vs "
             f"pageable {pageable / GB:.1f} GB/s ({pinned / pageable:.1f}x) over {format_bytes(m.get('size_bytes') or 0)}; "
-            f"pinning costs {m.get('pin_cpu_seconds_per_gib'):.2f} CPU s per GiB")
+            f"pinning costs {m.get('pin_cpu_seconds_per_gib'):.2f} CPU s per GiB" + _when(m))
+
+
+def _when(m: Mapping[str, Any]) -> str:
+    """For a measurement taken from the cache: when it was made, and how to redo it."""
+    at = m.get("measured_at")
+    if not m.get("cached") or not isinstance(at, (int, float)):
+        return ""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    return f" (measured {stamp}, earlier this boot; ENVDOCTOR_NO_CACHE=1 measures again)"
 
 
 def _rule_gains_little(m: Mapping[str, Any], settings: Mapping[str, Any]) -> list[Finding]:
@@ -246,7 +342,8 @@ def _measurement_facts(m: Mapping[str, Any]) -> dict[str, Any]:
     pinned, pageable = m.get("pinned_bytes_per_second"), m.get("pageable_bytes_per_second")
     out = dict(pinned_bytes_per_second=pinned, pageable_bytes_per_second=pageable,
                pin_cpu_seconds_per_gib=m.get("pin_cpu_seconds_per_gib"), measure_bytes=m.get("size_bytes"),
-               measured_gpu=m.get("nvml_index"), context_seconds=m.get("context_seconds"))
+               measured_gpu=m.get("nvml_index"), context_seconds=m.get("context_seconds"),
+               measured_at=m.get("measured_at"), measurement_cached=m.get("cached"))
     if pinned and pageable:
         out["pinned_speedup"] = round(pinned / pageable, 3)
     return out

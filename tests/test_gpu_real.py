@@ -210,6 +210,24 @@ def test_pin_memory_measurement_gives_bandwidth_and_cpu_figures(gpu):
     assert facts.get("pin_cpu_seconds_per_gib", 0) > 0
 
 
+def test_the_measurement_is_made_once_a_boot(gpu, tmp_path):
+    """A second check takes the figures from the cache (same boot, GPU and driver)."""
+    _torch_cuda_or_skip()
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ENVDOCTOR_NO_CACHE": ""}
+    times, rows = [], []
+    for _ in range(2):
+        started = time.perf_counter()
+        rows.append(_rows(cli("check", "--only", "torch.pin_memory", "-f", "json", env=env, timeout=300))["torch.pin_memory"])
+        times.append(time.perf_counter() - started)
+    print("torch.pin_memory, measured:", rows[0]["summary"], f"{times[0]:.2f} s")
+    print("torch.pin_memory, cached:", rows[1]["summary"], f"{times[1]:.2f} s")
+    if rows[0]["status"] == "skip":
+        pytest.skip(f"torch.pin_memory does not measure here: {rows[0]['summary']}")
+    assert rows[0]["facts"]["measurement_cached"] is False and rows[1]["facts"]["measurement_cached"] is True
+    assert rows[1]["facts"]["pinned_bytes_per_second"] == rows[0]["facts"]["pinned_bytes_per_second"]
+    assert "earlier this boot" in rows[1]["summary"]
+
+
 # torch's own measurement, as the check made it before it called the driver itself:
 # the reference the driver-level figures are held against.
 TORCH_COPY_RATES = textwrap.dedent("""

@@ -18,6 +18,7 @@ from envdoctor.checks.torch_pin_memory import CHECK, CpuSample, PinFacts, judge,
 from envdoctor.context import Session, Target
 from envdoctor.errors import ParseError, Unavailable
 from envdoctor.model import Status
+from envdoctor.paths import Roots
 from envdoctor.probe import ProbeError
 from envdoctor.runner import Plan, run_one
 from fake_pynvml import FakeDevice, FakeNvml
@@ -115,14 +116,97 @@ def test_measurement_failures_are_errors_with_the_reason():
 CUDA_TORCH = {"torch_version": "2.4.0+cu121", "torch_cuda_version": "12.1", "cuda_available": True, "python": sys.executable}
 
 
-def gpu_session(fake, torch_facts=CUDA_TORCH):
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test its own cache: a measurement kept by one must not answer another."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ENVDOCTOR_NO_CACHE", raising=False)
+
+
+def gpu_session(fake, torch_facts=CUDA_TORCH, roots=None):
     def torch_factory(_s):
         if isinstance(torch_facts, Exception):
             raise torch_facts
         return torch_facts
 
+    extra = {} if roots is None else {"roots": roots}
     return Session(env_override={}, torch_factory=torch_factory,
-                   nvml_factory=lambda: envdoctor.nvml.connect(lib=fake, timeout=2.0))
+                   nvml_factory=lambda: envdoctor.nvml.connect(lib=fake, timeout=2.0), **extra)
+
+
+def counting_measurement(monkeypatch, result=None):
+    calls = []
+
+    def measure(params, *, timeout=None, env=None):
+        calls.append(env)
+        return dict(result or {k: v for k, v in MEASURED.items() if k not in ("nvml_index", "gpu_name")})
+
+    monkeypatch.setattr(envdoctor.probe, "run_copy_measurement", measure)
+    return calls
+
+
+def booted(tmp_path, boot_id):
+    """A procfs root holding only a boot id: the one file the cache keys on."""
+    proc = tmp_path / f"proc-{boot_id}"
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True, exist_ok=True)
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text(boot_id + "\n")
+    return Roots(procfs=proc)
+
+
+def test_one_measurement_serves_the_boot_and_says_when_it_was_made(monkeypatch):
+    calls = counting_measurement(monkeypatch)
+    fake = FakeNvml(devices=[FakeDevice(uuid="GPU-idle")])
+    first = run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
+    second = run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
+    assert len(calls) == 1
+    assert first.status is second.status is Status.OK
+    assert first.facts["measurement_cached"] is False and "earlier this boot" not in first.summary
+    assert second.facts["measurement_cached"] is True and "earlier this boot" in second.summary
+    assert "ENVDOCTOR_NO_CACHE=1 measures again" in second.summary
+    assert second.facts["pinned_bytes_per_second"] == first.facts["pinned_bytes_per_second"]
+    assert second.facts["measured_at"] == first.facts["measured_at"]
+
+
+def test_no_cache_measures_every_time(monkeypatch):
+    calls = counting_measurement(monkeypatch)
+    monkeypatch.setenv("ENVDOCTOR_NO_CACHE", "1")
+    fake = FakeNvml(devices=[FakeDevice(uuid="GPU-idle")])
+    for _ in range(2):
+        assert run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake)).facts["measurement_cached"] is False
+    assert len(calls) == 2
+
+
+def test_a_reboot_a_new_driver_or_another_size_measures_again(monkeypatch, tmp_path):
+    calls = counting_measurement(monkeypatch)
+    one, two = booted(tmp_path, "boot-one"), booted(tmp_path, "boot-two")
+    run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice(uuid="GPU-a")]), roots=one))
+    run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice(uuid="GPU-a")]), roots=one))
+    assert len(calls) == 1
+    run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice(uuid="GPU-a")]), roots=two))
+    assert len(calls) == 2
+    run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice(uuid="GPU-a")], driver="999.1"),
+                                                 roots=two))
+    assert len(calls) == 3
+    run_one(Plan(CHECK, dict(CONFIG, measure_bytes=64 * 1024**2), 90),
+            gpu_session(FakeNvml(devices=[FakeDevice(uuid="GPU-a")], driver="999.1"), roots=two))
+    assert len(calls) == 4
+
+
+def test_a_failed_measurement_is_not_kept(monkeypatch):
+    calls = counting_measurement(monkeypatch, dict(MEASURED, errors={"measure": "cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (2)"}))
+    fake = FakeNvml(devices=[FakeDevice(uuid="GPU-idle")])
+    for _ in range(2):
+        assert run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake)).status is Status.ERROR
+    assert len(calls) == 2
+
+
+def test_busy_gpus_show_the_figure_measured_while_one_was_idle(monkeypatch):
+    calls = counting_measurement(monkeypatch)
+    run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=[FakeDevice(uuid="GPU-a")])))
+    busy = FakeNvml(devices=[FakeDevice(uuid="GPU-a", processes=[(999, 10**9)])])
+    r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(busy))
+    assert len(calls) == 1
+    assert r.status is Status.OK and r.facts["measurement_cached"] is True and "earlier this boot" in r.summary
 
 
 def test_measures_on_an_idle_gpu_pinned_by_uuid(monkeypatch):
