@@ -31,8 +31,9 @@ Statuses
          (both numbers named); pinned copies are not clearly faster than pageable
          ones (speedup below `min_speedup`) yet cost CPU.
   skip   no GPU: pinning has no effect (and the --pid target, if any, has CPU to
-         spare); a GPU but nothing measured (all busy, disabled, no CUDA torch),
-         with the reason.
+         spare); a GPU but nothing measured (all busy with no figure from earlier
+         this boot, disabled, no CUDA torch, no libcuda.so.1, measure_bytes outside
+         1 MiB to 1 GiB), with the reason.
   ok     measured: the bandwidths, the speedup and the CPU cost, with advice.
   error  the measurement broke (out of memory, a lost GPU): the reason.
 
@@ -55,6 +56,8 @@ from envdoctor.paths import read_text
 from envdoctor.units import format_bytes
 
 GB = 1e9
+MIN_MEASURE_BYTES = 1024**2  # below this a copy is over before the clock can tell
+MAX_MEASURE_BYTES = 1024**3  # the measurement holds this much on the host (twice) and on the GPU
 _MAX_DIGITS = 20
 
 
@@ -213,7 +216,12 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
         return None, f"cannot measure: {exc}"
     if not t.get("torch_cuda_version") or t.get("cuda_available") is False:  # None (from files): the measurement finds out
         return None, f"cannot measure: torch {t.get('torch_version')} in {t.get('python')} cannot use CUDA here"
-    params = {"size_bytes": int(cfg["measure_bytes"]), "repeats": int(cfg["measure_repeats"]), "device": 0}
+    size = int(cfg["measure_bytes"])
+    if not MIN_MEASURE_BYTES <= size <= MAX_MEASURE_BYTES:
+        return None, (f"measure_bytes = {size} is outside {format_bytes(MIN_MEASURE_BYTES)} to "
+                      f"{format_bytes(MAX_MEASURE_BYTES)}: too little to time a copy, or more host and GPU "
+                      "memory than a check should take ([check.\"torch.pin_memory\"] measure_bytes)")
+    params = {"size_bytes": size, "repeats": int(cfg["measure_repeats"]), "device": 0}
     gpu = _pick_idle_gpu(gpus)
     if gpu is None:
         earlier = _earlier(ctx, gpus, params)

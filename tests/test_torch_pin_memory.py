@@ -192,6 +192,14 @@ def test_a_reboot_a_new_driver_or_another_size_measures_again(monkeypatch, tmp_p
     assert len(calls) == 4
 
 
+@pytest.mark.parametrize("size", [0, 1024, 2 * 1024**3, 99999999999999])
+def test_a_measurement_size_out_of_bounds_is_not_made_and_says_the_bounds(monkeypatch, size):
+    calls = counting_measurement(monkeypatch)
+    r = run_one(Plan(CHECK, dict(CONFIG, measure_bytes=size), 90), gpu_session(FakeNvml(devices=[FakeDevice()])))
+    assert calls == [] and r.status is Status.SKIP
+    assert f"measure_bytes = {size} is outside 1 MiB to 1 GiB" in r.summary
+
+
 def test_a_failed_measurement_is_not_kept(monkeypatch):
     calls = counting_measurement(monkeypatch, dict(MEASURED, errors={"measure": "cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY (2)"}))
     fake = FakeNvml(devices=[FakeDevice(uuid="GPU-idle")])
