@@ -45,6 +45,7 @@ How to fix
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any, Mapping, NamedTuple
@@ -173,17 +174,19 @@ def _cached_measurement(key: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
     if key is None or not diskcache.enabled():
         return None
-    return diskcache.read(_cache_path(key), MEASUREMENT_SCHEMA, dict(key))
+    hit = diskcache.read(_cache_path(key), MEASUREMENT_SCHEMA, dict(key))
+    if hit is None or hit.get("errors") or unusable(hit) or not _number(hit.get("measured_at")):
+        return None  # a damaged or planted entry is a miss: measure again (and overwrite it)
+    return hit
 
 
 def _keep_measurement(key: Mapping[str, Any] | None, m: Mapping[str, Any]) -> None:
     """Only a measurement that gave both figures is kept; a failure is tried again."""
     from envdoctor import diskcache
 
-    if key is None or not diskcache.enabled() or m.get("errors") or m.get("error"):
+    if key is None or not diskcache.enabled() or m.get("errors") or m.get("error") or unusable(m):
         return
-    if m.get("pinned_bytes_per_second") and m.get("pageable_bytes_per_second"):
-        diskcache.write(_cache_path(key), MEASUREMENT_SCHEMA, dict(key), dict(m))
+    diskcache.write(_cache_path(key), MEASUREMENT_SCHEMA, dict(key), dict(m))
 
 
 def _earlier(ctx, gpus, params) -> tuple[Any, dict[str, Any]] | None:
@@ -234,11 +237,14 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
         return _labelled(cached, gpu, True), None
     # Pin the probe to the idle GPU by UUID: NVML's index and CUDA's can differ.
     env = {"CUDA_VISIBLE_DEVICES": gpu.uuid} if gpu.uuid else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu.index)}
+    limit = float(cfg["measure_timeout_seconds"])
+    hint = ("raise the limit with [check.\"torch.pin_memory\"] measure_timeout_seconds "
+            "(ENVDOCTOR_CHECK__TORCH_PIN_MEMORY__MEASURE_TIMEOUT_SECONDS)")
+    if ctx.session.probe_timeout is not None and ctx.session.probe_timeout < limit:
+        limit = ctx.session.probe_timeout  # a run-wide --timeout bounds the measurement too
+        hint = "the run's --timeout bounds it; give the run more time"
     try:
-        limit = float(cfg["measure_timeout_seconds"])
-        if ctx.session.probe_timeout is not None:  # a run-wide --timeout bounds the measurement too
-            limit = min(limit, ctx.session.probe_timeout)
-        m = dict(run_copy_measurement(params, timeout=limit, env=env))
+        m = dict(run_copy_measurement(params, timeout=limit, env=env, raise_hint=hint))
     except Unavailable as exc:  # no driver library here (a container without the `compute` capability)
         return None, f"cannot measure: {exc}"
     except ProbeError as exc:
@@ -309,15 +315,46 @@ def _rule_cpu_saturated(facts: PinFacts, settings: Mapping[str, Any]) -> list[Fi
                     "adds to the load", FIX_CPU)]
 
 
+def _number(value: Any, *, positive: bool = False) -> bool:
+    """A finite real number (not a bool), above 0 when `positive`, else at least 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > 0 if positive else value >= 0
+
+
+def unusable(m: Mapping[str, Any]) -> str | None:
+    """Why a measurement's figures cannot be judged, or None. What the probe printed
+    and what the cache holds both come from outside: a driver that printed a string
+    for a rate, NaN or a negative figure, must not become a crash or an "ok" row."""
+    if not isinstance(m.get("errors", {}), Mapping):
+        return f"its errors field is {type(m.get('errors')).__name__}, not a table"
+    for name in ("pinned_bytes_per_second", "pageable_bytes_per_second"):
+        if not _number(m.get(name), positive=True):
+            return f"{name} is {m.get(name)!r}, not a positive finite number"
+    if not _number(m.get("pin_cpu_seconds_per_gib")):
+        return f"pin_cpu_seconds_per_gib is {m.get('pin_cpu_seconds_per_gib')!r}, not a finite number >= 0"
+    size = m.get("size_bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or not MIN_MEASURE_BYTES <= size <= MAX_MEASURE_BYTES:
+        return f"size_bytes is {size!r}, not a size from {format_bytes(MIN_MEASURE_BYTES)} to {format_bytes(MAX_MEASURE_BYTES)}"
+    at = m.get("measured_at")
+    if at is not None and not (_number(at) and at <= time.time() + 60):
+        return f"measured_at is {at!r}, not a time"
+    return None
+
+
 def _rule_measurement_broke(m: Mapping[str, Any]) -> list[Finding]:
-    """The probe failed (out of memory, a lost GPU) or returned no figures."""
-    merr = (m.get("errors") or {}).get("measure")
+    """The probe failed (out of memory, a lost GPU) or returned no usable figures."""
     if m.get("error"):
         return [Finding(Status.ERROR, f"the pin_memory measurement broke: {m['error']}")]
+    errors = m.get("errors")
+    merr = errors.get("measure") if isinstance(errors, Mapping) else None
     if merr:
         return [Finding(Status.ERROR, f"the pin_memory measurement on GPU {m.get('nvml_index')} failed: {merr}")]
     if not m.get("pinned_bytes_per_second") or not m.get("pageable_bytes_per_second"):
         return [Finding(Status.ERROR, "the pin_memory measurement returned no bandwidth")]
+    why = unusable(m)
+    if why:
+        return [Finding(Status.ERROR, f"the pin_memory measurement returned figures that make no sense: {why}")]
     return []
 
 
@@ -396,10 +433,10 @@ def judge(facts: PinFacts, settings: Mapping[str, Any]) -> Result:
     m = facts.measurement
     if facts.gpu_count == 0 or m is None:
         return _judge_unmeasured(facts, cpu_findings, out)
-    out.update(_measurement_facts(m))
     broke = _rule_measurement_broke(m)
-    if broke:
+    if broke:  # figures that make no sense are not passed on as facts
         return verdict(broke, out, "")
+    out.update(_measurement_facts(m))
     advice = "keep pin_memory=True" + (" while the process has CPU to spare" if facts.cpu is not None else "")
     note = "" if cpu_findings else _cpu_note(facts.cpu)
     ok_summary = "; ".join(part for part in [_measured(m) + f": {advice}", note, *_live_note(facts, out)] if part)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -75,6 +76,32 @@ def _trusted(directory: Path) -> str | None:
     return _TRUSTED[key]
 
 
+MAX_ENTRY_BYTES = 4 * 1024 * 1024  # the largest entry written is the torch probe's, well under 100 KiB
+
+
+def _load_entry(name: str) -> Any:
+    """The JSON in the file `name`, or None for anything that is not a small regular file
+    of JSON: a FIFO (opened without blocking), a link (not followed), /dev/zero, a huge
+    file, or JSON nested deeper than the parser can go are all misses, never a hang."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENTRY_BYTES:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_ENTRY_BYTES + 1)
+        if len(data) > MAX_ENTRY_BYTES:
+            return None
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError, MemoryError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None) -> dict[str, Any] | None:
     """The facts stored at `path` if the entry has this schema and fingerprint and is fresh.
 
@@ -84,10 +111,8 @@ def read(path: Path, schema: str, fingerprint: Any, *, now: float | None = None)
     real = _trusted(path.parent)
     if real is None:  # another user's directory (root with their HOME): its entries are not ours to believe
         return None
-    try:
-        with open(os.path.join(real, path.name), "rb") as f:
-            entry = json.load(f)
-    except (OSError, ValueError):
+    entry = _load_entry(os.path.join(real, path.name))
+    if entry is None:
         return None
     if not isinstance(entry, dict) or entry.get("schema") != schema:
         return None
@@ -111,11 +136,25 @@ def write(path: Path, schema: str, fingerprint: Any, facts: dict[str, Any]) -> b
         text = json.dumps(entry, sort_keys=True, allow_nan=False)
         real = make_dir(path.parent)
         _TRUSTED[str(path.parent)] = real
-        write_atomic(Path(real) / path.name, text, mode=0o600)
+        target = Path(real) / path.name
+        _clear_non_file(target)
+        write_atomic(target, text, mode=0o600)
     except (OSError, OutputError, TypeError, ValueError):
         return False
     prune(Path(real) / path.name)
     return True
+
+
+def _clear_non_file(target: Path) -> None:
+    """Remove a link, FIFO or other non-file where an entry goes: write_atomic follows
+    links (right for -o, wrong for a cache entry: it would write into /dev/zero or
+    wherever the link points); a directory stays and the write fails (a miss)."""
+    try:
+        info = os.lstat(target)
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+        os.unlink(target)
 
 
 def prune(path: Path, *, keep: int = KEEP_PER_KIND, now: float | None = None) -> int:

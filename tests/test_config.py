@@ -211,6 +211,8 @@ def test_a_config_nested_too_deeply_is_exit_2_not_a_traceback(tmp_path, nested):
     ("gpu.health", "max_used_fraction", "1e308", "expected a fraction from 0 to 1"),
     ("shm.size", "batch_bytes", "-1", ""),  # sizes go through parse_size, which has its own words
     ("memory.cache_growth", "interval_seconds", "-1", "expected a number >= 0"),
+    ("torch.pin_memory", "measure_timeout_seconds", "0", "expected a positive number of seconds"),
+    ("dist.env", "resolve_timeout_seconds", "1e9", "at most 86400 seconds"),
 ])
 def test_a_number_out_of_its_range_is_exit_2(tmp_path, check_id, key, value, said):
     """Negative sizes, counts and times, and fractions over 1, were taken and made a rule that could never fire."""

@@ -193,3 +193,31 @@ def test_root_with_another_users_home_leaves_nothing_of_its_own_there(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert list((home / ".cache").iterdir()) == []
+
+
+@pytest.mark.parametrize("plant", ["fifo", "zero", "deep", "huge", "link"])
+def test_a_planted_entry_is_a_quick_miss(tmp_path, plant):
+    """What sits where an entry should be, put there by a tool gone wrong or by hand:
+    a FIFO nobody writes to (it hung the read), a link to /dev/zero (memory grew without
+    end), JSON nested 100,000 deep (RecursionError), a 120 MB file, a link to a good
+    entry elsewhere. Each is a miss, at once; the next write replaces it."""
+    good = diskcache.write(tmp_path / "elsewhere" / "pin-memory-0000.json", "s/v1", ["key"], {"a": 1})
+    assert good
+    path = tmp_path / "pin-memory-00aa.json"
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "zero":
+        path.symlink_to("/dev/zero")
+    elif plant == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif plant == "huge":
+        path.write_text('{"schema": "s/v1", "facts": {"a": "' + "x" * (120 * 1024 * 1024) + '"}}')
+    else:
+        path.symlink_to(tmp_path / "elsewhere" / "pin-memory-0000.json")
+    started = time.monotonic()
+    assert diskcache.read(path, "s/v1", ["key"]) is None
+    assert time.monotonic() - started < 5
+    assert diskcache.write(path, "s/v1", ["key"], {"b": 2})  # replaces the name, never writes through it
+    assert diskcache.read(path, "s/v1", ["key"]) == {"b": 2}
+    assert path.is_file() and not path.is_symlink()
+    assert diskcache.read(tmp_path / "elsewhere" / "pin-memory-0000.json", "s/v1", ["key"]) == {"a": 1}

@@ -256,6 +256,31 @@ def test_timeout_from_environment(monkeypatch, tmp_path):
         run_probe(str(python), use_cache=False)
 
 
+def test_a_flood_of_output_is_cut_before_it_is_scrubbed(tmp_path, monkeypatch):
+    """16 MiB of answer and no marker, with 100 secret variables set: scrubbing all of it
+    held the interpreter lock for 29 s (the run's deadman fired at 20 s). Only the end is
+    scrubbed now, the secret there is masked, and the reason is one line."""
+    for i in range(100):
+        monkeypatch.setenv(f"MY_TOKEN_{i}", f"s3cr3t{i}value")
+    python = fake_interpreter(tmp_path, "head -c 16000000 /dev/zero | tr '\\0' 'x'\n"
+                                        "printf '\\nTraceback (most recent call last):\\n  s3cr3t7value\\nError\\n'\n")
+    started = time.monotonic()
+    with pytest.raises(ProbeError) as info:
+        run_probe(str(python), use_cache=False, timeout=60)
+    said = str(info.value)
+    assert time.monotonic() - started < 10, said[-300:]
+    assert "s3cr3t7value" not in said and "\n" not in said
+    assert said.endswith("Traceback (most recent call last): / *** / Error"), said[-200:]
+
+
+def test_an_end_of_output_that_is_nearly_all_secret_is_withheld(monkeypatch):
+    from envdoctor.probe import _tail
+
+    monkeypatch.setenv("MY_TOKEN", "t0ps3cr3t-" * 10)
+    text = "y" * 100_000 + ("t0ps3cr3t-" * 10 + " ") * 2000
+    assert _tail(text) == "(its output is withheld: the end of it was mostly secret values)"
+
+
 # -- the cache -----------------------------------------------------------------------------
 
 

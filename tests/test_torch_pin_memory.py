@@ -137,7 +137,7 @@ def gpu_session(fake, torch_facts=CUDA_TORCH, roots=None):
 def counting_measurement(monkeypatch, result=None):
     calls = []
 
-    def measure(params, *, timeout=None, env=None):
+    def measure(params, *, timeout=None, env=None, raise_hint=""):
         calls.append(env)
         return dict(result or {k: v for k, v in MEASURED.items() if k not in ("nvml_index", "gpu_name")})
 
@@ -220,7 +220,7 @@ def test_busy_gpus_show_the_figure_measured_while_one_was_idle(monkeypatch):
 def test_measures_on_an_idle_gpu_pinned_by_uuid(monkeypatch):
     calls = []
 
-    def measure(params, *, timeout=None, env=None):
+    def measure(params, *, timeout=None, env=None, raise_hint=""):
         calls.append((params, env, timeout))
         return {k: v for k, v in MEASURED.items() if k not in ("nvml_index", "gpu_name")}
 
@@ -345,3 +345,90 @@ def test_process_that_exits_is_a_reason_not_a_crash():
     r = run_one(Plan(CHECK, dict(CONFIG, window_seconds=0.05), 90), Session(target=Target(gone.pid), nvml_factory=no_gpu))
     assert r.status is Status.SKIP
     assert "cannot sample" in r.summary and f"/proc/{gone.pid}/stat" in r.summary
+
+
+def test_the_copy_probe_dies_with_envdoctor_even_by_sigkill(tmp_path):
+    """After SIGKILL no envdoctor code runs to kill the probe's group; a driver call hung
+    in it would hold a CUDA context on the job's GPU. The probe asks the kernel to kill it
+    when its parent dies (PR_SET_PDEATHSIG): shown here with the probe's own function, in
+    a child that then waits for ever, under a parent killed with SIGKILL."""
+    source = envdoctor.probe._COPY_SCRIPT.read_text()
+    pidfile = tmp_path / "child.pid"
+    child_code = (f"import os, time\nsrc = {source!r}\nns = {{'__name__': 'copy_probe'}}\nexec(src, ns)\n"
+                  f"ns['die_with_parent'](os.getppid())\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                  "time.sleep(120)\n")
+    parent_code = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-I', '-S', '-c', {child_code!r}], "
+                   "start_new_session=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        os.kill(child, 0)  # alive while its parent is
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # killed; a zombie until its new parent reaps it
+                    break
+            time.sleep(0.05)
+        else:
+            os.kill(child, 9)
+            pytest.fail("the probe outlived its parent's SIGKILL")
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+BAD_FIGURES = [
+    ("pinned_bytes_per_second", "abc"), ("pinned_bytes_per_second", float("nan")),
+    ("pageable_bytes_per_second", -5.0), ("pinned_bytes_per_second", float("inf")),
+    ("pinned_bytes_per_second", [1]), ("pin_cpu_seconds_per_gib", "x"), ("pin_cpu_seconds_per_gib", None),
+    ("size_bytes", "big"), ("size_bytes", -5), ("measured_at", 1e300), ("measured_at", float("nan")),
+    ("measured_at", True), ("errors", "x"), ("errors", {"measure": "planted"}),
+]
+
+
+@pytest.mark.parametrize("field, value", BAD_FIGURES)
+def test_a_probe_answer_that_makes_no_sense_is_an_error_row_and_is_not_kept(monkeypatch, field, value):
+    """A driver printing a string, NaN or a negative number for a figure: one error row
+    naming it (never a crash of the check, never an 'ok' with nan GB/s), and nothing cached."""
+    calls = counting_measurement(monkeypatch, dict(MEASURED, **{field: value}))
+    fake = FakeNvml(devices=[FakeDevice(uuid="GPU-idle")])
+    for _ in range(2):
+        r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
+        if field == "measured_at":  # the probe never sends it (the check stamps its own): ignored
+            assert r.status is Status.OK, r.summary
+        else:
+            assert r.status is Status.ERROR, r.summary
+            assert "the check broke" not in r.summary and field in r.summary or "planted" in r.summary, r.summary
+    assert len(calls) == 2 if field != "measured_at" else len(calls) == 1
+
+
+@pytest.mark.parametrize("field, value", BAD_FIGURES)
+def test_a_damaged_cache_entry_is_a_miss_and_is_measured_again(monkeypatch, field, value):
+    import json
+
+    from envdoctor import diskcache
+
+    calls = counting_measurement(monkeypatch)
+    fake = FakeNvml(devices=[FakeDevice(uuid="GPU-a")])
+    run_one(Plan(CHECK, CONFIG, 90), gpu_session(fake))
+    (entry,) = (diskcache.cache_dir()).glob("pin-memory-*.json")
+    data = json.loads(entry.read_text())
+    data["facts"][field] = value
+    entry.write_text(json.dumps(data))
+    for busy in (False, True):
+        devices = [FakeDevice(uuid="GPU-a", processes=[(999, 10**9)] if busy else [])]
+        r = run_one(Plan(CHECK, CONFIG, 90), gpu_session(FakeNvml(devices=devices)))
+        if busy:  # measured again while idle just above: that entry answers now
+            assert r.status is Status.OK and r.facts["measurement_cached"] is True, r.summary
+        else:
+            assert r.status is Status.OK and r.facts["measurement_cached"] is False, r.summary
+    assert len(calls) == 2

@@ -47,6 +47,8 @@ MARKER = "ENVDOCTOR-PROBE-RESULT "
 _SCRIPT = Path(__file__).with_name("torch_probe.py")
 _COPY_SCRIPT = Path(__file__).with_name("copy_probe.py")
 _STDERR_TAIL = 1500
+_SCRUB_WINDOW = 64 * 1024  # how much of the end of a probe's output is scrubbed for the tail
+_SCRUB_MARGIN = 16 * 1024  # kept text stays this far from a secret the window cut through
 EXIT_GRACE = 0.5  # after the probe exits, how long a child it left holding its pipes is waited on
 _STDOUT_LIMIT = 16 * 1024 * 1024  # what is kept of the probe's stdout (its answer is one line)
 _STDERR_LIMIT = 256 * 1024  # what is kept of the end of its stderr
@@ -141,10 +143,22 @@ def resolve_python(python: str) -> str:
 
 def _tail(text: str, env: dict[str, str] | None = None) -> str:
     """The end of what the probe printed, redacted first (a cut must not leave a
-    secret's last characters) and redacted as free text (short secrets too)."""
+    secret's last characters) and redacted as free text (short secrets too), on one line.
+
+    Only the last _SCRUB_WINDOW characters are scrubbed: scrubbing a 16 MiB answer held
+    the interpreter lock for 3-29 s (more secrets, longer), past every timeout. A secret
+    the window cuts through sits at the window's start, and what is kept is at least
+    _SCRUB_MARGIN scrubbed characters away from it; a window that scrubbing shrank below
+    that (it was nearly all secrets) is withheld rather than cut near the partial one."""
     from envdoctor import redact
 
-    text = redact.scrub_free_text(text, [os.environ, env or {}]).strip()
+    cut = len(text) > _SCRUB_WINDOW
+    if cut:
+        text = text[-_SCRUB_WINDOW:]
+    text = redact.scrub_free_text(text, [os.environ, env or {}])
+    if cut and len(text) < _STDERR_TAIL + _SCRUB_MARGIN:
+        return "(its output is withheld: the end of it was mostly secret values)"
+    text = " / ".join(line.strip() for line in text.strip().splitlines() if line.strip())  # one line: a table cell
     if len(text) > _STDERR_TAIL:
         text = "..." + text[-_STDERR_TAIL:]
     return text
@@ -208,18 +222,22 @@ def _communicate(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes, 
 
 def _execute(python: str, args: list[str], timeout: float, source: str,
              env: dict[str, str] | None = None, *, flags: tuple[str, ...] = (),
-             what: str = "") -> dict[str, Any]:
+             what: str = "", raise_hint: str = "") -> dict[str, Any]:
     """Run the probe script and return its JSON, or raise ProbeError with what it printed.
 
     The probe inherits envdoctor's environment (PYTHONPATH, LD_LIBRARY_PATH,
     CUDA_VISIBLE_DEVICES... decide what it finds); `env` overrides single names.
-    `flags` go to the interpreter before -c; `what` names the probe in errors.
+    `flags` go to the interpreter before -c; `what` names the probe in errors, and
+    `raise_hint` says how its limit is raised.
     """
     what = what or f"the torch probe in {python}"
+    raise_hint = raise_hint or f"raise the limit with --timeout or {TIMEOUT_VAR}=SECONDS"
     full_env = None
     if env:
         full_env = dict(os.environ)
         full_env.update(env)
+    if env and any("\0" in k or "\0" in v or "=" in k for k, v in env.items()):
+        raise ProbeError(f"{what} was not started: a variable set for it holds a NUL byte or a bad name")
     try:
         proc = subprocess.Popen(
             [python, *flags, "-c", source, *args],
@@ -258,7 +276,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         raise ProbeError(
             f"{what} did not finish within {timeout:g} s (killed)"
             + (f"; it printed: {said}" if said else "; it printed nothing")
-            + f"; raise the limit with --timeout or {TIMEOUT_VAR}=SECONDS"
+            + f"; {raise_hint}"
         )
     text = out.decode("utf-8", "replace")
     result = None
@@ -323,7 +341,7 @@ def run_probe(python: str, *, timeout: float | None = None, use_cache: bool | No
 
 
 def run_copy_measurement(params: dict[str, Any], *, timeout: float | None = None,
-                         env: dict[str, str] | None = None) -> dict[str, Any]:
+                         env: dict[str, str] | None = None, raise_hint: str = "") -> dict[str, Any]:
     """The pin_memory bandwidth measurement (copy_probe.py); never cached.
 
     It needs the driver's libcuda, not torch, so it runs in envdoctor's own
@@ -335,8 +353,9 @@ def run_copy_measurement(params: dict[str, Any], *, timeout: float | None = None
     """
     python = resolve_python(sys.executable)
     timeout = default_timeout() if timeout is None else timeout
+    params = dict(params, parent=os.getpid())  # the probe dies with this process (PR_SET_PDEATHSIG)
     facts = _execute(python, [json.dumps(params)], timeout, _COPY_SCRIPT.read_text(encoding="utf-8"), env,
-                     flags=("-I", "-S"), what="the pin_memory copy measurement")
+                     flags=("-I", "-S"), what="the pin_memory copy measurement", raise_hint=raise_hint)
     facts.pop("_stderr_tail", None)
     if facts.get("unavailable"):
         raise Unavailable(str(facts["unavailable"]))

@@ -34,6 +34,7 @@ Written for any Python 3 envdoctor runs on; the standard library only.
 
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -152,8 +153,23 @@ def _measure(cu, params, out):
     out["repeats"] = repeats
 
 
+def die_with_parent(parent):
+    """Be killed when envdoctor dies, even by SIGKILL (the OOM killer, `timeout -s KILL`,
+    a kubelet), when nothing of envdoctor's runs to kill this process group: a hung
+    driver call would otherwise hold a CUDA context and pinned memory on the GPU a job
+    is about to use, for ever. PR_SET_PDEATHSIG; a parent already gone ends it now."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(ctypes.c_int(1), ctypes.c_ulong(9), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    except (OSError, AttributeError):  # not Linux: the process group kill at envdoctor's exit still holds
+        return
+    if parent and os.getppid() != parent:
+        os._exit(0)
+
+
 def main(argv):
     params = json.loads(argv[1]) if len(argv) > 1 else {}
+    die_with_parent(params.get("parent"))
     out = {"mode": "pin_memory", "method": "cuda-driver", "errors": {}}
     started = time.perf_counter()
     cu, reason = _load()
@@ -164,7 +180,9 @@ def main(argv):
             _measure(cu, params, out)
         except CudaError as exc:
             out["errors"]["measure"] = str(exc)
-        except (MemoryError, OverflowError, ValueError, TypeError) as exc:  # host memory, bad params
+        except MemoryError:
+            out["errors"]["measure"] = "MemoryError: no host memory for %s bytes" % params.get("size_bytes")
+        except (OverflowError, ValueError, TypeError) as exc:  # bad params
             out["errors"]["measure"] = "%s: %s" % (type(exc).__name__, exc)
     out["probe_seconds"] = time.perf_counter() - started
     sys.stdout.write(MARKER + json.dumps(out) + "\n")
@@ -173,8 +191,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    import os
-
     code = main(sys.argv)
     # Skip the interpreter's and the driver's exit handlers (tearing down a context
     # that holds pinned memory): the answer is out, and the kernel frees all of it.
