@@ -137,6 +137,7 @@ def _pick_idle_gpu(gpus) -> Any | None:
 # reboot (a new boot id) or a driver reload measures again. ENVDOCTOR_NO_CACHE=1
 # measures every time.
 MEASUREMENT_SCHEMA = "envdoctor.pin-memory/1"
+MAX_CACHED_SECONDS = 24 * 3600 + 60  # diskcache keeps an entry a day; its measurement is no older
 
 
 def _boot_id(ctx) -> str | None:
@@ -224,6 +225,9 @@ def _measure(ctx, gpus, cfg) -> tuple[Mapping[str, Any] | None, str | None]:
         return None, (f"measure_bytes = {size} is outside {format_bytes(MIN_MEASURE_BYTES)} to "
                       f"{format_bytes(MAX_MEASURE_BYTES)}: too little to time a copy, or more host and GPU "
                       "memory than a check should take ([check.\"torch.pin_memory\"] measure_bytes)")
+    if not float(cfg["measure_timeout_seconds"]) > 0:  # config allows 0 for any key; here it could only fail
+        return None, ("measure_timeout_seconds = 0 leaves no time to measure "
+                      "([check.\"torch.pin_memory\"] measure_timeout_seconds, default 25)")
     params = {"size_bytes": size, "repeats": int(cfg["measure_repeats"]), "device": 0}
     gpu = _pick_idle_gpu(gpus)
     if gpu is None:
@@ -315,11 +319,18 @@ def _rule_cpu_saturated(facts: PinFacts, settings: Mapping[str, Any]) -> list[Fi
                     "adds to the load", FIX_CPU)]
 
 
-def _number(value: Any, *, positive: bool = False) -> bool:
-    """A finite real number (not a bool), above 0 when `positive`, else at least 0."""
+MIN_RATE, MAX_RATE = 1e6, 1e13  # 1 MB/s to 10 TB/s: a copy outside them is a driver's garbage, not a link
+MAX_PIN_CPU_SECONDS_PER_GIB = 1000.0
+
+
+def _number(value: Any, *, positive: bool = False, at_most: float = math.inf) -> bool:
+    """A finite real number (not a bool) up to `at_most`, above 0 when `positive`,
+    else at least 0 (and not -0.0)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
-    return value > 0 if positive else value >= 0
+    if value > at_most:
+        return False
+    return value > 0 if positive else value >= 0 and math.copysign(1.0, value) > 0
 
 
 def unusable(m: Mapping[str, Any]) -> str | None:
@@ -329,16 +340,17 @@ def unusable(m: Mapping[str, Any]) -> str | None:
     if not isinstance(m.get("errors", {}), Mapping):
         return f"its errors field is {type(m.get('errors')).__name__}, not a table"
     for name in ("pinned_bytes_per_second", "pageable_bytes_per_second"):
-        if not _number(m.get(name), positive=True):
-            return f"{name} is {m.get(name)!r}, not a positive finite number"
-    if not _number(m.get("pin_cpu_seconds_per_gib")):
-        return f"pin_cpu_seconds_per_gib is {m.get('pin_cpu_seconds_per_gib')!r}, not a finite number >= 0"
+        value = m.get(name)
+        if not _number(value, positive=True, at_most=MAX_RATE) or value < MIN_RATE:
+            return f"{name} is {value!r}, not a rate from 1 MB/s to 10 TB/s"
+    if not _number(m.get("pin_cpu_seconds_per_gib"), at_most=MAX_PIN_CPU_SECONDS_PER_GIB):
+        return f"pin_cpu_seconds_per_gib is {m.get('pin_cpu_seconds_per_gib')!r}, not a number from 0 to 1000"
     size = m.get("size_bytes")
     if isinstance(size, bool) or not isinstance(size, int) or not MIN_MEASURE_BYTES <= size <= MAX_MEASURE_BYTES:
         return f"size_bytes is {size!r}, not a size from {format_bytes(MIN_MEASURE_BYTES)} to {format_bytes(MAX_MEASURE_BYTES)}"
-    at = m.get("measured_at")
-    if at is not None and not (_number(at) and at <= time.time() + 60):
-        return f"measured_at is {at!r}, not a time"
+    at, now = m.get("measured_at"), time.time()
+    if at is not None and not (_number(at) and now - MAX_CACHED_SECONDS <= at <= now + 60):
+        return f"measured_at is {at!r}, not a time in the last day"
     return None
 
 

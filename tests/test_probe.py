@@ -278,7 +278,35 @@ def test_an_end_of_output_that_is_nearly_all_secret_is_withheld(monkeypatch):
 
     monkeypatch.setenv("MY_TOKEN", "t0ps3cr3t-" * 10)
     text = "y" * 100_000 + ("t0ps3cr3t-" * 10 + " ") * 2000
-    assert _tail(text) == "(its output is withheld: the end of it was mostly secret values)"
+    assert _tail(text).startswith("(its output is withheld: once blanks and secrets were taken out")
+
+
+@pytest.mark.parametrize("padding", ["\n", " ", "\r\n", "\t \n"])
+def test_a_secret_cut_by_the_window_and_followed_by_blanks_never_shows(monkeypatch, padding):
+    """helper-24: 5,000 characters, `token=<secret>` cut through by the scrubbed window,
+    then ~65,000 blank characters and an error: the blanks are dropped from the one-line
+    tail, which brought the secret's end into it (30 of 32 characters shown)."""
+    from envdoctor.probe import _SCRUB_WINDOW, _tail
+
+    secret = "Zq8vLr2mXw9TpK4sHn7dJc3fBg6yQa1e"
+    monkeypatch.setenv("MY_API_TOKEN", secret)
+    for lead in range(0, len(secret) + 8, 3):
+        text = "a" * 5000 + "token=" + secret + padding * ((_SCRUB_WINDOW - len(secret) + lead) // len(padding)) + "Error: cuInit failed\n"
+        said = _tail(text)
+        for start in range(len(secret) - 5):
+            assert secret[start:start + 6] not in said, (lead, said[:120])
+
+
+def test_a_secret_longer_than_the_window_is_not_shown_in_part(monkeypatch):
+    """A 100,000-character secret (a key in an environment variable) printed whole, then
+    an error: no window shorter than it could recognise it, so its end would show."""
+    from envdoctor.probe import _tail
+
+    secret = "".join(chr(ord("a") + (i * 7) % 26) for i in range(100_000))
+    monkeypatch.setenv("DEPLOY_PRIVATE_KEY", secret)
+    said = _tail("x" * 50_000 + "Error: driver said key=" + secret + "\nError: cuInit failed\n")
+    assert secret[-200:-180] not in said and secret[:20] not in said, said[:200]
+    assert "cuInit failed" in said or "withheld" in said
 
 
 # -- the cache -----------------------------------------------------------------------------
@@ -451,3 +479,45 @@ def test_probe_script_is_self_contained():
             imported.add((node.module or "").split(".")[0])
     assert "envdoctor" not in imported
     assert imported - {"torch"} <= set(sys.stdlib_module_names)
+
+
+def test_the_torch_probe_dies_with_envdoctor_even_by_sigkill(tmp_path):
+    """A torch import hung on a dead mount must not outlive a SIGKILLed envdoctor (the OOM
+    killer, `timeout -s KILL`): the probe asks the kernel for SIGKILL when its parent dies.
+    Shown with the probe's own source in a real interpreter whose `torch` hangs on import."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    pidfile = tmp_path / "probe.pid"
+    (site / "torch" / "__init__.py").write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    parent_code = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+        os.environ["PYTHONPATH"] = {str(site)!r}
+        from envdoctor.probe import run_probe
+        run_probe(sys.executable, use_cache=False, timeout=120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        probe = int(pidfile.read_text())
+        os.kill(probe, 0)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{probe}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except FileNotFoundError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(probe, 9)
+            pytest.fail("the torch probe outlived its parent's SIGKILL")
+    finally:
+        parent.kill()
+        parent.wait()

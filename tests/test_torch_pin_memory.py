@@ -392,6 +392,9 @@ BAD_FIGURES = [
     ("pinned_bytes_per_second", [1]), ("pin_cpu_seconds_per_gib", "x"), ("pin_cpu_seconds_per_gib", None),
     ("size_bytes", "big"), ("size_bytes", -5), ("measured_at", 1e300), ("measured_at", float("nan")),
     ("measured_at", True), ("errors", "x"), ("errors", {"measure": "planted"}),
+    ("pinned_bytes_per_second", 1e308), ("pinned_bytes_per_second", 5e-324), ("pageable_bytes_per_second", 999.0),
+    ("pin_cpu_seconds_per_gib", -0.0), ("pin_cpu_seconds_per_gib", 1e9), ("measured_at", 0),
+    ("measured_at", 1.0e9),
 ]
 
 
@@ -432,3 +435,11 @@ def test_a_damaged_cache_entry_is_a_miss_and_is_measured_again(monkeypatch, fiel
         else:
             assert r.status is Status.OK and r.facts["measurement_cached"] is False, r.summary
     assert len(calls) == 2
+
+
+def test_a_zero_measurement_timeout_is_not_tried_and_says_so(monkeypatch):
+    """0 passes the config (a plug-in's `*_timeout_seconds = 0` may mean "off"); here it
+    could only ever time out, so the check says why it did not measure."""
+    calls = counting_measurement(monkeypatch)
+    r = run_one(Plan(CHECK, dict(CONFIG, measure_timeout_seconds=0.0), 90), gpu_session(FakeNvml(devices=[FakeDevice()])))
+    assert calls == [] and r.status is Status.SKIP and "measure_timeout_seconds = 0" in r.summary

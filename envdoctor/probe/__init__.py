@@ -48,7 +48,8 @@ _SCRIPT = Path(__file__).with_name("torch_probe.py")
 _COPY_SCRIPT = Path(__file__).with_name("copy_probe.py")
 _STDERR_TAIL = 1500
 _SCRUB_WINDOW = 64 * 1024  # how much of the end of a probe's output is scrubbed for the tail
-_SCRUB_MARGIN = 16 * 1024  # kept text stays this far from a secret the window cut through
+_SCRUB_MARGIN = 16 * 1024  # kept text stays at least this far from a secret the window cut through
+_SCRUB_MOST = 1024 * 1024  # the most of an output ever scrubbed (~1.8 s with 100 secret variables)
 EXIT_GRACE = 0.5  # after the probe exits, how long a child it left holding its pipes is waited on
 _STDOUT_LIMIT = 16 * 1024 * 1024  # what is kept of the probe's stdout (its answer is one line)
 _STDERR_LIMIT = 256 * 1024  # what is kept of the end of its stderr
@@ -145,23 +146,32 @@ def _tail(text: str, env: dict[str, str] | None = None) -> str:
     """The end of what the probe printed, redacted first (a cut must not leave a
     secret's last characters) and redacted as free text (short secrets too), on one line.
 
-    Only the last _SCRUB_WINDOW characters are scrubbed: scrubbing a 16 MiB answer held
-    the interpreter lock for 3-29 s (more secrets, longer), past every timeout. A secret
-    the window cuts through sits at the window's start, and what is kept is at least
-    _SCRUB_MARGIN scrubbed characters away from it; a window that scrubbing shrank below
-    that (it was nearly all secrets) is withheld rather than cut near the partial one."""
+    A long output is scrubbed only at its end: scrubbing a 16 MiB answer held the
+    interpreter lock for 3-29 s (more secrets, longer; ~1.8 s a MiB with 100), past
+    every timeout. A secret the window cuts through sits at the window's start, so
+    what is kept must lie at least `margin` characters (a secret's longest spelling,
+    and never under _SCRUB_MARGIN) past it, counted in the text as it is shown (blank
+    lines and spaces dropped). When it would not, the tail is withheld."""
     from envdoctor import redact
 
-    cut = len(text) > _SCRUB_WINDOW
-    if cut:
-        text = text[-_SCRUB_WINDOW:]
-    text = redact.scrub_free_text(text, [os.environ, env or {}])
-    if cut and len(text) < _STDERR_TAIL + _SCRUB_MARGIN:
-        return "(its output is withheld: the end of it was mostly secret values)"
-    text = " / ".join(line.strip() for line in text.strip().splitlines() if line.strip())  # one line: a table cell
-    if len(text) > _STDERR_TAIL:
-        text = "..." + text[-_STDERR_TAIL:]
-    return text
+    envs = [os.environ, env or {}]
+    longest = max((len(value) for value in redact.secret_values(envs, min_secret=1)), default=0)
+    margin = max(_SCRUB_MARGIN, 6 * longest)  # \uXXXX: a JSON spelling is up to six times as long
+    window = max(_SCRUB_WINDOW, 2 * margin + _STDERR_TAIL)
+    cut = len(text) > window
+    if cut and window > _SCRUB_MOST:
+        return "(its output is withheld: a secret value is too long to cut this output safely)"
+    shown = _one_line(redact.scrub_free_text(text[-window:] if cut else text, envs))
+    if cut and len(shown) < _STDERR_TAIL + margin:
+        return "(its output is withheld: once blanks and secrets were taken out, its end was too short to cut safely)"
+    if len(shown) > _STDERR_TAIL:
+        shown = "..." + shown[-_STDERR_TAIL:]
+    return shown
+
+
+def _one_line(text: str) -> str:
+    """Lines joined with " / ", blank ones dropped: a reason fits one table cell."""
+    return " / ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -328,7 +338,7 @@ def run_probe(python: str, *, timeout: float | None = None, use_cache: bool | No
             return _judge_outcome(python, facts)
     before = cache.static_fingerprint(python, source_hash)
     started = time.perf_counter()
-    facts = _execute(python, ["facts"], timeout, source)
+    facts = _execute(python, ["facts", json.dumps({"parent": os.getpid()})], timeout, source)
     facts["probe_wall_seconds"] = round(time.perf_counter() - started, 3)
     facts.pop("_stderr_tail", None)
     # Negative answers ("no torch here") are cached too: the fingerprint notices

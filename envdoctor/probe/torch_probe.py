@@ -153,7 +153,24 @@ def _torch_facts(torch, out):
     out["errors"] = errors
 
 
+def _die_with_parent(argv):
+    """Be killed when envdoctor dies, even by SIGKILL, when none of its code runs to kill
+    this process group: a torch import hung on a dead NFS mount would stay for ever.
+    argv[2] is {"parent": PID}; PR_SET_PDEATHSIG; a parent already gone ends it now."""
+    try:
+        parent = json.loads(argv[2]).get("parent") if len(argv) > 2 else None
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(ctypes.c_int(1), ctypes.c_ulong(9), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    except Exception:  # no ctypes in this interpreter, not Linux, odd arguments: the group kill still holds
+        return
+    if parent and os.getppid() != parent:
+        os._exit(0)
+
+
 def main(argv):
+    _die_with_parent(argv)
     mode = argv[1] if len(argv) > 1 else "facts"
     out = _base_facts(mode)
     # Keep torch's chatter off the channel the result travels on.
