@@ -241,11 +241,26 @@ def _host_public() -> frozenset[str]:
 
 
 def _spellings(secret: str) -> set[str]:
-    """The ways a program may print a value: as is, repr-escaped, JSON-escaped, URL-quoted."""
+    """The ways a program may print a value: as is, repr-escaped, JSON-escaped, URL-quoted.
+    A value holding a byte that is not UTF-8 (an environment in Latin-1) comes from
+    os.environ as a surrogate escape; it is quoted as the bytes it was, not refused."""
+    raw = secret.encode("utf-8", "surrogateescape")
     forms = {secret, secret.encode("unicode_escape", "backslashreplace").decode("ascii", "replace"),
              json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1],
-             urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret, safe="")}
+             urllib.parse.quote(raw, safe=""), urllib.parse.quote_plus(raw, safe="")}
     return {f for f in forms if f}
+
+
+def longest_spelling(envs: Iterable[Mapping[str, str]]) -> int:
+    """The length of the longest form, in any spelling, of any value scrub_free_text
+    masks: how far past a cut through one of them its remains can reach."""
+    return max((len(form) for value in secret_values(envs, min_secret=1) for form in _spellings(value)), default=0)
+
+
+def any_secret_holds(envs: Iterable[Mapping[str, str]], part: str) -> bool:
+    """Whether any value scrub_free_text masks contains `part` (a line break: its
+    remains after a cut can run past the line the cut is in)."""
+    return any(part in value for value in secret_values(envs, min_secret=1))
 
 
 def _token(form: str) -> str:

@@ -241,3 +241,18 @@ def test_cli_timeout_that_is_not_a_finite_positive_number_is_one_line(value):
         proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 2, (value, how, proc.stdout[-300:], proc.stderr)
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["check", "-f", "json"], ["exec", "--", "sh", "-c", "echo job ran"],
+                                     ["serve", "--once"]])
+def test_a_variable_that_is_not_utf8_is_masked_not_a_traceback(command):
+    """A Latin-1 environment (PROJECT_NAME=café as one byte): its values reach envdoctor as
+    surrogate escapes, and URL-quoting one for the secret scrubber raised UnicodeEncodeError,
+    a traceback from every command. The secret-named one stays masked in every spelling."""
+    env = {k.encode(): v.encode("utf-8", "surrogateescape") for k, v in os.environ.items()}
+    env.update({b"PROJECT_NAME": b"caf\xe9-r\xe9sum\xe9", b"MY_TOKEN": b"s3cr\xe9t-value-42"})
+    env.pop(b"ENVDOCTOR_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", *command], env=env, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert b"Traceback" not in proc.stderr and b"UnicodeEncodeError" not in proc.stderr, proc.stderr[-2000:]
+    assert b"s3cr" not in proc.stdout + proc.stderr

@@ -273,12 +273,61 @@ def test_a_flood_of_output_is_cut_before_it_is_scrubbed(tmp_path, monkeypatch):
     assert said.endswith("Traceback (most recent call last): / *** / Error"), said[-200:]
 
 
-def test_an_end_of_output_that_is_nearly_all_secret_is_withheld(monkeypatch):
+def test_an_end_of_output_with_no_line_break_to_cut_at_is_withheld(monkeypatch):
     from envdoctor.probe import _tail
 
     monkeypatch.setenv("MY_TOKEN", "t0ps3cr3t-" * 10)
     text = "y" * 100_000 + ("t0ps3cr3t-" * 10 + " ") * 2000
-    assert _tail(text).startswith("(its output is withheld: once blanks and secrets were taken out")
+    assert _tail(text).startswith("(its output is withheld: where it was cut, no line break")
+
+
+def test_a_multiline_secret_cut_by_the_window_leaves_nothing_near_it(monkeypatch):
+    """A key with line breaks (PEM) cut by the window: its later lines are not
+    recognisable alone, so what is kept must lie its longest spelling past the cut."""
+    from envdoctor.probe import _SCRUB_WINDOW, _tail
+
+    key = "\n".join("".join(chr(ord("a") + (i * 7 + j) % 26) for j in range(64)) for i in range(40))
+    monkeypatch.setenv("DEPLOY_PRIVATE_KEY", key)
+    text = "x" * 5000 + "\n" + key + "\n" * (_SCRUB_WINDOW - 700) + "Error: cuInit failed\n"
+    said = _tail(text)
+    for line in key.splitlines():
+        assert line[10:30] not in said, said[:200]
+    assert said.startswith("(its output is withheld: a secret with line breaks")
+
+
+def test_a_credential_cut_by_the_window_loses_its_name_and_still_never_shows():
+    """helper-25: `token=<21,000 characters>`, then blank lines, with the window starting
+    inside the value: the rest no longer looked like a credential and showed."""
+    from envdoctor.probe import _SCRUB_WINDOW, _tail
+
+    value = "".join(chr(ord("A") + (i * 11) % 26) for i in range(21_000))
+    for head in ("token=", "Authorization: Bearer ", "https://user:"):
+        for blanks in (_SCRUB_WINDOW - 5000, _SCRUB_WINDOW - 20_000):
+            text = "start\n" + head + value + ("@host" if head.startswith("https") else "") + "\n" * blanks + "y" * 100
+            said = _tail(text)
+            assert value[-40:-20] not in said and value[5000:5020] not in said, (head, blanks, said[:120])
+
+
+def test_a_stdout_cut_at_its_limit_never_ends_in_part_of_a_secret(monkeypatch):
+    """helper-25: stdout is kept to its first 16 MiB; a secret printed across that limit
+    showed its first 20 characters at the tail's end."""
+    from envdoctor.probe import _tail
+
+    secret = "Qw7rT5yU3iO1pA9sD8fGhJkLzX"
+    monkeypatch.setenv("MY_TOKEN", secret)
+    said = _tail("line one\n" + "z" * 70_000 + "\nlast whole line\nlog: " + secret[:20], cut_end=True)
+    assert secret[:12] not in said and said.endswith("last whole line"), said[-80:]
+
+
+def test_a_stderr_cut_at_its_start_never_begins_with_part_of_a_secret(monkeypatch):
+    """helper-25: stderr keeps its last 256-512 KiB; a long secret cut there showed its end
+    when the window was larger than what was kept (no cut seen)."""
+    from envdoctor.probe import _tail
+
+    blob = "".join(chr(ord("a") + (i * 5) % 26) for i in range(40_000))
+    monkeypatch.setenv("MY_BLOB", blob)
+    said = _tail(blob[-30_000:] + "\n" * 10 + "the real error\n", cut_start=True)
+    assert blob[-100:-80] not in said and said == "the real error", said[:120]
 
 
 @pytest.mark.parametrize("padding", ["\n", " ", "\r\n", "\t \n"])
@@ -521,3 +570,18 @@ def test_the_torch_probe_dies_with_envdoctor_even_by_sigkill(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_non_ascii_secret_cut_inside_its_url_spelling_never_shows(monkeypatch):
+    """helper-25: 2,000 CJK characters, URL-quoted (9 bytes of spelling each), cut by the
+    window inside that spelling: its last 166 characters showed, decodable."""
+    from urllib.parse import quote
+
+    from envdoctor.probe import _SCRUB_WINDOW, _tail
+
+    secret = "".join(chr(0x4E00 + (i * 37) % 20000) for i in range(2000))
+    monkeypatch.setenv("MY_TOKEN", secret)
+    spelled = quote(secret, safe="")
+    text = "j" * 100_000 + "?p=" + spelled + "\n" * (_SCRUB_WINDOW - 100) + "Segmentation fault\n"
+    said = _tail(text)
+    assert spelled[-60:-30] not in said and "%E" not in said, said[:200]

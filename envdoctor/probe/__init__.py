@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from envdoctor.errors import EnvdoctorError, Unavailable
 from envdoctor.config import PROBE_TIMEOUT_VAR
@@ -142,28 +142,44 @@ def resolve_python(python: str) -> str:
     return path
 
 
-def _tail(text: str, env: dict[str, str] | None = None) -> str:
+def _tail(text: str, env: dict[str, str] | None = None, *, cut_start: bool = False,
+          cut_end: bool = False) -> str:
     """The end of what the probe printed, redacted first (a cut must not leave a
     secret's last characters) and redacted as free text (short secrets too), on one line.
 
     A long output is scrubbed only at its end: scrubbing a 16 MiB answer held the
     interpreter lock for 3-29 s (more secrets, longer; ~1.8 s a MiB with 100), past
-    every timeout. A secret the window cuts through sits at the window's start, so
-    what is kept must lie at least `margin` characters (a secret's longest spelling,
-    and never under _SCRUB_MARGIN) past it, counted in the text as it is shown (blank
-    lines and spaces dropped). When it would not, the tail is withheld."""
+    every timeout. What a cut went through is never shown:
+      - cut at the start (here, or a stderr too long to keep all of, `cut_start`):
+        the first line goes, so a secret or a credential recognised by shape
+        (`token=...`, which no longer has its name after a cut) goes with it;
+      - cut at the end (`cut_end`: stdout past its limit): the last line goes;
+      - when a secret value holds a line break, its remains can reach past that line:
+        then what is kept also lies the secret's longest spelling (at least
+        _SCRUB_MARGIN) from the cut, counted in the text as shown, blanks dropped.
+    When no safe cut exists, the tail is withheld, saying why."""
     from envdoctor import redact
 
     envs = [os.environ, env or {}]
-    longest = max((len(value) for value in redact.secret_values(envs, min_secret=1)), default=0)
-    margin = max(_SCRUB_MARGIN, 6 * longest)  # \uXXXX: a JSON spelling is up to six times as long
+    longest = redact.longest_spelling(envs)
+    multiline = redact.any_secret_holds(envs, "\n")
+    margin = max(_SCRUB_MARGIN, longest)
     window = max(_SCRUB_WINDOW, 2 * margin + _STDERR_TAIL)
-    cut = len(text) > window
-    if cut and window > _SCRUB_MOST:
-        return "(its output is withheld: a secret value is too long to cut this output safely)"
-    shown = _one_line(redact.scrub_free_text(text[-window:] if cut else text, envs))
-    if cut and len(shown) < _STDERR_TAIL + margin:
-        return "(its output is withheld: once blanks and secrets were taken out, its end was too short to cut safely)"
+    if cut_end:
+        text = text[: max(0, len(text) - margin)] if multiline else text
+        text = text[: text.rfind("\n") + 1]
+    if len(text) > window:
+        text, cut_start = text[-window:], True
+    if cut_start:
+        if window > _SCRUB_MOST:
+            return "(its output is withheld: a secret value is too long to cut this output safely)"
+        text = text[text.find("\n") + 1:] if "\n" in text else ""
+    if (cut_start or cut_end) and not text.strip():
+        return "(its output is withheld: where it was cut, no line break was near enough to cut at safely)"
+    shown = _one_line(redact.scrub_free_text(text, envs))
+    if cut_start and multiline and len(shown) < _STDERR_TAIL + margin:
+        return ("(its output is withheld: a secret with line breaks may have been cut, and too little is left "
+                "past it to show safely)")
     if len(shown) > _STDERR_TAIL:
         shown = "..." + shown[-_STDERR_TAIL:]
     return shown
@@ -181,12 +197,21 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _communicate(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes, bool]:
+class _Output(NamedTuple):
+    out: bytes
+    err: bytes
+    timed_out: bool
+    out_trimmed: bool  # stdout went on past _STDOUT_LIMIT: its end is not its real end
+    err_trimmed: bool  # stderr's start was dropped: its start is not its real start
+
+
+def _communicate(proc: subprocess.Popen, timeout: float) -> _Output:
     """Read the probe's stdout and stderr until both close or the probe has exited and
     EXIT_GRACE has passed (a child it started may hold the pipes open for ever), or
-    until `timeout`. Returns (stdout, stderr, timed_out). Memory is bounded: the
-    first _STDOUT_LIMIT bytes of stdout, the last _STDERR_LIMIT of stderr."""
+    until `timeout`. Memory is bounded: the first _STDOUT_LIMIT bytes of stdout, the
+    last _STDERR_LIMIT of stderr; the flags say where either was cut."""
     out, err = bytearray(), bytearray()
+    out_trimmed = err_trimmed = False
     selector = selectors.DefaultSelector()
     for pipe in (proc.stdout, proc.stderr):
         os.set_blocking(pipe.fileno(), False)
@@ -212,12 +237,15 @@ def _communicate(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes, 
                 if not chunk:
                     selector.unregister(key.fileobj)
                 elif key.fileobj is proc.stdout:
-                    if len(out) < _STDOUT_LIMIT:
-                        out += chunk[: _STDOUT_LIMIT - len(out)]
+                    room = _STDOUT_LIMIT - len(out)
+                    out_trimmed = out_trimmed or len(chunk) > room
+                    if room > 0:
+                        out += chunk[:room]
                 else:
                     err += chunk
                     if len(err) > 2 * _STDERR_LIMIT:
                         del err[: len(err) - _STDERR_LIMIT]
+                        err_trimmed = True
         closed = not selector.get_map()
     finally:
         selector.close()
@@ -226,8 +254,7 @@ def _communicate(proc: subprocess.Popen, timeout: float) -> tuple[bytes, bytes, 
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    timed_out = proc.poll() is None
-    return bytes(out), bytes(err), timed_out
+    return _Output(bytes(out), bytes(err), proc.poll() is None, out_trimmed, err_trimmed)
 
 
 def _execute(python: str, args: list[str], timeout: float, source: str,
@@ -267,7 +294,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         if _STOPPING:  # kill_running() ran while this probe was starting
             _kill_group(proc)
     try:
-        out, err, timed_out = _communicate(proc, timeout)
+        out, err, timed_out, out_trimmed, err_trimmed = _communicate(proc, timeout)
     finally:
         _kill_group(proc)  # whatever it left behind in its group dies with it
         try:
@@ -282,7 +309,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         with _LIVE_LOCK:
             _LIVE.pop(proc.pid, None)
     if timed_out:
-        said = _tail(err.decode("utf-8", "replace"), env)
+        said = _tail(err.decode("utf-8", "surrogateescape"), env, cut_start=err_trimmed)
         raise ProbeError(
             f"{what} did not finish within {timeout:g} s (killed)"
             + (f"; it printed: {said}" if said else "; it printed nothing")
@@ -298,7 +325,10 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
                 result = None
             break
     if not isinstance(result, dict):
-        said = _tail(err.decode("utf-8", "replace") or text, env)
+        if err:
+            said = _tail(err.decode("utf-8", "surrogateescape"), env, cut_start=err_trimmed)
+        else:
+            said = _tail(out.decode("utf-8", "surrogateescape"), env, cut_end=out_trimmed)
         if proc.returncode is not None and proc.returncode < 0:
             try:
                 how = f"was killed by {signal.Signals(-proc.returncode).name}"
@@ -307,7 +337,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
         else:
             how = f"exited with status {proc.returncode}"
         raise ProbeError(f"{what} {how} without a result" + (f"; it printed: {said}" if said else ""))
-    result["_stderr_tail"] = _tail(err.decode("utf-8", "replace"), env)
+    result["_stderr_tail"] = _tail(err.decode("utf-8", "surrogateescape"), env, cut_start=err_trimmed)
     return result
 
 
