@@ -46,3 +46,37 @@ def unprivileged_envdoctor(*args: str, env: dict | None = None, cwd=None, timeou
 def other_users_sleeper() -> subprocess.Popen:
     """A process owned by 'nobody' (root may start one; /bin/sleep is readable by all)."""
     return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "60"])
+
+
+def dies_with_its_parent(parent_code: str, pidfile, what: str) -> None:
+    """Run `parent_code` in a Python that starts the process under test, which writes its
+    pid to `pidfile`; SIGKILL that parent, and fail unless the process is gone (or a
+    zombie: killed, not yet reaped by its new parent) within 10 s. For the probes'
+    PR_SET_PDEATHSIG."""
+    import time
+
+    import pytest
+
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        os.kill(child, 0)  # alive while its parent is
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{child}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        return
+            except FileNotFoundError:
+                return
+            time.sleep(0.05)
+        os.kill(child, 9)
+        pytest.fail(f"{what} outlived its parent's SIGKILL")
+    finally:
+        parent.kill()
+        parent.wait()

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from envdoctor import diskcache
 from envdoctor.errors import Unavailable
 from envdoctor.probe import ProbeError, cache, probe_source, run_probe
+from helpers import dies_with_its_parent
 
 VENV_PY = Path(sys.executable)
 SITE = Path(next(p for p in sys.path if p.endswith("site-packages")))
@@ -546,30 +547,7 @@ def test_the_torch_probe_dies_with_envdoctor_even_by_sigkill(tmp_path):
         from envdoctor.probe import run_probe
         run_probe(sys.executable, use_cache=False, timeout=120)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", parent_code])
-    try:
-        deadline = time.monotonic() + 60
-        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        probe = int(pidfile.read_text())
-        os.kill(probe, 0)
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with open(f"/proc/{probe}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        break
-            except FileNotFoundError:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(probe, 9)
-            pytest.fail("the torch probe outlived its parent's SIGKILL")
-    finally:
-        parent.kill()
-        parent.wait()
+    dies_with_its_parent(parent_code, pidfile, "the torch probe")
 
 
 def test_a_non_ascii_secret_cut_inside_its_url_spelling_never_shows(monkeypatch):

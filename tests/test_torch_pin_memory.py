@@ -22,6 +22,7 @@ from envdoctor.paths import Roots
 from envdoctor.probe import ProbeError
 from envdoctor.runner import Plan, run_one
 from fake_pynvml import FakeDevice, FakeNvml
+from helpers import dies_with_its_parent
 
 CONFIG = dict(CHECK.config)
 GB = 1e9
@@ -359,31 +360,7 @@ def test_the_copy_probe_dies_with_envdoctor_even_by_sigkill(tmp_path):
                   "time.sleep(120)\n")
     parent_code = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-I', '-S', '-c', {child_code!r}], "
                    "start_new_session=True)\ntime.sleep(120)\n")
-    parent = subprocess.Popen([sys.executable, "-c", parent_code])
-    try:
-        deadline = time.monotonic() + 30
-        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        child = int(pidfile.read_text())
-        os.kill(child, 0)  # alive while its parent is
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(child, 0)
-            except ProcessLookupError:
-                break
-            with open(f"/proc/{child}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # killed; a zombie until its new parent reaps it
-                    break
-            time.sleep(0.05)
-        else:
-            os.kill(child, 9)
-            pytest.fail("the probe outlived its parent's SIGKILL")
-    finally:
-        parent.kill()
-        parent.wait()
+    dies_with_its_parent(parent_code, pidfile, "the copy probe")
 
 
 BAD_FIGURES = [
