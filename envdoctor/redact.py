@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import socket
 import sys
@@ -245,7 +246,13 @@ def _spellings(secret: str) -> set[str]:
     A value holding a byte that is not UTF-8 (an environment in Latin-1) comes from
     os.environ as a surrogate escape; it is quoted as the bytes it was, not refused."""
     raw = secret.encode("utf-8", "surrogateescape")
-    forms = {secret, secret.encode("unicode_escape", "backslashreplace").decode("ascii", "replace"),
+    # As printed by a program that strips it (a Kubernetes --from-file secret keeps its
+    # trailing newline), and as its bytes read back as UTF-8 (a Latin-1 locale's "é"
+    # is printed as the byte 0xE9, which a UTF-8 reader sees as a surrogate escape).
+    extra = {secret.strip(), os.fsencode(secret).decode("utf-8", "surrogateescape")}
+    if all(ord(c) < 256 for c in secret):
+        extra.add(secret.encode("latin-1").decode("utf-8", "surrogateescape"))
+    forms = extra | {secret, secret.encode("unicode_escape", "backslashreplace").decode("ascii", "replace"),
              json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1],
              urllib.parse.quote(raw, safe=""), urllib.parse.quote_plus(raw, safe="")}
     return {f for f in forms if f}
@@ -257,10 +264,9 @@ def longest_spelling(envs: Iterable[Mapping[str, str]]) -> int:
     return max((len(form) for value in secret_values(envs, min_secret=1) for form in _spellings(value)), default=0)
 
 
-def any_secret_holds(envs: Iterable[Mapping[str, str]], part: str) -> bool:
-    """Whether any value scrub_free_text masks contains `part` (a line break: its
-    remains after a cut can run past the line the cut is in)."""
-    return any(part in value for value in secret_values(envs, min_secret=1))
+def free_text_scrubber(envs: Iterable[Mapping[str, str]]) -> "Scrubber":
+    """The Scrubber scrub_free_text uses, for callers that also need its spans."""
+    return Scrubber(secret_values(envs, min_secret=1))
 
 
 def _token(form: str) -> str:
@@ -310,6 +316,10 @@ class Scrubber:
             value = mask_credentials(value)
         return writable(value)
 
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where whole secret values (in any spelling) occur in `text`, as (start, end)."""
+        return [m.span() for m in self._pattern.finditer(text)] if self._pattern is not None else []
+
     def any(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)
@@ -349,7 +359,7 @@ def scrub_free_text(text: str, envs: Iterable[Mapping[str, str]]) -> str:
     """Redact another program's output (the probe's stderr): every secret value, short
     ones included, in every spelling, and every credential by shape. Redact before
     cutting a tail, so a cut never leaves a secret's last characters."""
-    return Scrubber(secret_values(envs, min_secret=1)).text(text)
+    return free_text_scrubber(envs).text(text)
 
 
 def redact_report(report: Report, envs: Iterable[Mapping[str, str]]) -> Report:

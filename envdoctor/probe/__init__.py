@@ -149,40 +149,54 @@ def _tail(text: str, env: dict[str, str] | None = None, *, cut_start: bool = Fal
 
     A long output is scrubbed only at its end: scrubbing a 16 MiB answer held the
     interpreter lock for 3-29 s (more secrets, longer; ~1.8 s a MiB with 100), past
-    every timeout. What a cut went through is never shown:
+    every timeout. A secret or credential that a cut goes through cannot be recognised
+    from its remains, so nothing within `margin` characters of a cut is shown (the
+    longest spelling of any secret, and never under _SCRUB_MARGIN: a credential's
+    value, cut from its `token=`), counted in the text as printed:
       - cut at the start (here, or a stderr too long to keep all of, `cut_start`):
-        the first line goes, so a secret or a credential recognised by shape
-        (`token=...`, which no longer has its name after a cut) goes with it;
-      - cut at the end (`cut_end`: stdout past its limit): the last line goes;
-      - when a secret value holds a line break, its remains can reach past that line:
-        then what is kept also lies the secret's longest spelling (at least
-        _SCRUB_MARGIN) from the cut, counted in the text as shown, blanks dropped.
+        what is shown starts at a line break at least `margin` past the cut, and not
+        inside any whole secret (those are all in what is scrubbed, and masked);
+      - cut at the end (`cut_end`: stdout past its limit): the last `margin`
+        characters go, and the line they end in.
     When no safe cut exists, the tail is withheld, saying why."""
     from envdoctor import redact
 
     envs = [os.environ, env or {}]
-    longest = redact.longest_spelling(envs)
-    multiline = redact.any_secret_holds(envs, "\n")
-    margin = max(_SCRUB_MARGIN, longest)
-    window = max(_SCRUB_WINDOW, 2 * margin + _STDERR_TAIL)
+    scrubber = redact.free_text_scrubber(envs)
+    margin = max(_SCRUB_MARGIN, redact.longest_spelling(envs))
+    window = max(_SCRUB_WINDOW, 3 * margin + _STDERR_TAIL)
     if cut_end:
-        text = text[: max(0, len(text) - margin)] if multiline else text
+        text = text[: max(0, len(text) - margin)]
         text = text[: text.rfind("\n") + 1]
     if len(text) > window:
         text, cut_start = text[-window:], True
     if cut_start:
         if window > _SCRUB_MOST:
             return "(its output is withheld: a secret value is too long to cut this output safely)"
-        text = text[text.find("\n") + 1:] if "\n" in text else ""
+        start = _safe_start(text, margin, scrubber.spans(text))
+        if start is None:
+            return "(its output is withheld: where it was cut, no line break was far enough from the cut)"
+        text = text[start:]
     if (cut_start or cut_end) and not text.strip():
         return "(its output is withheld: where it was cut, no line break was near enough to cut at safely)"
-    shown = _one_line(redact.scrub_free_text(text, envs))
-    if cut_start and multiline and len(shown) < _STDERR_TAIL + margin:
-        return ("(its output is withheld: a secret with line breaks may have been cut, and too little is left "
-                "past it to show safely)")
+    shown = _one_line(scrubber.text(text))
     if len(shown) > _STDERR_TAIL:
         shown = "..." + shown[-_STDERR_TAIL:]
     return shown
+
+
+def _safe_start(text: str, margin: int, secrets: list[tuple[int, int]]) -> int | None:
+    """The first position just after a line break at least `margin` into `text` that
+    lies inside no secret found there; None when there is none."""
+    at = margin
+    while True:
+        newline = text.find("\n", at)
+        if newline < 0:
+            return None
+        inside = [end for start, end in secrets if start <= newline < end]
+        if not inside:
+            return newline + 1
+        at = max(inside)
 
 
 def _one_line(text: str) -> str:
