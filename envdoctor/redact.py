@@ -287,11 +287,12 @@ class Scrubber:
     def __init__(self, secrets: Iterable[str], *, credentials: bool = True, memo: bool = False):
         forms: set[str] = set()
         for secret in secrets:
-            if secret:
+            if secret and not secret.isspace():  # blanks identify nothing; "\n" would mask every line break
                 forms |= _spellings(secret)
         ordered = sorted(forms, key=len, reverse=True)
         self._pattern = re.compile("|".join(_token(f) for f in ordered)) if ordered else None
         self._credentials = credentials
+        self._overlapping: re.Pattern[str] | None = None  # built on first use by spans()
         # memo=True where one scrubber sees the same texts again and again: in a serve run,
         # check ids, target labels, fact names and the same summary for every process of a
         # job, ~7,000 texts a run. Off by default: a log line's or a report's scrubber sees
@@ -317,8 +318,21 @@ class Scrubber:
         return writable(value)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
-        """Where whole secret values (in any spelling) occur in `text`, as (start, end)."""
-        return [m.span() for m in self._pattern.finditer(text)] if self._pattern is not None else []
+        """Where secret values (in any spelling) occur in `text`: sorted, merged (start, end)
+        ranges. Overlapping occurrences count too (a secret whose text begins inside
+        another's), which a plain left-to-right search skips."""
+        if self._pattern is None:
+            return []
+        if self._overlapping is None:
+            self._overlapping = re.compile(f"(?=({self._pattern.pattern}))")
+        merged: list[tuple[int, int]] = []
+        for m in self._overlapping.finditer(text):
+            start, end = m.start(), m.start() + len(m.group(1))
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
 
     def any(self, value: Any) -> Any:
         if isinstance(value, str):

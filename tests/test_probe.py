@@ -594,3 +594,31 @@ def test_a_non_ascii_secret_cut_inside_its_url_spelling_never_shows(monkeypatch)
     text = "j" * 100_000 + "?p=" + spelled + "\n" * (_SCRUB_WINDOW - 100) + "Segmentation fault\n"
     said = _tail(text)
     assert spelled[-60:-30] not in said and "%E" not in said, said[:200]
+
+
+def test_a_secret_overlapping_another_is_not_a_place_to_start_showing():
+    """helper-27: one secret's text beginning inside another's match was invisible to a
+    left-to-right search, and the tail started inside it, after its line break."""
+    from envdoctor.probe import _SCRUB_MARGIN, _tail
+
+    b, a = "PREFIX-abcdef", "abcdef-line-one\nsecond-line-of-secret-A"
+    text = "x" * 100 + "\n" + "p" * (_SCRUB_MARGIN + 25) + " " + b + a[6:] + "\nTraceback: boom\n"
+    assert "second-line-of-secret" not in _tail(text, {"B_TOKEN": b, "A_PASSWORD": a}, cut_start=True)
+    s = "Q1\nperiodic-secret-value-Q1"
+    assert "periodic-secret" not in _tail("y" * _SCRUB_MARGIN + " " + s + s[2:] + "\nboom\n", {"S_TOKEN": s},
+                                          cut_start=True)
+
+
+def test_finding_a_safe_start_is_linear_and_blank_secrets_mask_nothing():
+    """helper-27: a secret of just "\\n" made every line break "inside a secret", and the
+    search for a safe start rescanned every range for each: 85 s for 120,000 lines."""
+    from envdoctor.probe import _tail
+
+    started = time.monotonic()
+    said = _tail("\n" * 120_000 + "Traceback: boom\n", {"EMPTY_TOKEN": "\n"}, cut_start=True)
+    assert time.monotonic() - started < 5 and said == "Traceback: boom", said
+    many = "".join(f"line {i} secret-{i % 7}\nx\n" for i in range(20_000)) + "Traceback: boom\n"
+    env = {f"K{i}_TOKEN": f"secret-{i}\nx" for i in range(7)}
+    started = time.monotonic()
+    said = _tail(many, env, cut_start=True)
+    assert time.monotonic() - started < 5 and said.endswith("Traceback: boom"), said[-100:]
