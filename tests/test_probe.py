@@ -622,3 +622,21 @@ def test_finding_a_safe_start_is_linear_and_blank_secrets_mask_nothing():
     started = time.monotonic()
     said = _tail(many, env, cut_start=True)
     assert time.monotonic() - started < 5 and said.endswith("Traceback: boom"), said[-100:]
+
+
+def test_a_multiline_secret_across_the_end_cut_is_not_cut_inside():
+    """helper-28: stdout cut at its limit, the end margin landing inside a PEM key printed
+    whole: cutting back to the line break before it kept the key's first lines, which no
+    longer matched any spelling."""
+    from envdoctor.probe import _SCRUB_MARGIN, _tail
+
+    pem = ("-----BEGIN PRIVATE KEY-----\n"
+           + "\n".join("MIIEv%02dQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQ" % i for i in range(20))
+           + "\n-----END PRIVATE KEY-----")
+    env = {"SSH_PRIVATE_KEY": pem}
+    for pre in ("step ok\n" * 20000 + "loading key:\n", "step ok\n" * 2000 + "loading key:\n"):
+        text = pre + pem + "\n" + "progress 42%\n" * 2000
+        for into in (30, 600, len(pem) - 10):
+            out = _tail(text[: len(pre) + into + _SCRUB_MARGIN], env, cut_end=True)
+            assert "QIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQ" not in out, (len(pre), into, out[-200:])
+            assert "loading key:" in out or "withheld" in out, out[-200:]

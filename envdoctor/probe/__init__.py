@@ -156,8 +156,8 @@ def _tail(text: str, env: dict[str, str] | None = None, *, cut_start: bool = Fal
       - cut at the start (here, or a stderr too long to keep all of, `cut_start`):
         what is shown starts at a line break at least `margin` past the cut, and not
         inside any whole secret (those are all in what is scrubbed, and masked);
-      - cut at the end (`cut_end`: stdout past its limit): the last `margin`
-        characters go, and the line they end in.
+      - cut at the end (`cut_end`: stdout past its limit): what is shown ends at a
+        line break at least `margin` before the cut, and not inside any whole secret.
     When no safe cut exists, the tail is withheld, saying why."""
     from envdoctor import redact
 
@@ -166,8 +166,10 @@ def _tail(text: str, env: dict[str, str] | None = None, *, cut_start: bool = Fal
     margin = max(_SCRUB_MARGIN, redact.longest_spelling(envs))
     window = max(_SCRUB_WINDOW, 3 * margin + _STDERR_TAIL)
     if cut_end:
-        text = text[: max(0, len(text) - margin)]
-        text = text[: text.rfind("\n") + 1]
+        if len(text) > window + margin:
+            text, cut_start = text[-(window + margin):], True
+        end = _safe_end(text, margin, scrubber.spans(text))
+        text = text[:end] if end is not None else ""
     if len(text) > window:
         text, cut_start = text[-window:], True
     if cut_start:
@@ -200,6 +202,25 @@ def _safe_start(text: str, margin: int, secrets: list[tuple[int, int]]) -> int |
             at = secrets[index][1]  # inside this one: look past its end
             continue
         return newline + 1
+
+
+def _safe_end(text: str, margin: int, secrets: list[tuple[int, int]]) -> int | None:
+    """The end of the last line that ends at least `margin` before the end of `text`
+    (just past its line break) and inside no secret found there; None when there is none."""
+    import bisect
+
+    starts = [start for start, _ in secrets]
+    limit = len(text) - margin
+    while limit >= 0:
+        newline = text.rfind("\n", 0, limit + 1)
+        if newline < 0:
+            return None
+        index = bisect.bisect_right(starts, newline) - 1
+        if index >= 0 and secrets[index][1] > newline:
+            limit = secrets[index][0] - 1  # inside this one: look before its start
+            continue
+        return newline + 1
+    return None
 
 
 def _one_line(text: str) -> str:
