@@ -335,16 +335,32 @@ class Scrubber:
         return merged
 
     def any(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.text(value)
         kind = type(value)
+        if kind is str:
+            return self.text(value)
         if kind in _PLAIN:  # most facts: numbers (isinstance against typing's Mapping is slow)
             return value
-        if kind is dict or isinstance(value, abc.Mapping):
+        if kind is dict:
+            return self._dict(value)
+        if isinstance(value, str):  # a str subclass
+            return self.text(value)
+        if isinstance(value, abc.Mapping):
             return {self.any(k): self.any(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.any(v) for v in value]
         return value
+
+    def _dict(self, value: dict) -> dict:
+        """A plain dict's items, the common kinds handled here rather than by a call each:
+        a serve run scrubs ~20 facts of every result of every process (a seventh of the
+        run's CPU went to the per-item calls of `any`)."""
+        text, nested = self.text, self.any
+        out = {}
+        for k, v in value.items():
+            kind = type(v)
+            out[text(k) if type(k) is str else nested(k)] = (
+                text(v) if kind is str else v if kind in _PLAIN else nested(v))
+        return out
 
     def result(self, result: Result) -> Result:
         # The check id and the target label are envdoctor's own names, public by construction:
