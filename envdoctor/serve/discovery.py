@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 from envdoctor.paths import Roots, read_head
 
 from envdoctor.announce import ANNOUNCE_DIRS, announced_pids
+from envdoctor.serve.torchmaps import TorchMaps
 MAPS_LIMIT = 64 << 20  # bytes of /proc/N/maps read at most (a torch process has ~1 MiB)
 _CONTAINER = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-|/docker/|/containerd/|/crio/|/)([0-9a-f]{64})(?:\.scope)?\s*$")
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -103,23 +104,31 @@ def _torch_maps(procfs: Path, pid: int) -> str | None:
     return b"\n".join(lines).decode("utf-8", "surrogateescape")
 
 
-def _is_workload(procfs: Path, pid: int) -> tuple[bool, str]:
-    """(a user process that is not a zombie, its comm). Kernel threads have an empty cmdline."""
+def _is_workload(procfs: Path, pid: int) -> tuple[bool, str, tuple[bytes, bytes]]:
+    """(a user process that is not a zombie, its comm, which process image it is: its start
+    time and stack start, fields 22 and 28 of stat). Kernel threads have PF_KTHREAD set."""
     status = _read(f"{procfs}/{pid}/stat", 1024)
     if not status:
-        return False, ""
+        return False, "", (b"", b"")
     close = status.rfind(b")")
     comm = status[status.find(b"(") + 1:close].decode("utf-8", "replace")
     fields = status[close + 2:].split()
+    identity = (fields[19], fields[25]) if len(fields) > 25 else (b"", b"")
     if not fields or fields[0] in (b"Z", b"X"):
-        return False, comm
+        return False, comm, identity
     try:
         flags = int(fields[6])
     except (IndexError, ValueError):
         flags = 0
     if flags & 0x00200000:  # PF_KTHREAD
-        return False, comm
-    return True, comm
+        return False, comm, identity
+    return True, comm, identity
+
+
+def _torch_lines(procfs: Path, pid: int, identity: tuple[bytes, bytes], memo: TorchMaps | None) -> str | None:
+    if memo is None or not identity[0]:
+        return _torch_maps(procfs, pid)
+    return memo.lines(pid, identity, lambda: _torch_maps(procfs, pid))
 
 
 def container_of(cgroup_text: str) -> tuple[str, str]:
@@ -148,8 +157,9 @@ def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
 
 def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors(),
              nvml_pids: Callable[[], list[int]] | None = None, exclude: Iterable[int] = (),
-             announce_dirs: Sequence[str] | None = None) -> Found:
-    """The node plus every workload process, bounded by max_targets (the node counts as one)."""
+             announce_dirs: Sequence[str] | None = None, torch_maps_memo: TorchMaps | None = None) -> Found:
+    """The node plus every workload process, bounded by max_targets (the node counts as one).
+    `torch_maps_memo` (a daemon's) keeps torch processes' maps lines between runs."""
     procfs = roots.procfs
     found = Found(targets=[TargetInfo("node", None, "node")])
     skip = set(exclude)
@@ -175,20 +185,22 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         found.notes.append(f"cannot list {procfs}: {exc.strerror or exc}")
         entries = []
     comms: dict[int, str] = {}
+    identities: dict[int, tuple[bytes, bytes]] = {}
     torch_maps: dict[int, str] = {}
     for pid in sorted(entries):
         if pid in skip:
             continue
-        workload, comm = _is_workload(procfs, pid)
+        workload, comm, identity = _is_workload(procfs, pid)
         if not workload:
             chosen.pop(pid, None)  # a zombie or kernel thread, whoever listed it
             continue
         comms[pid] = comm
+        identities[pid] = identity
         if pid in chosen:
             continue
         if selectors.comm and any(fnmatch.fnmatchcase(comm, p) for p in selectors.comm):
             chosen[pid] = "selector"
-        elif _is_python(procfs, pid, comm) and (lines := _torch_maps(procfs, pid)) is not None:
+        elif _is_python(procfs, pid, comm) and (lines := _torch_lines(procfs, pid, identity, torch_maps_memo)) is not None:
             chosen[pid] = "torch"
             torch_maps[pid] = lines
         elif selectors.env and _env_has(procfs, pid, selectors.env):
@@ -204,7 +216,13 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         cgroup = (_read(f"{procfs}/{pid}/cgroup", 65536) or b"").decode("utf-8", "replace")
         container, pod = container_of(cgroup)
         comm = comms.get(pid) or (_read(f"{procfs}/{pid}/comm", 256) or b"").decode("utf-8", "replace").strip()
-        found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod, torch_maps.get(pid, "")))
+        lines = torch_maps.get(pid)
+        if lines is None and torch_maps_memo is not None and _is_python(procfs, pid, comm):
+            # found by NVML, an announcement or a selector: its torch facts need these lines too
+            lines = _torch_lines(procfs, pid, identities[pid], torch_maps_memo)
+        found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod, lines or ""))
+    if torch_maps_memo is not None:
+        torch_maps_memo.keep_only({t.pid for t in found.targets if t.pid is not None})
     return found
 
 

@@ -42,6 +42,7 @@ from envdoctor.registry import Registry
 from envdoctor.serve import discovery, malloc, metrics
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
+from envdoctor.serve.torchmaps import TorchMaps
 from envdoctor.watchdog import Watchdog
 
 # Node-wide checks: run once on the node target, not repeated per process. (onnx.opset
@@ -67,18 +68,23 @@ class _Rings(threading.Event):
         self._doorbell.set()
 
 
-def _torch_from_files(session: Session, maps_hint: str = "") -> Any:
+def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | None = None) -> Any:
     """A pid target's torch facts from its files (the libtorch it has mapped, read through
     /proc/N/root); never an import, never a probe. `maps_hint`: its torch lines of maps,
-    as discovery read them this run."""
+    as discovery read them this run or remembered them (`memo`, which confirms here that
+    they still hold: else maps is read again)."""
     from envdoctor.torchfacts import for_process
 
-    assert session.target.pid is not None
+    pid = session.target.pid
+    assert pid is not None
+    if maps_hint and memo is not None and not memo.confirmed(pid, maps_hint,
+                                                             lambda path: session.roots.seen_by(pid, path)):
+        maps_hint = ""
     try:
         env = dict(session.env)
     except Unavailable:  # its VIRTUAL_ENV/PYTHONPATH hints are lost, not the facts
         env = {}
-    return for_process(session.roots, session.target.pid, env, maps_hint=maps_hint)
+    return for_process(session.roots, pid, env, maps_hint=maps_hint)
 
 
 def _no_torch(session: Session) -> Any:
@@ -116,6 +122,7 @@ class Scheduler:
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
+        self.torch_maps = TorchMaps()  # each torch process's maps lines, read again only when they may have changed
         self._executor: ThreadPoolExecutor | None = None
         self._frozen = False  # gc.freeze() done after the first run
         self._own_env: Mapping[str, str] = os.environ
@@ -141,7 +148,7 @@ class Scheduler:
         found = discovery.discover(
             self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
             nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
-            exclude=discovery.own_family(self.roots.procfs))
+            exclude=discovery.own_family(self.roots.procfs), torch_maps_memo=self.torch_maps)
         self.stats.targets_overflow_total += found.overflow
         per_target = self._examine_all(found.targets, host)
         results = [r for rows in per_target for r in rows]
@@ -206,7 +213,8 @@ class Scheduler:
             session = Session(target=Target.node(), host=host, env_override={}, torch_factory=_no_torch)
         else:
             # from its files, through the torch lines of maps discovery read this run (if any)
-            factory = self.torch_factory or functools.partial(_torch_from_files, maps_hint=target.torch_maps)
+            factory = self.torch_factory or functools.partial(_torch_from_files, maps_hint=target.torch_maps,
+                                                              memo=self.torch_maps)
             session = Session(target=Target(target.pid), host=host, torch_factory=factory)
             self._sample_memory(target, host)
         try:

@@ -1,0 +1,138 @@
+"""serve remembers each torch process's maps lines between runs (envdoctor.serve.torchmaps)
+and reads maps again exactly when they may have changed: another process image under the
+pid, a torch file replaced on disk, or the recheck time passed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from envdoctor.context import Session, Target
+from envdoctor.paths import Roots
+from envdoctor.serve import discovery
+from envdoctor.serve.scheduler import _torch_from_files
+from envdoctor.serve.torchmaps import TorchMaps
+from test_torchfiles import arch_lib, start_holder, stub_torch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines_naming(path: Path, deleted: bool = False) -> str:
+    return f"7f0000000000-7f0000001000 r-xp 00000000 08:01 42 {path}" + (" (deleted)" if deleted else "")
+
+
+def test_lines_are_read_once_per_process_image_and_again_after_the_recheck_time(tmp_path):
+    clock = Clock()
+    memo = TorchMaps(recheck_seconds=120, clock=clock)
+    reads: list[int] = []
+
+    def read(text: str):
+        return lambda: reads.append(1) or text
+
+    first = memo.lines(7, (b"100", b"140733"), read("a"))
+    assert memo.lines(7, (b"100", b"140733"), read("b")) is first == "a" and len(reads) == 1
+    # the same pid, another process (a reused pid: another start time; an exec: another stack)
+    assert memo.lines(7, (b"999", b"140733"), read("c")) == "c"
+    assert memo.lines(7, (b"999", b"555"), read("d")) == "d" and len(reads) == 3
+    clock.now += 119
+    assert memo.lines(7, (b"999", b"555"), read("e")) == "d"
+    clock.now += 2
+    assert memo.lines(7, (b"999", b"555"), read("f")) == "f" and len(reads) == 4
+
+
+def test_nothing_is_remembered_for_a_process_without_torch_or_with_a_hidden_stack():
+    memo = TorchMaps()
+    reads: list[int] = []
+    assert memo.lines(8, (b"1", b"2"), lambda: reads.append(1)) is None
+    assert memo.lines(8, (b"1", b"2"), lambda: reads.append(1)) is None
+    # stat shows a stack start of 0 without ptrace access: an exec could not be told apart
+    memo.lines(9, (b"1", b"0"), lambda: reads.append(1) or "x")
+    memo.lines(9, (b"1", b"0"), lambda: reads.append(1) or "x")
+    assert len(reads) == 4 and len(memo) == 1
+
+
+def test_a_replaced_torch_file_makes_the_remembered_lines_untrusted(tmp_path):
+    lib = tmp_path / "torch" / "lib" / "libtorch_python.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"old")
+    memo = TorchMaps()
+    lines = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
+    assert memo.confirmed(5, lines, Path)  # the first confirmation records what the files are
+    assert memo.confirmed(5, lines, Path)
+    new = tmp_path / "new.so"
+    new.write_bytes(b"new")
+    os.replace(new, lib)  # what pip does
+    assert not memo.confirmed(5, lines, Path)
+    assert len(memo) == 0  # forgotten: the next run reads maps again
+    again = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib, deleted=True))
+    assert "(deleted)" in again and memo.confirmed(5, again, Path)
+    # lines the caller read itself are not judged
+    assert memo.confirmed(5, "read elsewhere", Path)
+
+
+def test_a_removed_torch_file_is_a_change_too(tmp_path):
+    lib = tmp_path / "torch" / "lib" / "libtorch.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"x")
+    memo = TorchMaps()
+    lines = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
+    assert memo.confirmed(5, lines, Path)
+    lib.unlink()
+    assert not memo.confirmed(5, lines, Path)
+
+
+def test_processes_that_are_gone_are_forgotten():
+    memo = TorchMaps()
+    for pid in (1, 2, 3):
+        memo.lines(pid, (b"1", b"2"), lambda: "x")
+    memo.keep_only({2})
+    assert len(memo) == 1
+
+
+@pytest.mark.real
+def test_serve_reads_a_torch_process_maps_once_and_again_when_its_torch_is_replaced(tmp_path):
+    """A real process with (stub) libtorch mapped: the second run reuses the lines the first
+    read; a `pip install` over it makes the torch facts read maps again and say so."""
+    site = tmp_path / "site"
+    pkg = stub_torch(site)
+    lib = Path(shutil.copy(arch_lib(tmp_path), pkg / "lib" / "libtorch_python.so"))
+    holder = start_holder(sys.executable, lib, site)
+    memo = TorchMaps()
+
+    def run() -> tuple[str, dict]:
+        found = discovery.discover(Roots(), max_targets=1000, announce_dirs=[], nvml_pids=lambda: [],
+                                   torch_maps_memo=memo)
+        mine = next(t for t in found.targets if t.pid == holder.pid)
+        assert mine.source == "torch"
+        return mine.torch_maps, _torch_from_files(Session(target=Target(holder.pid)), mine.torch_maps, memo)
+
+    try:
+        first_lines, first = run()
+        second_lines, second = run()
+        assert second_lines is first_lines  # not read again
+        assert first["torch_files_replaced"] == second["torch_files_replaced"] == []
+        replacement = tmp_path / "new.so"
+        replacement.write_bytes(lib.read_bytes())
+        os.replace(replacement, lib)
+        stale_lines, facts = run()
+        assert stale_lines is first_lines and "(deleted)" not in stale_lines  # the memo's, checked by the facts
+        assert facts["torch_files_replaced"] == [str(lib)]
+        fresh_lines, again = run()
+        assert fresh_lines is not first_lines and "(deleted)" in fresh_lines
+        assert again["torch_files_replaced"] == [str(lib)]
+    finally:
+        holder.kill()
+        holder.wait()
+    run_after = discovery.discover(Roots(), max_targets=1000, announce_dirs=[], nvml_pids=lambda: [],
+                                   torch_maps_memo=memo)
+    assert holder.pid not in {t.pid for t in run_after.targets}
