@@ -6,10 +6,20 @@ Used by `check -o`, `exec --report`, the caches and serve's textfile. The rules:
   target), so a link planted at a predictable name cannot redirect the write;
 - a symlink as the target is followed, as a shell's `>` follows it: the file it
   points to is replaced, the link stays;
-- a character device or a FIFO (`-o /dev/null`, `-o /dev/stdout`, a pipe) is
-  written directly, never replaced by a regular file; a FIFO with no reader is
-  refused rather than waited on; a block device, a socket or a directory is refused;
-- a regular file keeps its permission bits; a new one gets 0644 less the umask;
+- one of this process's open files named through /proc (`-o /dev/stdout`,
+  /dev/stderr, /dev/fd/N, /proc/self/fd/N) is written through that descriptor, as
+  `>&1` would: opening the magic link again made a second, truncating open of a
+  file the shell had opened for appending (`>> log`: the log's earlier lines were
+  replaced), and for a pipe it failed (its realpath, pipe:[N], is no file);
+- a character device or a FIFO (`-o /dev/null`, a named pipe) is written directly,
+  never replaced by a regular file; a FIFO with no reader is refused rather than
+  waited on; a block device, a socket or a directory is refused;
+- a regular file keeps its permission bits and, where we may, its owner (root
+  writing a user's report must not lock the user out of it); a new one gets 0644
+  less the umask;
+- a file that is a mount point (a container's bind-mounted `-v out.json:/out.json`,
+  a Kubernetes subPath) cannot be replaced (EBUSY): it is rewritten in place, the
+  one case where a reader could see it half written;
 - every failure (no such directory, permission, a full disk) removes the
   temporary file and raises OutputError with one line naming the file and why.
 """
@@ -18,7 +28,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
+import sys
 import tempfile
 
 from envdoctor.errors import OutputError
@@ -56,6 +68,62 @@ def _write_special(path: str, mode: int, data: bytes) -> None:
         os.close(fd)
 
 
+_OWN_FD = re.compile(r"^/(?:proc/(?:self|thread-self|(?P<pid>\d+))/fd|dev/fd)/(?P<fd>\d+)$")
+_STD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def own_descriptor(name: str) -> int | None:
+    """The descriptor of ours that `name` reaches through /dev/std*, /dev/fd/N or
+    /proc/{self,PID}/fd/N (followed link by link, as the kernel would), else None."""
+    path = os.path.abspath(name) if name.startswith("/") else name
+    for _ in range(40):  # the kernel's own limit on links followed
+        if path in _STD:
+            return _STD[path]
+        m = _OWN_FD.match(path)
+        if m and (m.group("pid") is None or int(m.group("pid")) == os.getpid()):
+            return int(m.group("fd"))
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return None
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return None
+
+
+def _write_descriptor(name: str, fd: int, data: bytes) -> None:
+    """Write through our descriptor `fd`, where its file already is: appended after what
+    the shell's `>>` left, in order after what we printed to it ourselves."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and stream.fileno() == fd:
+                stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    # Python found this standard stream closed at start (`>&-`): the descriptor number
+    # may since have been reused for a file of ours (a dup of stderr), never the user's
+    started_closed = fd <= 2 and (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd] is None
+    try:
+        if started_closed:
+            raise OSError(errno.EBADF, "closed")
+        os.fstat(fd)
+    except OSError:
+        raise OutputError(f"cannot write {name}: file descriptor {fd} is not open") from None
+    try:
+        _write_all(fd, data)
+    except OSError as exc:
+        raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
+
+
+def _rewrite_in_place(real: str, data: bytes) -> None:
+    """A regular file that cannot be replaced (a mount point): truncated and written."""
+    fd = os.open(real, os.O_WRONLY | os.O_TRUNC | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def current_umask() -> int:
     """The process's umask, read without changing it: os.umask() can only be read by
     setting it, and a file another thread creates in between gets the wrong mode."""
@@ -80,6 +148,10 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
     if not name:
         raise OutputError("no file name given (an empty path)")
     payload = data.encode("utf-8", errors="surrogateescape") if isinstance(data, str) else bytes(data)
+    descriptor = own_descriptor(name)
+    if descriptor is not None:
+        _write_descriptor(name, descriptor, payload)
+        return
     try:
         real = os.path.realpath(name)  # follows a symlink; a dangling one names the file to create
     except OSError:  # a relative name, and the working directory was removed (getcwd fails)
@@ -117,9 +189,20 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
                 os.fchmod(fd, stat.S_IMODE(st.st_mode))
             else:
                 os.fchmod(fd, 0o644 & ~(current_umask() if umask is None else umask))
+            if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                try:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                except OSError:  # not root: the file becomes ours, as any rewrite by us would
+                    pass
         finally:
             os.close(fd)
-        os.replace(tmp, real)
+        try:
+            os.replace(tmp, real)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or st is None:
+                raise
+            _rewrite_in_place(real, payload)  # a mount point: it cannot be replaced
+            os.unlink(tmp)
     except OSError as exc:
         try:
             os.unlink(tmp)

@@ -1,0 +1,94 @@
+"""`-o` and `exec --report` into what a shell already opened (/dev/stdout, /dev/fd/N),
+onto a file owned by someone else, and onto a bind-mounted file: the file the user
+meant gets the report, and nothing else of theirs is lost (helper-29's findings)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+CHECK = f"{sys.executable} -m envdoctor check --only shm.size -f json"
+
+
+def sh(script: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", script], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def report_in(text: str) -> dict:
+    start = text.index("{")
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
+def test_dev_stdout_appended_by_the_shell_keeps_what_the_log_held(tmp_path):
+    (tmp_path / "log.txt").write_text("PREV 1\nPREV 2\n")
+    proc = sh(f"(echo head; {CHECK} -o /dev/stdout; echo foot) >> log.txt", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "log.txt").read_text()
+    assert text.startswith("PREV 1\nPREV 2\nhead\n") and text.endswith("foot\n"), text
+    assert report_in(text)["results"][0]["check"] == "shm.size"
+
+
+@pytest.mark.parametrize("path", ["/dev/stdout", "/proc/self/fd/1", "/dev/fd/1"])
+def test_dev_stdout_that_is_a_pipe_gets_the_report(tmp_path, path):
+    proc = sh(f"{CHECK} -o {path} | cat", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report_in(proc.stdout)["schema"] == "envdoctor.report/v1"
+
+
+def test_a_descriptor_the_shell_opened_is_written_through(tmp_path):
+    proc = sh(f"{CHECK} -o /dev/fd/7 7>>fd7.txt >/dev/null", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report_in((tmp_path / "fd7.txt").read_text())["results"]
+
+
+@pytest.mark.parametrize("script", [f"{CHECK} -o /dev/stdout >&- 2>err.txt", f"{CHECK} -o /dev/fd/9 2>err.txt"])
+def test_a_descriptor_that_is_not_open_is_exit_74_and_nothing_else_is_written(tmp_path, script):
+    """With stdout closed, descriptor 1 may be reused inside the process (a dup of stderr):
+    the report went into the error log before."""
+    proc = sh(script, tmp_path)
+    assert proc.returncode == 74
+    err = (tmp_path / "err.txt").read_text()
+    assert "is not open" in err and len(err.strip().splitlines()) == 1 and "{" not in err, err
+
+
+def test_exec_report_to_dev_stdout_keeps_the_log_and_the_job_output(tmp_path):
+    (tmp_path / "log.txt").write_text("PREV\n")
+    proc = sh(f"{sys.executable} -m envdoctor exec --only shm.size --report /dev/stdout -- echo RAN >> log.txt", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "log.txt").read_text()
+    assert text.startswith("PREV\n") and text.endswith("RAN\n"), text
+    assert report_in(text)["results"][0]["check"] == "shm.size"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own a file as another user")
+def test_root_rewriting_a_users_report_leaves_it_theirs(tmp_path):
+    nobody = pwd.getpwnam("nobody")
+    out = tmp_path / "owned.json"
+    out.write_text("old")
+    os.chown(out, nobody.pw_uid, nobody.pw_gid)
+    out.chmod(0o640)
+    proc = sh(f"{CHECK} -o owned.json", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    st = out.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, nobody.pw_gid, 0o640)
+    assert report_in(out.read_text())["results"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
+def test_a_bind_mounted_report_file_is_rewritten_in_place(tmp_path):
+    """docker run -v host.json:/out/report.json: the file is a mount point, which rename
+    cannot replace (EBUSY); the report lands in the host's file all the same."""
+    (tmp_path / "host.json").write_text("old host content\n")
+    (tmp_path / "bound.json").write_text("")
+    proc = sh(f"unshare -m sh -c 'mount --bind host.json bound.json && {CHECK} -o bound.json'", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report_in((tmp_path / "host.json").read_text())["results"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bound.json", "host.json"]  # no temporary left
