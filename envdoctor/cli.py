@@ -123,7 +123,7 @@ def check(
                                             help="Per-check timeout for every check (default 15 s, and the checks that "
                                                  "declare their own keep it: 90 s for those that may import torch, "
                                                  "300 s for dist.consistency; `envdoctor explain ID` shows it)."),
-    output_text: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output."),
+    output_text: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output ('-': standard output)."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
     rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
@@ -169,6 +169,10 @@ def check(
     # must still land where the user's shell meant, with the mode the user's umask gives.
     if output_text is not None and not output_text.strip():
         _die("--output needs a file name (it was empty)")  # Path('') is the working directory
+    if output_text == "-":  # the usual spelling of standard output (it wrote a file named '-')
+        output_text = None
+    if output_text is not None and output_text.startswith("-"):  # `-o --format json` took the next option as the file
+        _die(f"--output {output_text}: looks like an option, not a file name (for a file named so, write ./{output_text})")
     output = None if output_text is None else _absolute(output_text)
     umask = None
     if output is not None:
@@ -555,7 +559,7 @@ def exec_command(
                                                   "under a launch, the majority's value of a variable the ranks disagree "
                                                   "on) for the command."),
     keep: List[str] = typer.Option([], "--keep", metavar="VAR", help="Never change this variable with --fix (repeatable)."),
-    report: Optional[str] = typer.Option(None, "--report", metavar="FILE", help="Also write the JSON report to FILE (atomically)."),
+    report: Optional[str] = typer.Option(None, "--report", metavar="FILE", help="Also write the JSON report to FILE (atomically; '-': standard output)."),
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
     skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL", help="What --strict refuses: warn or fail (default fail; error counts as fail)."),

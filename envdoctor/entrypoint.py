@@ -18,7 +18,7 @@ starts a thread and never imports a check):
    --strict it does not: nothing was verified).
 3. One logfmt line (envdoctor.log) per warn/fail/error result with its fix, one
    per variable --fix set, then one summary line: a log, not a table. --report
-   FILE gets the JSON report, written atomically.
+   FILE gets the JSON report, written atomically ('-': standard output).
 4. --strict: a result at --fail-on or above (error counts as fail) stops here
    with 78 (EX_CONFIG); the command never runs.
 5. Otherwise execve (envdoctor.become): same PID, signals, exit status and
@@ -44,7 +44,13 @@ EX_CONFIG = 78  # sysexits.h: the environment (configuration) is not fit to star
 EXIT_USAGE = 2
 MAX_TIMEOUT = 86400.0  # as envdoctor.config's (importing it here would cost exec ~15 ms at every start)
 SOURCE = "envdoctor.exec"  # the `source=` field of every line exec logs
+UNFINISHED_ROW = "exec.preflight"  # the report's one row when the pre-flight ended before it had a plan
 _SEVERITY = {"ok": 0, "skip": 0, "warn": 1, "fail": 2, "error": 2}
+
+
+def _is_variable_name(name: str) -> bool:
+    """A name a shell could export: letters, digits and _, not starting with a digit."""
+    return bool(name) and name.isascii() and not name[0].isdigit() and name.replace("_", "a").isalnum()
 
 
 class Stop(Exception):
@@ -139,7 +145,16 @@ def _validate(options: ExecOptions, argv: list[str]) -> None:
             raise Stop(EXIT_USAGE, f"{flag} {' '.join(given)!r} names no check id; `envdoctor checks` lists them")
     if options.report is not None and not options.report.strip():  # '' wrote nothing and said nothing
         raise Stop(EXIT_USAGE, "--report needs a file name")
-    if options.report:
+    # An option that takes a value takes the next word, whatever it is: `--report --strict`
+    # wrote a file named --strict and the job started although --strict was meant.
+    if options.report is not None and options.report.startswith("-") and options.report != "-":
+        raise Stop(EXIT_USAGE, f"--report {options.report}: looks like an option, not a file name "
+                               f"(for a file named so, write ./{options.report})")
+    for name in options.keep:
+        if not _is_variable_name(name):
+            raise Stop(EXIT_USAGE, f"--keep {name!r}: not a variable name (letters, digits and _, "
+                                   "not starting with a digit), so it would keep nothing")
+    if options.report and options.report != "-":
         if options.report.endswith("/"):  # os.path would write a file named as the directory it meant
             raise Stop(EXIT_USAGE, f"--report {options.report}: names a directory; give a file name")
         try:
@@ -211,7 +226,7 @@ def _write_report(path: str, text: str) -> None:
     from envdoctor.errors import OutputError
 
     try:
-        write_atomic(path, text)
+        write_atomic("/dev/stdout" if path == "-" else path, text)  # '-': standard output, the job's too
     except OutputError as exc:  # the job still starts: a report path is not the environment
         log("error", f"--report: {exc}")
 
@@ -271,7 +286,9 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
         unfinished = (f"the pre-flight did not finish within {options.timeout:g} s" + _still_loading(plan, outcome.messages)
                       if outcome.kind == forked.TIMED_OUT else f"the pre-flight broke: {outcome.error}")
         rows = _unfinished(plan.get("plan", []), unfinished)
-        report_text = _report_without_child(rows, outcome.seconds) if options.report else None
+        # cut off before it knew its checks: an empty `results` read as a clean report
+        report_rows = rows or _unfinished([UNFINISHED_ROW], f"nothing was verified: {unfinished}")
+        report_text = _report_without_child(report_rows, outcome.seconds) if options.report else None
         log("error", unfinished)
     _log_changes(changes, kept)
     final_env = envfix.apply(env, [envfix.Change(c["name"], c["from"], c["to"], c["reason"], c["check"]) for c in changes])

@@ -86,6 +86,13 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
         runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
         raise UsageError(f"{named} {', '.join(refused)}: does not run in exec (too slow or intrusive for every "
                          f"container start; it runs in `envdoctor check`). exec runs: {', '.join(runnable)}")
+    selected = only or skip or config.only or config.skip
+    if selected and not chosen and not registry.failures_selected(
+            set(only) | set(config.only), set(skip) | set(config.skip), pipeline.disabled_in(config)):
+        # `--skip` of every check exec runs started the job "verified" by nothing, --strict too
+        runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
+        raise UsageError(f"--only/--skip (or the config's only/skip) leave no check that runs in exec; "
+                         f"exec runs: {', '.join(runnable)}")
     return chosen
 
 

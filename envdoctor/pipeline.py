@@ -92,6 +92,10 @@ def run_checks(registry: Registry, config: Config, session: Session, selection: 
         # one skip row and exit 0 read as a pass in CI; exec refuses the same selection
         raise UsageError(f"--only (or the config's only) leaves no check to run: {elsewhere[0].summary}"
                          + (f" (and {len(elsewhere) - 1} more like it)" if len(elsewhere) > 1 else ""))
+    if mode == "check" and planned and not plans and not failures and not elsewhere:
+        # --skip of all but a check that runs elsewhere (preflight.live): "0 checks" and exit 0
+        raise UsageError(f"--only/--skip (or the config's only/skip) leave no check that runs in `check`: "
+                         f"left are {', '.join(p.check.id for p in planned)}, which run only inside a job (envdoctor.preflight())")
     results = runner.load_failure_results(failures, session) + runner.run(plans, session) + elsewhere
     results.sort(key=lambda r: r.check)
     return results
