@@ -169,6 +169,8 @@ def check(
     # must still land where the user's shell meant, with the mode the user's umask gives.
     if output_text is not None and not output_text.strip():
         _die("--output needs a file name (it was empty)")  # Path('') is the working directory
+    if config_file is not None and not config_file.strip():  # it fell back to ./envdoctor.toml unsaid
+        _die("--config needs a file name (it was empty)")
     if output_text == "-":  # the usual spelling of standard output (it wrote a file named '-')
         output_text = None
     if output_text is not None and output_text.startswith("-"):  # `-o --format json` took the next option as the file
@@ -604,6 +606,8 @@ def serve(
     from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError
 
+    if config_file is not None and not config_file.strip():  # it fell back to ./envdoctor.toml unsaid
+        _die("--config needs a file name (it was empty)")
     if textfile_text is not None and (not textfile_text.strip() or textfile_text.endswith("/")):
         _die(f"--textfile {textfile_text!r}: give the path of a *.prom file")  # Path() made '' '.' and a.prom/ a.prom
     procfs, sysfs, rootfs = (_directory(flag, text) for flag, text in

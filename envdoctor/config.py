@@ -285,6 +285,8 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
         line = int(match.group(1)) if match else None
         if line is None and "end of document" in why:  # tomllib names no line there: it is the last one
             line = max(1, len(text.rstrip("\n").split("\n")))  # lines as TOML counts them: "\n" only
+        if text.startswith("\ufeff"):  # invisible in an editor; tomllib just says "Invalid statement"
+            why += " (the file starts with a UTF-8 byte order mark: save it without one)"
         raise ConfigError(f"not valid TOML: {why}", file=name, line=line) from None
     except RecursionError:  # arrays or inline tables nested hundreds deep: tomllib recurses per level
         raise ConfigError("not valid TOML for envdoctor: nested too deeply", file=name) from None

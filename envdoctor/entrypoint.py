@@ -137,7 +137,7 @@ def _validate(options: ExecOptions, argv: list[str]) -> None:
         raise Stop(EXIT_USAGE, "no command given: envdoctor exec [OPTIONS] -- CMD ARGS...")
     if not 0 < options.timeout <= MAX_TIMEOUT:  # NaN fails this too: it reached select() and raised
         raise Stop(EXIT_USAGE, f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT:g} (one day), "
-                               f"not {options.timeout:g}")
+                               f"not {options.timeout!r}")  # :g said 'not 86400' for 86400.0001
     if options.fail_on is not None and options.fail_on not in ("warn", "fail"):
         raise Stop(EXIT_USAGE, f"--fail-on must be warn or fail, not {options.fail_on!r}")
     for flag, given in (("--only", options.only), ("--skip", options.skip)):

@@ -69,3 +69,22 @@ def test_exec_skip_of_everything_exec_runs_never_starts_the_job(tmp_path):
     proc = cli("exec", "--strict", "--", "touch", str(marker), env={"ENVDOCTOR_CONFIG": str(config)})
     assert proc.returncode == 2 and "leave no check that runs in exec" in one_line(proc.stderr), proc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("command", [["check"], ["serve", "--once"]])
+def test_an_empty_config_name_is_bad_usage_not_the_default_file(tmp_path, command):
+    (tmp_path / "envdoctor.toml").write_text("this is not toml\n")  # what '' silently fell back to
+    proc = cli(*command, "--config", "", cwd=tmp_path)
+    assert proc.returncode == 2 and "--config needs a file name" in one_line(proc.stderr), proc.stderr
+
+
+def test_a_config_with_a_byte_order_mark_says_so(tmp_path):
+    config = tmp_path / "bom.toml"
+    config.write_bytes(b'\xef\xbb\xbfonly = ["shm.size"]\n')
+    proc = cli("check", "--config", str(config))
+    assert proc.returncode == 2 and "byte order mark" in one_line(proc.stderr), proc.stderr
+
+
+def test_exec_timeout_over_a_day_names_the_value_given():
+    proc = cli("exec", "--timeout", "86400.0001", "--", "true")
+    assert proc.returncode == 2 and "not 86400.0001" in one_line(proc.stderr), proc.stderr
