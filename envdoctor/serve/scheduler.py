@@ -168,7 +168,8 @@ class Scheduler:
         }
         body = metrics.render(report, self.registry.checks,
                               metrics.ServeCollector(found.targets, serve_stats, self.stats.check_timeouts), self._states)
-        snap = Snapshot(metrics=body, metrics_gzip=gzip.compress(body, compresslevel=6, mtime=0), report=(json.dumps(report.to_dict(), default=str) + "\n").encode(),
+        # level 1: 64 torch processes' 295 KB of metrics in 0.8 ms to 24 KB; level 6 took 2.5 ms for 19.5 KB
+        snap = Snapshot(metrics=body, metrics_gzip=gzip.compress(body, compresslevel=1, mtime=0), report=(json.dumps(report.to_dict(), default=str) + "\n").encode(),
                         completed_at=time.time(), completed_monotonic=time.monotonic(), run_seconds=seconds,
                         targets=tuple(t.label for t in found.targets))
         self._log_changes(found, seconds)
