@@ -63,6 +63,7 @@ How to fix
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Mapping, NamedTuple
 
@@ -248,6 +249,19 @@ def _rule_launch_blocking(facts: RuntimeFacts, b: Build) -> list[Finding]:
                     "expected unset", "unset CUDA_LAUNCH_BLOCKING", env={"CUDA_LAUNCH_BLOCKING": None})]
 
 
+def _rule_torch_replaced(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """A pip install over a running job: the process still runs the torch it loaded,
+    and what its files now say (these facts) is another one."""
+    replaced = facts.torch.get("torch_files_replaced") or []
+    if not replaced:
+        return []
+    return [Finding(Status.WARN, f"the torch files this process loaded were replaced on disk since "
+                    f"({', '.join(os.path.basename(str(f)) for f in replaced[:3])}"
+                    + (f" and {len(replaced) - 3} more" if len(replaced) > 3 else "") + f"): it runs the torch it "
+                    f"started with, not {b.label} (what the files say now); expected the files it runs",
+                    "restart the job to run what is installed (or reinstall the torch it was started with)")]
+
+
 def _rule_not_a_cuda_build(facts: RuntimeFacts, b: Build) -> list[Finding]:
     """A CPU-only or ROCm torch on a node with NVIDIA GPUs (PITFALLS 9)."""
     if b.cuda is not None:
@@ -386,7 +400,7 @@ def _no_gpu(facts: RuntimeFacts, b: Build) -> str:
 def judge(facts: RuntimeFacts, settings: Mapping[str, Any]) -> Result:
     b = _build(facts.torch)
     out = _facts_out(facts, b)
-    findings = _rule_build_unreadable(facts, b) + _rule_launch_blocking(facts, b)
+    findings = _rule_build_unreadable(facts, b) + _rule_launch_blocking(facts, b) + _rule_torch_replaced(facts, b)
     if not facts.gpus:
         out["findings"] = [f.message for f in findings]
         base = _no_gpu(facts, b)

@@ -4,6 +4,7 @@ pid, a torch file replaced on disk, or the recheck time passed."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -16,6 +17,7 @@ from envdoctor.paths import Roots
 from envdoctor.serve import discovery
 from envdoctor.serve.scheduler import _torch_from_files
 from envdoctor.serve.torchmaps import TorchMaps
+from helpers import cli
 from test_torchfiles import arch_lib, start_holder, stub_torch
 
 
@@ -27,8 +29,10 @@ class Clock:
         return self.now
 
 
-def lines_naming(path: Path, deleted: bool = False) -> str:
-    return f"7f0000000000-7f0000001000 r-xp 00000000 08:01 42 {path}" + (" (deleted)" if deleted else "")
+def lines_naming(path: Path, deleted: bool = False, inode: int | None = None) -> str:
+    """A maps line for `path`, with the inode it has now (as when it was just mapped)."""
+    inode = path.stat().st_ino if inode is None else inode
+    return f"7f0000000000-7f0000001000 r-xp 00000000 08:01 {inode} {path}" + (" (deleted)" if deleted else "")
 
 
 def test_lines_are_read_once_per_process_image_and_again_after_the_recheck_time(tmp_path):
@@ -50,7 +54,7 @@ def test_lines_are_read_once_per_process_image_and_again_after_the_recheck_time(
     assert memo.lines(7, (b"999", b"555"), read("f")) == "f" and len(reads) == 4
 
 
-def test_nothing_is_remembered_for_a_process_without_torch_or_with_a_hidden_stack():
+def test_nothing_is_remembered_without_torch_or_where_an_exec_would_not_move_the_stack():
     memo = TorchMaps()
     reads: list[int] = []
     assert memo.lines(8, (b"1", b"2"), lambda: reads.append(1)) is None
@@ -58,7 +62,10 @@ def test_nothing_is_remembered_for_a_process_without_torch_or_with_a_hidden_stac
     # stat shows a stack start of 0 without ptrace access: an exec could not be told apart
     memo.lines(9, (b"1", b"0"), lambda: reads.append(1) or "x")
     memo.lines(9, (b"1", b"0"), lambda: reads.append(1) or "x")
-    assert len(reads) == 4 and len(memo) == 1
+    # no address-space randomisation (setarch -R, randomize_va_space=0): the stack stays put
+    memo.lines(10, (b"1", b"2"), lambda: reads.append(1) or "x", exec_visible=lambda: False)
+    memo.lines(10, (b"1", b"2"), lambda: reads.append(1) or "x", exec_visible=lambda: False)
+    assert len(reads) == 6 and len(memo) == 0
 
 
 def test_a_replaced_torch_file_makes_the_remembered_lines_untrusted(tmp_path):
@@ -67,17 +74,30 @@ def test_a_replaced_torch_file_makes_the_remembered_lines_untrusted(tmp_path):
     lib.write_bytes(b"old")
     memo = TorchMaps()
     lines = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
-    assert memo.confirmed(5, lines, Path)  # the first confirmation records what the files are
-    assert memo.confirmed(5, lines, Path)
+    assert memo.confirmed(5, lines, Path) and memo.confirmed(5, lines, Path)
     new = tmp_path / "new.so"
     new.write_bytes(b"new")
     os.replace(new, lib)  # what pip does
     assert not memo.confirmed(5, lines, Path)
     assert len(memo) == 0  # forgotten: the next run reads maps again
-    again = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib, deleted=True))
+    again = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib, deleted=True, inode=1))
     assert "(deleted)" in again and memo.confirmed(5, again, Path)
     # lines the caller read itself are not judged
     assert memo.confirmed(5, "read elsewhere", Path)
+
+
+def test_a_file_replaced_between_the_read_and_the_first_check_is_caught(tmp_path):
+    """helper-30: the first check recorded the files as it found them, so a pip install
+    landing between discovery's read and the torch facts became the reference, and was
+    trusted for 120 s. The maps line's own inode is the reference now."""
+    lib = tmp_path / "libtorch.so"
+    lib.write_bytes(b"old")
+    memo = TorchMaps()
+    lines = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
+    new = tmp_path / "new.so"
+    new.write_bytes(b"new")
+    os.replace(new, lib)
+    assert not memo.confirmed(5, lines, Path)
 
 
 def test_a_removed_torch_file_is_a_change_too(tmp_path):
@@ -130,9 +150,37 @@ def test_serve_reads_a_torch_process_maps_once_and_again_when_its_torch_is_repla
         fresh_lines, again = run()
         assert fresh_lines is not first_lines and "(deleted)" in fresh_lines
         assert again["torch_files_replaced"] == [str(lib)]
+        # and a user sees it: cuda.runtime says so (it was only in the facts' warnings)
+        proc = cli("check", "--pid", str(holder.pid), "--only", "cuda.runtime", "-f", "json")
+        [row] = json.loads(proc.stdout)["results"]
+        assert row["status"] == "warn" and "replaced on disk" in row["summary"], row
+        assert "libtorch_python.so" in row["summary"] and "restart the job" in row["remediation"]
     finally:
         holder.kill()
         holder.wait()
     run_after = discovery.discover(Roots(), max_targets=1000, announce_dirs=[], nvml_pids=lambda: [],
                                    torch_maps_memo=memo)
     assert holder.pid not in {t.pid for t in run_after.targets}
+
+
+@pytest.mark.real
+@pytest.mark.skipif(shutil.which("setarch") is None, reason="needs util-linux's setarch")
+def test_a_process_without_address_randomisation_has_its_maps_read_every_run(tmp_path):
+    """Under setarch -R an exec leaves the stack where it was: a job that re-executes
+    itself without torch kept its old torch facts (helper-30). Its maps is not remembered."""
+    site = tmp_path / "site"
+    pkg = stub_torch(site)
+    lib = Path(shutil.copy(arch_lib(tmp_path), pkg / "lib" / "libtorch_python.so"))
+    holder = start_holder(sys.executable, lib, site, prefix=["setarch", "-R"])
+    memo = TorchMaps()
+    try:
+        seen = []
+        for _ in range(2):
+            found = discovery.discover(Roots(), max_targets=1000, announce_dirs=[], nvml_pids=lambda: [],
+                                       torch_maps_memo=memo)
+            seen.append(next(t for t in found.targets if t.pid == holder.pid).torch_maps)
+        assert seen[0] == seen[1] and seen[0] is not seen[1]  # read twice
+        assert holder.pid not in memo._entries
+    finally:
+        holder.kill()
+        holder.wait()

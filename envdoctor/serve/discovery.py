@@ -125,10 +125,27 @@ def _is_workload(procfs: Path, pid: int) -> tuple[bool, str, tuple[bytes, bytes]
     return True, comm, identity
 
 
-def _torch_lines(procfs: Path, pid: int, identity: tuple[bytes, bytes], memo: TorchMaps | None) -> str | None:
+ADDR_NO_RANDOMIZE = 0x0040000  # personality(2) flag: setarch -R
+
+
+def _randomized(procfs: Path, pid: int, node_randomizes: bool) -> bool:
+    """Whether an exec would move the process's stack (envdoctor.serve.torchmaps trusts
+    remembered maps lines only then): randomisation on for the node and the process."""
+    if not node_randomizes:
+        return False
+    text = _read(f"{procfs}/{pid}/personality", 64)
+    try:
+        return text is not None and not int(text.strip() or b"x", 16) & ADDR_NO_RANDOMIZE
+    except ValueError:
+        return False
+
+
+def _torch_lines(procfs: Path, pid: int, identity: tuple[bytes, bytes], memo: TorchMaps | None,
+                 node_randomizes: bool = True) -> str | None:
     if memo is None or not identity[0]:
         return _torch_maps(procfs, pid)
-    return memo.lines(pid, identity, lambda: _torch_maps(procfs, pid))
+    return memo.lines(pid, identity, lambda: _torch_maps(procfs, pid),
+                      exec_visible=lambda: _randomized(procfs, pid, node_randomizes))
 
 
 def container_of(cgroup_text: str) -> tuple[str, str]:
@@ -186,6 +203,8 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         entries = []
     comms: dict[int, str] = {}
     identities: dict[int, tuple[bytes, bytes]] = {}
+    # kernel.randomize_va_space 0: no exec moves a stack, so no maps lines are remembered
+    node_randomizes = (_read(f"{procfs}/sys/kernel/randomize_va_space", 16) or b"").strip() not in (b"0", b"")
     torch_maps: dict[int, str] = {}
     for pid in sorted(entries):
         if pid in skip:
@@ -200,7 +219,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
             continue
         if selectors.comm and any(fnmatch.fnmatchcase(comm, p) for p in selectors.comm):
             chosen[pid] = "selector"
-        elif _is_python(procfs, pid, comm) and (lines := _torch_lines(procfs, pid, identity, torch_maps_memo)) is not None:
+        elif _is_python(procfs, pid, comm) and (lines := _torch_lines(procfs, pid, identity, torch_maps_memo, node_randomizes)) is not None:
             chosen[pid] = "torch"
             torch_maps[pid] = lines
         elif selectors.env and _env_has(procfs, pid, selectors.env):
@@ -219,7 +238,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         lines = torch_maps.get(pid)
         if lines is None and torch_maps_memo is not None and _is_python(procfs, pid, comm):
             # found by NVML, an announcement or a selector: its torch facts need these lines too
-            lines = _torch_lines(procfs, pid, identities[pid], torch_maps_memo)
+            lines = _torch_lines(procfs, pid, identities[pid], torch_maps_memo, node_randomizes)
         found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod, lines or ""))
     if torch_maps_memo is not None:
         torch_maps_memo.keep_only({t.pid for t in found.targets if t.pid is not None})

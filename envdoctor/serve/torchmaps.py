@@ -10,9 +10,14 @@ torch file, execs, or a mapped file is replaced; so they are read once and then
 trusted while:
 - the process is the one they were read from: the same pid, start time and stack
   start (/proc/N/stat; the stack moves at every exec under ASLR);
-- each torch file they name is still the file it was when they were read (device,
-  inode, size and mtime, by stat through /proc/N/root: a `pip install` over a
-  running job fails this, and maps is read again, where it shows `(deleted)`);
+- each torch file they name is still the file that was mapped: the inode the maps
+  line gives is the one a stat through /proc/N/root finds at that path (a `pip
+  install` over a running job fails this, and maps is read again, where it shows
+  `(deleted)`); a comparison with the maps line itself, not with a stat taken later,
+  which a replacement between the read and that stat would have made the reference;
+- the stack moves at exec: address-space randomisation is on, for the node
+  (kernel.randomize_va_space) and for the process (no ADDR_NO_RANDOMIZE in its
+  personality); otherwise its maps is read every run, as before;
 - they were read less than RECHECK_SECONDS ago (a torch library loaded later, such
   as a lazily loaded CUDA one, is seen within that time).
 
@@ -29,8 +34,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from envdoctor.torchfacts import locate
-
 RECHECK_SECONDS = 120.0  # 8 runs at the default 15 s interval
 
 
@@ -39,15 +42,27 @@ class _Entry:
     identity: tuple[bytes, bytes]  # (start time, stack start) from /proc/N/stat
     lines: str
     read_at: float
-    files: tuple[tuple[str, Any], ...] | None = None  # (path, stat key) once confirmed after the read
 
 
-def _stat_key(path: os.PathLike[str] | str) -> Any:
+def mapped_inodes(lines: str) -> dict[str, int]:
+    """{path: the inode mapped} for each file the maps lines name that was not deleted
+    since (a `(deleted)` line already says what a check of it would find)."""
+    found: dict[str, int] = {}
+    for line in lines.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/") and not parts[5].endswith(" (deleted)"):
+            try:
+                found.setdefault(parts[5], int(parts[4]))
+            except ValueError:
+                found.setdefault(parts[5], -1)  # garbage never matches: maps is read again
+    return found
+
+
+def _inode(path: Any) -> int | None:
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        return ("missing", exc.errno)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 class TorchMaps:
@@ -60,41 +75,37 @@ class TorchMaps:
         self._clock = clock
         self.reads = 0  # maps files read, for tests and benchmarks
 
-    def lines(self, pid: int, identity: tuple[bytes, bytes], read: Callable[[], str | None]) -> str | None:
+    def lines(self, pid: int, identity: tuple[bytes, bytes], read: Callable[[], str | None],
+              exec_visible: Callable[[], bool] = lambda: True) -> str | None:
         """The process's torch lines: remembered ones while they may still be trusted,
-        else `read()`'s (None: no libtorch mapped, nothing remembered)."""
+        else `read()`'s (None: no libtorch mapped, nothing remembered). `exec_visible()`:
+        whether an exec would move the process's stack; if not, nothing is remembered."""
         with self._lock:
             entry = self._entries.get(pid)
-            # a stack start of 0 is hidden (no ptrace access): an exec could not be seen
-            if (entry is not None and entry.identity == identity and identity[1] != b"0"
-                    and self._clock() - entry.read_at < self._recheck):
+            if entry is not None and entry.identity == identity and self._clock() - entry.read_at < self._recheck:
                 return entry.lines
         self.reads += 1
         lines = read()
+        # a stack start of 0 is hidden (no ptrace access): an exec could not be seen either
+        keep = lines is not None and identity[1] != b"0" and exec_visible()
         with self._lock:
-            if lines is None:
-                self._entries.pop(pid, None)
-            else:
+            if keep:
                 self._entries[pid] = _Entry(identity, lines, self._clock())
+            else:
+                self._entries.pop(pid, None)
         return lines
 
     def confirmed(self, pid: int, lines: str, seen_by: Callable[[str], Any]) -> bool:
-        """Whether `lines` (as `lines()` gave them) still describe the process's torch files.
-        The first call after a read records what the files are; later calls compare.
-        False forgets them: the caller reads maps itself, and the next run again."""
+        """Whether `lines` (as `lines()` gave them) still describe the process's torch files:
+        every file they name is still the inode that was mapped. False forgets them: the
+        caller reads maps itself, and the next run again."""
         with self._lock:
             entry = self._entries.get(pid)
             if entry is None or entry.lines is not lines:
                 return True  # not ours to judge: read by the caller this run
-            files = entry.files
-        paths = list(locate.mapped(lines))
-        now = tuple((p, _stat_key(seen_by(p))) for p in paths)
+        if all(_inode(seen_by(path)) == inode for path, inode in mapped_inodes(lines).items()):
+            return True
         with self._lock:
-            if files is None:
-                entry.files = now
-                return True
-            if now == files:
-                return True
             if self._entries.get(pid) is entry:
                 del self._entries[pid]
         return False
