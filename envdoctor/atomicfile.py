@@ -68,25 +68,66 @@ def _write_special(path: str, mode: int, data: bytes) -> None:
         os.close(fd)
 
 
-_OWN_FD = re.compile(r"^/(?:proc/(?:self|thread-self|(?P<pid>\d+))/fd|dev/fd)/(?P<fd>\d+)$")
-_STD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+_FD_LINK = re.compile(r"^/proc/(?P<pid>\d+)(?:/task/(?P<tid>\d+))?/fd/(?P<fd>\d+)$")
+_MAX_LINKS = 40  # as the kernel: links followed in one lookup
+
+
+class _OtherProcess(Exception):
+    """The path reaches another process's descriptor."""
+
+
+def _ours(pid: int) -> bool:
+    return pid == os.getpid() or os.path.isdir(f"/proc/self/task/{pid}")  # a thread of ours
+
+
+def _descriptor_at(path: str) -> int | None:
+    m = _FD_LINK.match(path)
+    if m is None:
+        return None
+    if not _ours(int(m.group("pid"))):
+        raise _OtherProcess(m.group("pid"))
+    return int(m.group("fd"))
 
 
 def own_descriptor(name: str) -> int | None:
-    """The descriptor of ours that `name` reaches through /dev/std*, /dev/fd/N or
-    /proc/{self,PID}/fd/N (followed link by link, as the kernel would), else None."""
-    path = os.path.abspath(name) if name.startswith("/") else name
-    for _ in range(40):  # the kernel's own limit on links followed
-        if path in _STD:
-            return _STD[path]
-        m = _OWN_FD.match(path)
-        if m and (m.group("pid") is None or int(m.group("pid")) == os.getpid()):
-            return int(m.group("fd"))
+    """The descriptor of ours that `name` reaches through /proc's fd links (/dev/stdout,
+    /dev/fd/N, /proc/self/fd/N, /proc/thread-self/fd/N, /proc/PID/task/TID/fd/N, or a
+    symlink to any of them, a folder link included), else None. Resolved one component
+    at a time, as the kernel does, stopping at the fd link itself (following it gives
+    the file, and a rename over that file is what must not happen). OutputError for
+    another process's descriptor."""
+    try:
+        pending = os.path.abspath(name).split("/")[1:]
+    except OSError:  # a relative name in a removed working directory
+        return None
+    done = ""
+    links = 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        path = f"{done}/{part}"
+        try:
+            fd = _descriptor_at(path) if not pending else None
+        except _OtherProcess as other:
+            raise OutputError(f"cannot write {name}: it is a descriptor of process {other}, not of envdoctor; "
+                              "give the file's own path") from None
+        if fd is not None:
+            return fd
         try:
             target = os.readlink(path)
-        except OSError:
+        except OSError:  # not a link (or not there): a plain component
+            done = path
+            continue
+        links += 1
+        if links > _MAX_LINKS:
             return None
-        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+        if target.startswith("/"):
+            done = ""
+        pending = [p for p in target.split("/")] + pending
     return None
 
 
@@ -99,11 +140,15 @@ def _write_descriptor(name: str, fd: int, data: bytes) -> None:
                 stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    # Python found this standard stream closed at start (`>&-`): the descriptor number
-    # may since have been reused for a file of ours (a dup of stderr), never the user's
+    # A descriptor the process did not start with is one of ours (a dup of stderr, a
+    # pipe, /dev/null), whatever its number: `-o /dev/fd/3` without `3>file` put the
+    # report there. Python found a closed standard stream closed at start (`>&-`).
+    from envdoctor import program
+
+    inherited = program.inherited_descriptors
     started_closed = fd <= 2 and (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd] is None
     try:
-        if started_closed:
+        if started_closed or (inherited is not None and fd not in inherited):
             raise OSError(errno.EBADF, "closed")
         os.fstat(fd)
     except OSError:
@@ -183,17 +228,17 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
         try:
             _write_all(fd, payload)
             os.fsync(fd)
+            if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                try:  # before the mode: a chown clears the set-id bits
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                except OSError:  # not root: the file becomes ours, as any rewrite by us would
+                    pass
             if mode is not None:
                 os.fchmod(fd, mode)
             elif st is not None:
                 os.fchmod(fd, stat.S_IMODE(st.st_mode))
             else:
                 os.fchmod(fd, 0o644 & ~(current_umask() if umask is None else umask))
-            if st is not None and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-                try:
-                    os.fchown(fd, st.st_uid, st.st_gid)
-                except OSError:  # not root: the file becomes ours, as any rewrite by us would
-                    pass
         finally:
             os.close(fd)
         try:

@@ -18,6 +18,28 @@ SERVE_OPTIONS_VARIABLE = "ENVDOCTOR_SERVE_OPTIONS"
 # daemon in place.
 relaunch_serve = False
 
+# The descriptors this process started with, as the `envdoctor` command (None when
+# envdoctor is a library in someone's process): `-o /dev/fd/N` may name only these,
+# never one envdoctor opened itself (envdoctor.atomicfile).
+inherited_descriptors: frozenset[int] | None = None
+
+
+def _note_inherited_descriptors() -> None:
+    global inherited_descriptors
+    try:
+        listed = os.listdir("/proc/self/fd")  # its own descriptor for the listing is gone after
+    except OSError:
+        return
+    found = set()
+    for name in listed:
+        try:
+            fd = int(name)
+            os.fstat(fd)
+        except (ValueError, OSError):
+            continue
+        found.add(fd)
+    inherited_descriptors = frozenset(found)
+
 
 def _daemon_exit_code() -> int | None:
     """The daemon's exit code when this process is a relaunched `serve`, else None.
@@ -66,6 +88,7 @@ def _hold_reloads_while_starting() -> None:
 def console_main() -> None:
     """The `envdoctor` console script."""
     global relaunch_serve
+    _note_inherited_descriptors()
     _hold_reloads_while_starting()
     code = _daemon_exit_code()
     if code is not None:
@@ -82,6 +105,7 @@ def module_main() -> None:
     still examining a process when SIGTERM came held the exit up for as long as its
     checks took (past 10 s on a loaded machine); a daemon's run is abandoned, not awaited."""
     global relaunch_serve
+    _note_inherited_descriptors()
     _hold_reloads_while_starting()
     code = _daemon_exit_code()
     if code is not None:

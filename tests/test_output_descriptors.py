@@ -92,3 +92,54 @@ def test_a_bind_mounted_report_file_is_rewritten_in_place(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert report_in((tmp_path / "host.json").read_text())["results"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bound.json", "host.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("path", ["/proc/self/task/$$/fd/1", "/proc/$$/task/$$/fd/1", "/proc/thread-self/fd/1",
+                                  "$PWD/pself/fd/1"])
+def test_every_spelling_of_our_stdout_appends(tmp_path, path):
+    """helper-30: a task's fd folder, or a link to /proc/self used as a folder, led to the
+    log file itself, which was renamed over."""
+    (tmp_path / "pself").symlink_to("/proc/self")
+    (tmp_path / "log.txt").write_text("old line\n")
+    proc = sh(f"exec {CHECK} -o {path} >> log.txt", tmp_path)  # exec: $$ is envdoctor's pid
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "log.txt").read_text()
+    assert text.startswith("old line\n") and report_in(text)["results"], text
+
+
+def test_a_descriptor_envdoctor_opened_itself_is_not_the_users(tmp_path):
+    """`-o /dev/fd/3` without `3>file`: descriptor 3 was envdoctor's own (a dup of stderr),
+    and the report went there with exit 0. Only descriptors it started with are taken."""
+    proc = sh(f"{CHECK} -o /dev/fd/3 2>err.txt >out.txt", tmp_path)
+    assert proc.returncode == 74
+    assert "file descriptor 3 is not open" in (tmp_path / "err.txt").read_text()
+    assert "{" not in (tmp_path / "err.txt").read_text() + (tmp_path / "out.txt").read_text()
+
+
+def test_another_processs_descriptor_is_refused_and_its_file_kept(tmp_path):
+    log = tmp_path / "theirs.log"
+    other = subprocess.Popen(["sh", "-c", "echo kept; exec sleep 30"], stdout=open(log, "w"))
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        while "kept" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc = sh(f"{CHECK} -o /proc/{other.pid}/fd/1", tmp_path)
+        assert proc.returncode == 74 and f"descriptor of process {other.pid}" in proc.stderr, proc.stderr
+        assert log.read_text() == "kept\n" and os.path.samefile(f"/proc/{other.pid}/fd/1", log)
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own a file as another user")
+def test_set_id_bits_survive_the_owner_being_kept(tmp_path):
+    nobody = pwd.getpwnam("nobody")
+    out = tmp_path / "owned.json"
+    out.write_text("old")
+    os.chown(out, nobody.pw_uid, nobody.pw_gid)
+    out.chmod(0o6755)
+    proc = sh(f"{CHECK} -o owned.json", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (out.stat().st_uid, out.stat().st_mode & 0o7777) == (nobody.pw_uid, 0o6755)
