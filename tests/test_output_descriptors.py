@@ -27,12 +27,17 @@ def report_in(text: str) -> dict:
     return json.JSONDecoder().raw_decode(text[start:])[0]
 
 
-def test_dev_stdout_appended_by_the_shell_keeps_what_the_log_held(tmp_path):
+@pytest.mark.parametrize("script, after", [
+    (f"(echo head; {CHECK} -o /dev/stdout; echo foot) >> log.txt", ("head\n", "foot\n")),
+    # exec: the job's own output follows, in the same log
+    (f"{sys.executable} -m envdoctor exec --only shm.size --report /dev/stdout -- echo RAN >> log.txt", ("", "RAN\n")),
+])
+def test_dev_stdout_appended_by_the_shell_keeps_what_the_log_held(tmp_path, script, after):
     (tmp_path / "log.txt").write_text("PREV 1\nPREV 2\n")
-    proc = sh(f"(echo head; {CHECK} -o /dev/stdout; echo foot) >> log.txt", tmp_path)
+    proc = sh(script, tmp_path)
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "log.txt").read_text()
-    assert text.startswith("PREV 1\nPREV 2\nhead\n") and text.endswith("foot\n"), text
+    assert text.startswith("PREV 1\nPREV 2\n" + after[0]) and text.endswith(after[1]), text
     assert report_in(text)["results"][0]["check"] == "shm.size"
 
 
@@ -59,26 +64,18 @@ def test_a_descriptor_that_is_not_open_is_exit_74_and_nothing_else_is_written(tm
     assert "is not open" in err and len(err.strip().splitlines()) == 1 and "{" not in err, err
 
 
-def test_exec_report_to_dev_stdout_keeps_the_log_and_the_job_output(tmp_path):
-    (tmp_path / "log.txt").write_text("PREV\n")
-    proc = sh(f"{sys.executable} -m envdoctor exec --only shm.size --report /dev/stdout -- echo RAN >> log.txt", tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    text = (tmp_path / "log.txt").read_text()
-    assert text.startswith("PREV\n") and text.endswith("RAN\n"), text
-    assert report_in(text)["results"][0]["check"] == "shm.size"
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own a file as another user")
-def test_root_rewriting_a_users_report_leaves_it_theirs(tmp_path):
+@pytest.mark.parametrize("mode", [0o640, 0o6755])  # a chown after the chmod cleared the set-id bits
+def test_root_rewriting_a_users_report_leaves_it_theirs(tmp_path, mode):
     nobody = pwd.getpwnam("nobody")
     out = tmp_path / "owned.json"
     out.write_text("old")
     os.chown(out, nobody.pw_uid, nobody.pw_gid)
-    out.chmod(0o640)
+    out.chmod(mode)
     proc = sh(f"{CHECK} -o owned.json", tmp_path)
     assert proc.returncode == 0, proc.stderr
     st = out.stat()
-    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (nobody.pw_uid, nobody.pw_gid, 0o640)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (nobody.pw_uid, nobody.pw_gid, mode)
     assert report_in(out.read_text())["results"]
 
 
@@ -132,14 +129,3 @@ def test_another_processs_descriptor_is_refused_and_its_file_kept(tmp_path):
         other.kill()
         other.wait()
 
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own a file as another user")
-def test_set_id_bits_survive_the_owner_being_kept(tmp_path):
-    nobody = pwd.getpwnam("nobody")
-    out = tmp_path / "owned.json"
-    out.write_text("old")
-    os.chown(out, nobody.pw_uid, nobody.pw_gid)
-    out.chmod(0o6755)
-    proc = sh(f"{CHECK} -o owned.json", tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert (out.stat().st_uid, out.stat().st_mode & 0o7777) == (nobody.pw_uid, 0o6755)

@@ -68,12 +68,17 @@ def test_nothing_is_remembered_without_torch_or_where_an_exec_would_not_move_the
     assert len(reads) == 6 and len(memo) == 0
 
 
-def test_a_replaced_torch_file_makes_the_remembered_lines_untrusted(tmp_path):
+def remembered(tmp_path: Path) -> tuple[Path, TorchMaps, str]:
+    """A torch library on disk and a memo holding maps lines that map it."""
     lib = tmp_path / "torch" / "lib" / "libtorch_python.so"
     lib.parent.mkdir(parents=True)
     lib.write_bytes(b"old")
     memo = TorchMaps()
-    lines = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
+    return lib, memo, memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
+
+
+def test_a_replaced_torch_file_makes_the_remembered_lines_untrusted(tmp_path):
+    lib, memo, lines = remembered(tmp_path)
     assert memo.confirmed(5, lines, Path) and memo.confirmed(5, lines, Path)
     new = tmp_path / "new.so"
     new.write_bytes(b"new")
@@ -90,10 +95,7 @@ def test_a_file_replaced_between_the_read_and_the_first_check_is_caught(tmp_path
     """helper-30: the first check recorded the files as it found them, so a pip install
     landing between discovery's read and the torch facts became the reference, and was
     trusted for 120 s. The maps line's own inode is the reference now."""
-    lib = tmp_path / "libtorch.so"
-    lib.write_bytes(b"old")
-    memo = TorchMaps()
-    lines = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
+    lib, memo, lines = remembered(tmp_path)
     new = tmp_path / "new.so"
     new.write_bytes(b"new")
     os.replace(new, lib)
@@ -101,11 +103,7 @@ def test_a_file_replaced_between_the_read_and_the_first_check_is_caught(tmp_path
 
 
 def test_a_removed_torch_file_is_a_change_too(tmp_path):
-    lib = tmp_path / "torch" / "lib" / "libtorch.so"
-    lib.parent.mkdir(parents=True)
-    lib.write_bytes(b"x")
-    memo = TorchMaps()
-    lines = memo.lines(5, (b"1", b"2"), lambda: lines_naming(lib))
+    lib, memo, lines = remembered(tmp_path)
     assert memo.confirmed(5, lines, Path)
     lib.unlink()
     assert not memo.confirmed(5, lines, Path)
