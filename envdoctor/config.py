@@ -208,7 +208,11 @@ def coerce(value: Any, default: Any, key: str, *, from_text: bool = False) -> An
 def _coerce_run_key(key: str, value: Any, *, from_text: bool) -> Any:
     expected = RUN_KEYS[key]
     default: Any = {str: "", float: 0.0, list: []}[expected]
+    given = value
     value = coerce(value, default, key, from_text=from_text)
+    if key in ("only", "skip") and isinstance(given, str) and given.strip() and not value:
+        # ENVDOCTOR_ONLY=, ran every check, where `--only ,` is bad usage
+        raise ParseError(f"names no check id: {given!r}; `envdoctor checks` lists them")
     if key == "fail_on" and value not in FAIL_ON:
         raise ParseError(f"expected one of {', '.join(FAIL_ON)}, got {value!r}")
     if key == "timeout":

@@ -88,3 +88,11 @@ def test_a_config_with_a_byte_order_mark_says_so(tmp_path):
 def test_exec_timeout_over_a_day_names_the_value_given():
     proc = cli("exec", "--timeout", "86400.0001", "--", "true")
     assert proc.returncode == 2 and "not 86400.0001" in one_line(proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("variable, command", [("ENVDOCTOR_ONLY", ["check"]), ("ENVDOCTOR_SKIP", ["exec", "--", "true"])])
+def test_a_selection_variable_of_only_commas_is_bad_usage_as_the_flag_is(variable, command):
+    """ENVDOCTOR_ONLY=, ran every check, where `--only ,` is exit 2; empty stays unset."""
+    proc = cli(*command, env={variable: " , "})
+    assert proc.returncode == 2 and f"{variable}: names no check id" in one_line(proc.stderr), proc.stderr
+    assert cli(*command, env={variable: ""}).returncode == 0
