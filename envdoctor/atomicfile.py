@@ -6,11 +6,12 @@ Used by `check -o`, `exec --report`, the caches and serve's textfile. The rules:
   target), so a link planted at a predictable name cannot redirect the write;
 - a symlink as the target is followed, as a shell's `>` follows it: the file it
   points to is replaced, the link stays;
-- one of this process's open files named through /proc (`-o /dev/stdout`,
-  /dev/stderr, /dev/fd/N, /proc/self/fd/N) is written through that descriptor, as
-  `>&1` would: opening the magic link again made a second, truncating open of a
-  file the shell had opened for appending (`>> log`: the log's earlier lines were
-  replaced), and for a pipe it failed (its realpath, pipe:[N], is no file);
+- a descriptor (`-o /dev/stdout`, /dev/fd/N, /proc/self/fd/N), or any path the kernel
+  resolves to a file or pipe one of our descriptors has open for writing, is written
+  through that descriptor, as `>&1` would: renaming over the file left the shell's
+  descriptor on a deleted file (`>> log`: the log's earlier lines were lost), and for
+  a pipe realpath names no file (pipe:[N]). Only descriptors the command started with
+  count; another process's is refused;
 - a character device or a FIFO (`-o /dev/null`, a named pipe) is written directly,
   never replaced by a regular file; a FIFO with no reader is refused rather than
   waited on; a block device, a socket or a directory is refused;
@@ -18,8 +19,9 @@ Used by `check -o`, `exec --report`, the caches and serve's textfile. The rules:
   writing a user's report must not lock the user out of it); a new one gets 0644
   less the umask;
 - a file that is a mount point (a container's bind-mounted `-v out.json:/out.json`,
-  a Kubernetes subPath) cannot be replaced (EBUSY): it is rewritten in place, the
-  one case where a reader could see it half written;
+  a Kubernetes subPath, EBUSY) or another user's file in a sticky directory (EPERM)
+  cannot be replaced: it is rewritten in place, the one case where a reader could see
+  it half written; a file this user may not write is refused, as a shell's `>` would;
 - every failure (no such directory, permission, a full disk) removes the
   temporary file and raises OutputError with one line naming the file and why.
 """
@@ -68,66 +70,70 @@ def _write_special(path: str, mode: int, data: bytes) -> None:
         os.close(fd)
 
 
-_FD_LINK = re.compile(r"^/proc/(?P<pid>\d+)(?:/task/(?P<tid>\d+))?/fd/(?P<fd>\d+)$")
-_MAX_LINKS = 40  # as the kernel: links followed in one lookup
+# a folder of descriptors, as realpath gives it (/dev/fd, /proc/self/fd, a link to one, and
+# `..` after a link all end here), and a descriptor's number as the kernel spells it
+_FD_FOLDER = re.compile(r"/proc/([0-9]+)(?:/task/[0-9]+)?/fd", re.ASCII)
+_FD_NUMBER = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+_STD_NAMES = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 
 
-class _OtherProcess(Exception):
-    """The path reaches another process's descriptor."""
+def _candidates() -> list[int]:
+    """Our descriptors a path may mean: those the command started with, or every open one
+    when envdoctor is a library in someone else's process."""
+    from envdoctor import program
+
+    if program.inherited_descriptors is not None:
+        return sorted(program.inherited_descriptors)
+    try:
+        return sorted(int(n) for n in os.listdir("/proc/self/fd"))
+    except OSError:
+        return [0, 1, 2]
 
 
-def _ours(pid: int) -> bool:
-    return pid == os.getpid() or os.path.isdir(f"/proc/self/task/{pid}")  # a thread of ours
+def _writable(fd: int) -> bool:
+    import fcntl
 
-
-def _descriptor_at(path: str) -> int | None:
-    m = _FD_LINK.match(path)
-    if m is None:
-        return None
-    if not _ours(int(m.group("pid"))):
-        raise _OtherProcess(m.group("pid"))
-    return int(m.group("fd"))
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+    except OSError:
+        return False
 
 
 def own_descriptor(name: str) -> int | None:
-    """The descriptor of ours that `name` reaches through /proc's fd links (/dev/stdout,
-    /dev/fd/N, /proc/self/fd/N, /proc/thread-self/fd/N, /proc/PID/task/TID/fd/N, or a
-    symlink to any of them, a folder link included), else None. Resolved one component
-    at a time, as the kernel does, stopping at the fd link itself (following it gives
-    the file, and a rename over that file is what must not happen). OutputError for
-    another process's descriptor."""
+    """The descriptor of ours that `name` means, or None for a file to replace.
+
+    Named as a descriptor (/dev/stdout, /dev/fd/N, /proc/self/fd/N...), it is that number,
+    open or not (the write then says so). Otherwise the path is resolved by the kernel,
+    magic links, `..` after a link and all (a stat), and when it leads to the very file
+    or pipe one of our descriptors has open for writing, that descriptor is meant:
+    `-o /dev/stdout >> log` through a link or a task's fd folder, or `-o log >> log`.
+    Renaming over that file is what must not happen: the shell's descriptor would be
+    left on a deleted file, and what it held before lost."""
     try:
-        pending = os.path.abspath(name).split("/")[1:]
+        folder = os.path.realpath(os.path.dirname(name) or ".")  # links resolved before each `..`, as the kernel does
     except OSError:  # a relative name in a removed working directory
         return None
-    done = ""
-    links = 0
-    while pending:
-        part = pending.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            done = os.path.dirname(done)
-            continue
-        path = f"{done}/{part}"
+    last = os.path.basename(name)
+    if f"{folder}/{last}" in _STD_NAMES:
+        return _STD_NAMES[f"{folder}/{last}"]
+    m = _FD_FOLDER.fullmatch(folder)
+    if m is not None and _FD_NUMBER.fullmatch(last):
+        owner = m.group(1)
+        if int(owner) != os.getpid() and not os.path.isdir(f"/proc/self/task/{owner}"):
+            raise OutputError(f"cannot write {name}: it is a descriptor of process {owner}, not of envdoctor; "
+                              "give the file's own path")
+        return int(last)
+    try:
+        target = os.stat(name)
+    except OSError:
+        return None  # nothing there yet, or a path the writer below will explain
+    for fd in _candidates():
         try:
-            fd = _descriptor_at(path) if not pending else None
-        except _OtherProcess as other:
-            raise OutputError(f"cannot write {name}: it is a descriptor of process {other}, not of envdoctor; "
-                              "give the file's own path") from None
-        if fd is not None:
+            held = os.fstat(fd)
+        except OSError:
+            continue
+        if (held.st_dev, held.st_ino) == (target.st_dev, target.st_ino) and _writable(fd):
             return fd
-        try:
-            target = os.readlink(path)
-        except OSError:  # not a link (or not there): a plain component
-            done = path
-            continue
-        links += 1
-        if links > _MAX_LINKS:
-            return None
-        if target.startswith("/"):
-            done = ""
-        pending = [p for p in target.split("/")] + pending
     return None
 
 
@@ -198,6 +204,12 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
         _write_descriptor(name, descriptor, payload)
         return
     try:
+        seen = os.stat(name)  # as the kernel resolves it: too many links, a file used as a folder...
+    except FileNotFoundError:
+        seen = None
+    except OSError as exc:
+        raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
+    try:
         real = os.path.realpath(name)  # follows a symlink; a dangling one names the file to create
     except OSError:  # a relative name, and the working directory was removed (getcwd fails)
         raise OutputError(f"cannot write {name}: the working directory was removed; give an absolute path") from None
@@ -207,6 +219,14 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
         st = None
     except OSError as exc:
         raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
+    if seen is not None and (st is None or (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino)):
+        # realpath reads links as text; through /proc's magic links (another process's
+        # descriptor, a pipe) it names something else than the kernel opens
+        raise OutputError(f"cannot write {name}: it leads through /proc's links to another process's open file; "
+                          "give the file's own path")
+    if st is not None and stat.S_ISREG(st.st_mode) and not os.access(real, os.W_OK):
+        # a rename would replace a file we may not write (a shell's > refuses it too)
+        raise OutputError(f"cannot write {name}: Permission denied (the file is not writable by this user)")
     if st is not None:
         kind = st.st_mode
         if stat.S_ISDIR(kind):
@@ -244,9 +264,11 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
         try:
             os.replace(tmp, real)
         except OSError as exc:
-            if exc.errno != errno.EBUSY or st is None:
+            # a mount point (EBUSY), or another user's file in a sticky directory (EPERM):
+            # it cannot be replaced, but we may write it, as a shell's > would
+            if exc.errno not in (errno.EBUSY, errno.EPERM, errno.EACCES) or st is None:
                 raise
-            _rewrite_in_place(real, payload)  # a mount point: it cannot be replaced
+            _rewrite_in_place(real, payload)
             os.unlink(tmp)
     except OSError as exc:
         try:

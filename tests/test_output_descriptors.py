@@ -92,11 +92,14 @@ def test_a_bind_mounted_report_file_is_rewritten_in_place(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["/proc/self/task/$$/fd/1", "/proc/$$/task/$$/fd/1", "/proc/thread-self/fd/1",
-                                  "$PWD/pself/fd/1"])
+                                  "$PWD/pself/fd/1", "$PWD/fdl/../fd/1", "$PWD/up", "log.txt"])
 def test_every_spelling_of_our_stdout_appends(tmp_path, path):
-    """helper-30: a task's fd folder, or a link to /proc/self used as a folder, led to the
-    log file itself, which was renamed over."""
+    """helper-30 and helper-31: a task's fd folder, a link to /proc/self used as a folder,
+    `..` after a link, a relative link climbing to / and the log's own name all led to
+    the log file, which was renamed over."""
     (tmp_path / "pself").symlink_to("/proc/self")
+    (tmp_path / "fdl").symlink_to("/proc/self/fd")
+    (tmp_path / "up").symlink_to("../" * len(tmp_path.parts) + "proc/self/fd/1")
     (tmp_path / "log.txt").write_text("old line\n")
     proc = sh(f"exec {CHECK} -o {path} >> log.txt", tmp_path)  # exec: $$ is envdoctor's pid
     assert proc.returncode == 0, proc.stderr
@@ -129,3 +132,73 @@ def test_another_processs_descriptor_is_refused_and_its_file_kept(tmp_path):
         other.kill()
         other.wait()
 
+
+
+@pytest.mark.parametrize("link, said", [("/proc/self/fd/1/", "Not a directory"), ("c40", "Too many levels of symbolic links"),
+                                        ("/dev/fd/01", "No such file or directory")])
+def test_what_the_kernel_would_refuse_is_refused_and_the_log_kept(tmp_path, link, said):
+    (tmp_path / "c0").symlink_to("/proc/self/fd/1")
+    for i in range(1, 41):
+        (tmp_path / f"c{i}").symlink_to(f"c{i - 1}")
+    (tmp_path / "it").symlink_to(link if link.startswith("/") else tmp_path / link)
+    (tmp_path / "log.txt").write_text("kept\n")
+    target = "/dev/fd/01" if link == "/dev/fd/01" else "$PWD/it"
+    proc = sh(f"{CHECK} -o {target} >> log.txt", tmp_path)
+    assert proc.returncode == 74 and said in proc.stderr, proc.stderr
+    assert (tmp_path / "log.txt").read_text() == "kept\n"
+
+
+def test_another_processs_descriptor_through_a_link_is_refused_too(tmp_path):
+    log = tmp_path / "theirs.log"
+    other = subprocess.Popen(["sleep", "30"], stdout=open(log, "w"))
+    try:
+        (tmp_path / "other").symlink_to(f"/proc/{other.pid}/fd")
+        proc = sh(f"{CHECK} -o $PWD/other/../fd/1", tmp_path)
+        assert proc.returncode == 74 and f"descriptor of process {other.pid}" in proc.stderr, proc.stderr
+        assert os.path.samefile(f"/proc/{other.pid}/fd/1", log)
+    finally:
+        other.kill()
+        other.wait()
+
+
+NOBODY_ENV = "setpriv --reuid=nobody --regid=nogroup --clear-groups"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_as_another_user_a_file_one_may_write_but_not_replace_is_written_and_one_may_not_write_is_kept(tmp_path):
+    """A root-owned 0666 file in a sticky directory: rename is refused (EPERM) where a
+    shell's > succeeds; it is written in place. A root-owned 0644 file in a directory
+    anyone may write was renamed over, now owned by nobody; it is refused, as > would."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="envdoctor-nobody-", dir="/tmp"))  # pytest's tmp_path is 0700 above
+    base.chmod(0o755)
+    try:
+        _sticky_cases(base / "sticky")
+    finally:
+        shutil.rmtree(base)
+
+
+def _sticky_cases(sticky: Path) -> None:
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    shared = sticky / "shared.json"
+    shared.write_text("old")
+    shared.chmod(0o666)
+    theirs = sticky / "theirs.json"
+    theirs.write_text("root's")
+    theirs.chmod(0o644)
+    code = ("import sys; from envdoctor.atomicfile import write_atomic; from envdoctor.errors import OutputError\n"
+            "try:\n    write_atomic(sys.argv[1], 'new'); print('written')\n"
+            "except OutputError as exc:\n    print(exc)")
+    site = os.path.dirname(os.path.dirname(__import__("envdoctor").__file__))
+    run = lambda path: subprocess.run([*NOBODY_ENV.split(), sys.executable, "-c", code, str(path)], capture_output=True,
+                                      text=True, env={**ENV, "PYTHONPATH": site}, timeout=60)
+    first = run(shared)
+    if "Permission denied" in first.stderr and "python" in first.stderr:
+        pytest.skip(f"this interpreter is not usable as nobody: {first.stderr.strip()[:200]}")
+    assert first.stdout.strip() == "written" and shared.read_text() == "new", (first.stdout, first.stderr)
+    assert shared.stat().st_uid == 0
+    second = run(theirs)
+    assert "Permission denied" in second.stdout and theirs.read_text() == "root's", (second.stdout, second.stderr)
+    assert sorted(p.name for p in sticky.iterdir()) == ["shared.json", "theirs.json"]
