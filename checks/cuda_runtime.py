@@ -49,7 +49,9 @@ Statuses
   warn   driver older than the build within the same major (minor version
          compatibility: works, with limits); a GPU reachable only by JIT from
          PTX; torch.cuda.is_available() False although NVML sees GPUs; a CUDA
-         build without cuDNN; CUDA_LAUNCH_BLOCKING=1.
+         build without cuDNN; CUDA_LAUNCH_BLOCKING=1; torch's files replaced on
+         disk after the process loaded them (a pip install over a running job:
+         its maps names them "(deleted)", or in pip's ~orch stash), GPU or not.
   skip   no NVIDIA GPU visible here (NVML's reason is given) and nothing else
          found; a CPU-only torch on a CPU-only node is consistent, so there is
          nothing to match. The facts still carry the torch and CUDA versions.
@@ -58,7 +60,8 @@ Statuses
 How to fix
   Install the torch build for the driver you have (pip install torch==VERSION
   --index-url https://download.pytorch.org/whl/cuXYZ, XYZ no newer than the
-  driver's CUDA version), or upgrade the driver; unset CUDA_LAUNCH_BLOCKING.
+  driver's CUDA version), or upgrade the driver; unset CUDA_LAUNCH_BLOCKING;
+  restart a job whose torch was replaced under it.
 """
 
 from __future__ import annotations
@@ -250,15 +253,15 @@ def _rule_launch_blocking(facts: RuntimeFacts, b: Build) -> list[Finding]:
 
 
 def _rule_torch_replaced(facts: RuntimeFacts, b: Build) -> list[Finding]:
-    """A pip install over a running job: the process still runs the torch it loaded,
-    and what its files now say (these facts) is another one."""
+    """A pip install over a running job: the process still runs the torch it loaded;
+    the files there now (what these facts describe) may be another one."""
     replaced = facts.torch.get("torch_files_replaced") or []
     if not replaced:
         return []
-    return [Finding(Status.WARN, f"the torch files this process loaded were replaced on disk since "
-                    f"({', '.join(os.path.basename(str(f)) for f in replaced[:3])}"
-                    + (f" and {len(replaced) - 3} more" if len(replaced) > 3 else "") + f"): it runs the torch it "
-                    f"started with, not {b.label} (what the files say now); expected the files it runs",
+    names = ", ".join(os.path.basename(str(f)) for f in replaced[:3]) + (f" and {len(replaced) - 3} more" if len(replaced) > 3 else "")
+    return [Finding(Status.WARN, f"torch's files were replaced on disk after this process loaded them ({names}): it "
+                    f"still runs the torch it started with, and these facts describe the files there now ({b.label}), "
+                    "which may differ; expected the files it runs",
                     "restart the job to run what is installed (or reinstall the torch it was started with)")]
 
 

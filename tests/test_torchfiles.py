@@ -729,3 +729,28 @@ def test_a_file_made_of_arch_tokens_costs_little_time_and_memory(tmp_path):
     found, seconds, peak_kib = reader.stdout.rsplit(" ", 2)
     assert found == "None"  # only lone tokens: none of them is the list
     assert int(peak_kib) < 128 * 1024, reader.stdout  # the interpreter is ~20 MB; it was 1.7 GB
+
+
+@pytest.mark.real
+def test_a_pip_upgrade_under_a_running_process_is_said(tmp_path):
+    """pip moves the old package aside (torch -> ~orch, its AdjacentTempDirectory), installs
+    the new one, then deletes the old: the job's maps names `~orch/lib/...(deleted)`, which
+    no torch folder matched, so the replacement went unsaid (helper-31)."""
+    site = tmp_path / "site"
+    pkg = stub_torch(site)
+    lib = Path(shutil.copy(arch_lib(tmp_path), pkg / "lib" / "libtorch_python.so"))
+    holder = start_holder(sys.executable, lib, site)
+    try:
+        stash = site / "~orch"
+        os.rename(pkg, stash)  # what pip's uninstall does first
+        stub_torch(site, version="2.99.1+cu128")
+        shutil.copy(stash / "lib" / "libtorch_python.so", pkg / "lib" / "libtorch_python.so")
+        moved = torchfacts.for_process(Roots(), holder.pid)  # the stash still there
+        shutil.rmtree(stash)  # and then deleted
+        facts = torchfacts.for_process(Roots(), holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
+    for seen in (moved, facts):
+        assert seen["torch_imported"] is True and seen["torch_version"] == "2.99.1+cu128"
+        assert seen["torch_files_replaced"] == [str(pkg / "lib" / "libtorch_python.so")]

@@ -42,17 +42,48 @@ def deleted_files(maps_text: str) -> list[str]:
 _DELETED = " (deleted)"
 
 
+# pip uninstalls (and so upgrades) by first renaming the package folder beside itself,
+# as its AdjacentTempDirectory names it: "~", then i-1 of "-~.=%0123456789", then the
+# name from its i-th letter (torch -> ~orch, ~~rch, ~-rch...). A running job's maps then
+# names its libraries there, `(deleted)` once pip is done: they are torch's, replaced.
+_STASH_FILLER = set("-~.=%0123456789")
+
+
+def _is_torch_stash(folder: str) -> bool:
+    return (len(folder) == len("torch") and folder[0] == "~"
+            and any(folder[i:] == "torch"[i:] and set(folder[1:i]) <= _STASH_FILLER for i in range(1, len("torch"))))
+
+
+def _unstashed(path: str) -> str | None:
+    """A torch library's path in pip's stash spelled at its torch path, or None."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part.startswith("~") and _is_torch_stash(part):
+            candidate = "/".join([*parts[:i], "torch", *parts[i + 1:]])
+            if _TORCH_LIB.match(candidate) or _TORCH_C.match(candidate):
+                return candidate
+    return None
+
+
 def mapped(maps_text: str) -> dict[str, bool]:
     """Every file path in maps text (the sixth column), in order of first appearance, each
     once: whether it was deleted (or replaced) on disk since it was mapped. One pass gives
-    both the files and the replaced ones (serve reads every torch process's maps each run)."""
+    both the files and the replaced ones (serve reads every torch process's maps each run).
+    A file in pip's stash of torch (`~orch/...`) is named at its torch path, replaced."""
     seen: dict[str, bool] = {}
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith("/"):
             path = parts[5]
-            if path.endswith(_DELETED):
-                seen[path[: -len(_DELETED)]] = True
+            deleted = path.endswith(_DELETED)
+            if deleted:
+                path = path[: -len(_DELETED)]
+            if "/~" in path:
+                moved = _unstashed(path)
+                if moved is not None:
+                    path, deleted = moved, True
+            if deleted:
+                seen[path] = True
             elif path not in seen:
                 seen[path] = False
     return seen
