@@ -42,10 +42,23 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def write_descriptor(fd: int, data: bytes) -> None:
+    """All of `data` into an open descriptor (see _write_all); OSError as os.write's."""
+    _write_all(fd, data)
+
+
 def _write_all(fd: int, data: bytes) -> None:
+    """All of `data`, also into a descriptor someone set non-blocking (a pipe whose reader
+    is slow returns EAGAIN: half a report was written and the rest dropped, exit 0)."""
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            import select
+
+            select.select([], [fd], [])  # as a blocking write would wait
+            continue
         view = view[written:]
 
 
@@ -57,7 +70,7 @@ def _write_special(path: str, mode: int, data: bytes) -> None:
     try:
         fd = os.open(path, flags)
     except OSError as exc:
-        if exc.errno == errno.ENXIO:
+        if exc.errno == errno.ENXIO and stat.S_ISFIFO(mode):
             raise OutputError(f"cannot write {path}: it is a FIFO with no reader") from None
         raise OutputError(f"cannot write {path}: {_reason(exc)}") from None
     try:
@@ -90,49 +103,73 @@ def _candidates() -> list[int]:
         return [0, 1, 2]
 
 
-def _writable(fd: int) -> bool:
+def _flags(fd: int) -> int | None:
     import fcntl
 
     try:
-        return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+        return fcntl.fcntl(fd, fcntl.F_GETFL)
     except OSError:
-        return False
+        return None
+
+
+def _named_descriptor(name: str) -> int | None:
+    """The descriptor `name` names, following its own links (at most 40, as the kernel):
+    /dev/stdout, or N in a folder realpath resolves to /proc/PID[/task/TID]/fd (/dev/fd,
+    /proc/self/fd, a link to one, `..` after a link). OutputError for another process's."""
+    path = name
+    for _ in range(40):
+        try:
+            folder = os.path.realpath(os.path.dirname(path) or ".")  # links resolved before each `..`, as the kernel does
+        except OSError:  # a relative name in a removed working directory
+            return None
+        last = os.path.basename(path)
+        if f"{folder}/{last}" in _STD_NAMES:
+            return _STD_NAMES[f"{folder}/{last}"]
+        m = _FD_FOLDER.fullmatch(folder)
+        if m is not None and _FD_NUMBER.fullmatch(last):
+            owner = m.group(1)
+            if int(owner) != os.getpid() and not os.path.isdir(f"/proc/self/task/{owner}"):
+                raise OutputError(f"cannot write {name}: it is a descriptor of process {owner}, not of envdoctor; "
+                                  "give the file's own path")
+            return int(last)
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return None
+        path = target if target.startswith("/") else os.path.join(os.path.dirname(path), target)
+    return None
 
 
 def own_descriptor(name: str) -> int | None:
     """The descriptor of ours that `name` means, or None for a file to replace.
 
-    Named as a descriptor (/dev/stdout, /dev/fd/N, /proc/self/fd/N...), it is that number,
-    open or not (the write then says so). Otherwise the path is resolved by the kernel,
-    magic links, `..` after a link and all (a stat), and when it leads to the very file
-    or pipe one of our descriptors has open for writing, that descriptor is meant:
-    `-o /dev/stdout >> log` through a link or a task's fd folder, or `-o log >> log`.
-    Renaming over that file is what must not happen: the shell's descriptor would be
-    left on a deleted file, and what it held before lost."""
-    try:
-        folder = os.path.realpath(os.path.dirname(name) or ".")  # links resolved before each `..`, as the kernel does
-    except OSError:  # a relative name in a removed working directory
-        return None
-    last = os.path.basename(name)
-    if f"{folder}/{last}" in _STD_NAMES:
-        return _STD_NAMES[f"{folder}/{last}"]
-    m = _FD_FOLDER.fullmatch(folder)
-    if m is not None and _FD_NUMBER.fullmatch(last):
-        owner = m.group(1)
-        if int(owner) != os.getpid() and not os.path.isdir(f"/proc/self/task/{owner}"):
-            raise OutputError(f"cannot write {name}: it is a descriptor of process {owner}, not of envdoctor; "
-                              "give the file's own path")
-        return int(last)
+    Named as a descriptor (/dev/stdout, /dev/fd/N, /proc/self/fd/N, or a link to one), it
+    is that number, open or not (the write then says so). Otherwise, when the kernel
+    resolves the path to the very pipe or file one of our descriptors holds open for
+    writing, that descriptor is meant: standard output or error (`-o log >> log`), or a
+    descriptor opened for appending. Renaming over that file would leave the shell's
+    descriptor on a deleted file and lose what it held. A file held open otherwise (a
+    lock idiom's `9<>file`) is replaced as any file is: written at that descriptor's
+    offset it kept the old content's tail."""
+    named = _named_descriptor(name)
+    if named is not None:
+        return named
     try:
         target = os.stat(name)
     except OSError:
         return None  # nothing there yet, or a path the writer below will explain
+    regular = stat.S_ISREG(target.st_mode)
     for fd in _candidates():
         try:
             held = os.fstat(fd)
         except OSError:
             continue
-        if (held.st_dev, held.st_ino) == (target.st_dev, target.st_ino) and _writable(fd):
+        if (held.st_dev, held.st_ino) != (target.st_dev, target.st_ino):
+            continue
+        flags = _flags(fd)
+        if flags is None or flags & os.O_ACCMODE == os.O_RDONLY:
+            continue
+        if not regular or fd in (1, 2) or flags & os.O_APPEND:
             return fd
     return None
 
@@ -226,7 +263,13 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
                           "give the file's own path")
     if st is not None and stat.S_ISREG(st.st_mode) and not os.access(real, os.W_OK):
         # a rename would replace a file we may not write (a shell's > refuses it too)
-        raise OutputError(f"cannot write {name}: Permission denied (the file is not writable by this user)")
+        why = "Permission denied (the file is not writable by this user)"
+        try:
+            os.close(os.open(real, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+        except OSError as exc:
+            if exc.errno != errno.EACCES:
+                why = _reason(exc)  # a read-only file system says so
+        raise OutputError(f"cannot write {name}: {why}")
     if st is not None:
         kind = st.st_mode
         if stat.S_ISDIR(kind):
@@ -241,8 +284,17 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
     if not os.path.isdir(directory):
         raise OutputError(f"cannot write {name}: directory {directory} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=directory)
+        # the name's start only: a 242-character name plus the temporary's 14 was too long
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)[:64]}.", suffix=".tmp", dir=directory)
     except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and st is not None and stat.S_ISREG(st.st_mode):
+            # no temporary beside it (a writable file bind-mounted into a read-only folder, a
+            # file we may write in a folder we may not): written in place, as > would
+            try:
+                _rewrite_in_place(real, payload)
+                return
+            except OSError as again:
+                raise OutputError(f"cannot write {name}: {_reason(again)}") from None
         raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
     try:
         try:

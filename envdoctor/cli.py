@@ -243,13 +243,29 @@ def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path], umas
         raise typer.Exit(EXIT_IO)
 
 
+def _write_whole(text: str) -> None:
+    """All of `text` on standard output. Through its descriptor where it has one: into a
+    pipe someone set non-blocking, the text layer wrote what fit, and the rest was dropped
+    at exit without a word (exit 0, half a report); atomicfile's writer waits instead."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+        data = text.encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict")
+    except (AttributeError, io.UnsupportedOperation, LookupError):  # a stream without a descriptor (embedded use)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from envdoctor.atomicfile import write_descriptor
+
+    write_descriptor(fd, data)
+
+
 def write_stdout(text: str) -> None:
     """Standard output, or one line and exit 74 when it is closed or full (never a traceback)."""
     try:
         if sys.stdout is None:  # started with standard output closed
             raise OSError(9, "standard output is closed")
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        _write_whole(text)
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         try:

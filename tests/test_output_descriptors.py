@@ -202,3 +202,65 @@ def _sticky_cases(sticky: Path) -> None:
     second = run(theirs)
     assert "Permission denied" in second.stdout and theirs.read_text() == "root's", (second.stdout, second.stderr)
     assert sorted(p.name for p in sticky.iterdir()) == ["shared.json", "theirs.json"]
+
+
+def test_a_file_held_open_for_a_lock_is_replaced_whole_not_overwritten_in_part(tmp_path):
+    """`exec 9<>file; flock 9` then `-o file`: written at fd 9's offset, the report left the
+    old content's tail behind it (helper-32). Only stdout, stderr and appending
+    descriptors are written through; this one is replaced as any file."""
+    (tmp_path / "rep").write_text("OLD-" * 5000)
+    proc = sh(f"exec 9<>rep; {CHECK} -o rep", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "rep").read_text()
+    assert "OLD-" not in text and report_in(text)["results"]
+
+
+def test_a_link_to_a_descriptor_envdoctor_opened_itself_is_not_open(tmp_path):
+    """A link to /proc/self/fd/3 reached envdoctor's own dup of stderr, and the report went
+    to stderr with exit 0."""
+    (tmp_path / "s3").symlink_to("/proc/self/fd/3")
+    proc = sh(f"{CHECK} -o $PWD/s3 >out.txt 2>err.txt", tmp_path)
+    assert proc.returncode == 74
+    assert "file descriptor 3 is not open" in (tmp_path / "err.txt").read_text()
+    assert "{" not in (tmp_path / "err.txt").read_text() + (tmp_path / "out.txt").read_text()
+
+
+def test_a_long_file_name_the_file_system_takes_is_written(tmp_path):
+    name = "r" * 250  # the temporary's name was this plus 14 characters: too long
+    proc = sh(f"{CHECK} -o {name}", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report_in((tmp_path / name).read_text())["results"]
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_a_non_blocking_stdout_pipe_gets_the_whole_report(tmp_path):
+    """A pipe someone set O_NONBLOCK, read late: the text layer wrote what fit (4 KiB) and
+    the rest was dropped at exit, with exit 0."""
+    import fcntl
+    import time
+
+    r, w = os.pipe()
+    fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: a small pipe
+    os.set_blocking(w, False)
+    proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "-f", "json", "-o", "-"], stdout=w,
+                            stderr=subprocess.PIPE, env=ENV, cwd=tmp_path)
+    os.close(w)
+    time.sleep(2)
+    with os.fdopen(r, "rb") as reader:
+        data = reader.read()
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert json.loads(data)["results"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare -m")
+def test_a_writable_file_mounted_into_a_read_only_folder_is_written_in_place(tmp_path):
+    """A container with a read-only root and `-v out.json:/out/out.json`: no temporary can
+    be made beside the file, but the file may be written, as > does."""
+    (tmp_path / "rodir").mkdir()
+    (tmp_path / "rodir" / "out.json").write_text("")
+    (tmp_path / "host.json").write_text("old\n")
+    script = ("mount --bind rodir rodir && mount -o remount,bind,ro rodir && "
+              f"mount --bind host.json rodir/out.json && {CHECK} -o rodir/out.json")
+    proc = sh(f"unshare -m sh -c '{script}'", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report_in((tmp_path / "host.json").read_text())["results"]

@@ -171,6 +171,18 @@ def test_once_that_cannot_write_the_textfile_says_so_and_exits_74(tmp_path):
     assert "level=error" in last and "the textfile was not written" in last, last
 
 
+def test_once_makes_a_new_textfile_readable_and_keeps_an_existing_ones_mode(tmp_path):
+    """A new textfile is 0644, for node_exporter's user; an existing one was reset to 0644
+    too, a private 0600 file made world-readable (helper-32)."""
+    new, private = tmp_path / "new.prom", tmp_path / "private.prom"
+    private.write_text("")
+    private.chmod(0o600)
+    for path in (new, private):
+        assert cli("serve", "--once", "--textfile", str(path), timeout=120).returncode == 0
+        assert "envdoctor_build_info" in path.read_text()
+    assert (new.stat().st_mode & 0o777, private.stat().st_mode & 0o777) == (0o644, 0o600)
+
+
 @pytest.mark.parametrize("header, gzip", [("gzip", True), ("gzip, deflate", True), ("deflate, gzip;q=0.5", True),
                                           ("gzip;q=0", False), ("*", True), ("*, gzip;q=0", False),
                                           ("identity", False), ("", False), ("gzip;q=abc", False)])

@@ -9,6 +9,7 @@ end in `.prom`, the only files the collector reads.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from envdoctor.atomicfile import write_atomic
@@ -40,4 +41,5 @@ def write(path: Path, exposition: bytes) -> None:
         fifo = False  # missing (created by the write) or unreadable (the write says why)
     if fifo:
         raise OutputError(f"cannot write {path}: it is a FIFO; the textfile collector reads regular files")
-    write_atomic(path, exposition, mode=0o644)
+    # a new file readable by node_exporter's user; an existing one keeps the mode it was given
+    write_atomic(path, exposition, mode=None if os.path.exists(path) else 0o644)
