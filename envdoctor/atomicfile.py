@@ -33,7 +33,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 
 from envdoctor.errors import OutputError
 
@@ -284,6 +283,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
     if not os.path.isdir(directory):
         raise OutputError(f"cannot write {name}: directory {directory} does not exist")
     try:
+        import tempfile  # here, not at the top: it pulls in shutil and random, ~3 ms of every start that writes nothing
+
         # the name's start only: a 242-character name plus the temporary's 14 was too long
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)[:64]}.", suffix=".tmp", dir=directory)
     except OSError as exc:

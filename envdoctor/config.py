@@ -34,11 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 from envdoctor.check import Check
 from envdoctor.errors import ConfigError, ParseError
 from envdoctor.units import parse_int, parse_size
@@ -146,7 +141,7 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
     pyproject = cwd / "pyproject.toml"
     if _is_file(pyproject):
         try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+            data = _parse_toml(pyproject.read_text(encoding="utf-8"))
         except (ValueError, OSError, RecursionError):  # TOMLDecodeError, undecodable text, a too long integer, too deep
             return None  # someone else's broken pyproject is not our config error
         tool = data.get("tool")
@@ -275,6 +270,16 @@ def load(
     return config
 
 
+def _parse_toml(text: str) -> dict[str, Any]:
+    """tomllib.loads, imported when there is a file to read: most runs (a container's, a
+    node's) have none, and the import cost ~3 ms of every start."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
 def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, Check], known: set[str]) -> None:
     name = str(path)
     try:
@@ -282,7 +287,7 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=name) from None
     try:
-        data = tomllib.loads(text)
+        data = _parse_toml(text)
     except ValueError as exc:  # TOMLDecodeError, or an integer literal too long for int() (tomllib lets that escape)
         match = re.search(r"line (\d+)", str(exc))
         why = "an integer literal is too long (more than 4300 digits)" if "Exceeds the limit" in str(exc) else str(exc)

@@ -21,8 +21,6 @@ import json
 import os
 import select
 import signal
-import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -211,6 +209,9 @@ def exchange(python: str, request: Request, decide: Callable[[Outcome], dict[str
 
 
 def _exchange(python: str, source: str, request: Request, decide: Callable[[Outcome], dict[str, Any]]) -> Outcome:
+    import subprocess  # here, as tempfile: only a distributed launch exchanges, and both cost every start
+    import tempfile
+
     # stderr goes to a file, not a pipe: torch or a sitecustomize that prints a lot must
     # not block the script on a full pipe nobody reads while we wait on its events.
     with tempfile.TemporaryFile() as errors:
@@ -224,6 +225,8 @@ def _exchange(python: str, source: str, request: Request, decide: Callable[[Outc
 
 
 def _run(proc: subprocess.Popen, request: Request, decide: Callable[[Outcome], dict[str, Any]]) -> Outcome:
+    import subprocess
+
     deadline = time.monotonic() + request.deadline_seconds
     lines = _Lines(proc.stdout)
     outcome = Outcome(role="judge" if request.rank == 0 else "follower")

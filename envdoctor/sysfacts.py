@@ -9,7 +9,6 @@ when the torch probe already ran for the checks (then it costs nothing).
 from __future__ import annotations
 
 import os
-import platform
 import re
 import sys
 import time
@@ -35,6 +34,8 @@ def _kernel(session: Session) -> str:
     try:
         return read_text(session.roots.procfs / "sys/kernel/osrelease").strip()
     except OSError:
+        import platform  # only here: its import costs ~2 ms of every start
+
         return platform.release()
 
 
@@ -120,7 +121,7 @@ class Gathering:
         under `unavailable` with the reason. One stuck read costs its own item, not all."""
         session = self.session
         facts: dict[str, Any] = {
-            "os": None, "kernel": None, "python_version": platform.python_version(),
+            "os": None, "kernel": None, "python_version": sys.version.split()[0],  # platform.python_version(), without importing platform
             "python_executable": session.python, "envdoctor_python": sys.executable,
             "cpu_model": None, "cpu_logical": os.cpu_count(),
         }

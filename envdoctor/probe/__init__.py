@@ -28,9 +28,7 @@ import hashlib
 import json
 import os
 import selectors
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -130,6 +128,8 @@ def resolve_python(python: str) -> str:
     if not python:
         raise Unavailable("no Python interpreter to probe for torch (sys.executable is empty; pass --python PATH)")
     if os.sep not in python:
+        import shutil  # here: most runs name the interpreter by its path
+
         found = shutil.which(python)
         if found is None:
             raise Unavailable(f"no torch: the interpreter {python!r} is not on PATH")
@@ -248,6 +248,8 @@ def _communicate(proc: subprocess.Popen, timeout: float) -> _Output:
     EXIT_GRACE has passed (a child it started may hold the pipes open for ever), or
     until `timeout`. Memory is bounded: the first _STDOUT_LIMIT bytes of stdout, the
     last _STDERR_LIMIT of stderr; the flags say where either was cut."""
+    import subprocess  # here: a warm run starts no probe, and the import is ~2 ms of every start
+
     out, err = bytearray(), bytearray()
     out_trimmed = err_trimmed = False
     selector = selectors.DefaultSelector()
@@ -307,6 +309,8 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
     """
     what = what or f"the torch probe in {python}"
     raise_hint = raise_hint or f"raise the limit with --timeout or {TIMEOUT_VAR}=SECONDS"
+    import subprocess  # see _communicate
+
     full_env = None
     if env:
         full_env = dict(os.environ)
