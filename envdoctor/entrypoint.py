@@ -266,10 +266,14 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
 
     # envdoctor.log (with redaction) before the fork: the child's pipeline needs it too, and
     # imported after the answer it cost the job's start ~13 ms more, one process after the other
-    from envdoctor import envfix, forked, log as _logger  # noqa: F401
+    from envdoctor import envfix, exec_headstart, forked, log as _logger  # noqa: F401
 
     started = time.monotonic()
-    outcome = forked.call(lambda send: in_child(options, env, argv, started, send), options.timeout)
+    waiting = exec_headstart.take()  # forked before the CLI was imported, when this is the `envdoctor` command
+    if waiting is not None:
+        outcome = waiting.run(options, env, argv, started, options.timeout)
+    else:
+        outcome = forked.call(lambda send: in_child(options, env, argv, started, send), options.timeout)
     if outcome.kind == forked.DONE and "stop" in outcome.value:
         raise Stop(*outcome.value["stop"])
     plan = next((m for m in outcome.messages if isinstance(m, dict) and "plan" in m), {})

@@ -182,7 +182,7 @@ def contained() -> Iterator[None]:
             adopt_orphans(False)
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """In the child: be SIGKILLed when the parent dies (PR_SET_PDEATHSIG). If `envdoctor
     exec` is killed mid-pre-flight, the child and what it started (the cross-rank exchange
     holding MASTER_PORT, a torch probe) go too, instead of running to their own deadlines
@@ -203,7 +203,7 @@ def _write_line(fd: int, payload: dict[str, Any]) -> None:
         data = data[os.write(fd, data):]
 
 
-def _child(fn: Callable[[Callable[[Any], None]], Any], fd: int, quiet: bool) -> None:
+def answer_and_exit(fn: Callable[[Callable[[Any], None]], Any], fd: int, quiet: bool) -> None:
     """In the child: run fn, write its messages and its answer as JSON lines, clean up, _exit."""
     code = 0
     adopt_orphans()  # a double-forked daemon comes back to us, and goes in the sweep below
@@ -275,16 +275,29 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float, what: str =
     (the child and whatever it started were killed). `messages` holds what the
     child sent either way."""
     started = time.monotonic()
-    r, w = (_above_stdio(fd) for fd in os.pipe())  # not inheritable (PEP 446): the command never sees them
+    r, w = pipe()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         os.close(r)
-        _die_with_parent(parent)
-        _child(fn, w, quiet)
+        die_with_parent(parent)
+        answer_and_exit(fn, w, quiet)
     os.close(w)
+    return collect(pid, r, started, started + timeout, what)
+
+
+def pipe() -> tuple[int, int]:
+    """(read end, write end), both at descriptor 3 or above and not inheritable (PEP 446):
+    the command that execve starts never sees them."""
+    r, w = os.pipe()
+    return _above_stdio(r), _above_stdio(w)
+
+
+def collect(pid: int, r: int, started: float, deadline: float, what: str = "the pre-flight process") -> ChildOutcome:
+    """The outcome of child `pid`, which answers on `r` (closed here): read until `deadline`;
+    a child with no answer by then is killed with all it started, and reaped."""
     try:
-        messages, payload, why = _read_lines(r, started + timeout, what)
+        messages, payload, why = _read_lines(r, deadline, what)
     finally:
         os.close(r)
     seconds = time.monotonic() - started

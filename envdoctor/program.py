@@ -85,6 +85,16 @@ def _hold_reloads_while_starting() -> None:
             pass
 
 
+def _head_start_exec() -> None:
+    """`envdoctor exec ... -- CMD`: fork the pre-flight child before the CLI is imported,
+    so that it imports the checks while the CLI parses (envdoctor.exec_headstart)."""
+    if len(sys.argv) > 2 and sys.argv[1] == "exec":
+        from envdoctor import exec_headstart
+
+        if exec_headstart.wanted(sys.argv):
+            exec_headstart.begin()
+
+
 def console_main() -> None:
     """The `envdoctor` console script."""
     global relaunch_serve
@@ -94,6 +104,7 @@ def console_main() -> None:
     if code is not None:
         exit_now(code)
     relaunch_serve = True
+    _head_start_exec()
     from envdoctor.cli import console_main as cli_console_main
 
     cli_console_main()
@@ -111,6 +122,7 @@ def module_main() -> None:
     if code is not None:
         exit_now(code)
     relaunch_serve = True
+    _head_start_exec()
     from envdoctor.cli import module_main as cli_module_main
 
     cli_module_main()

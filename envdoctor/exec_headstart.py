@@ -1,0 +1,150 @@
+"""`envdoctor exec`'s pre-flight child, forked before the CLI is imported.
+
+Why: the pre-flight runs in a forked child (envdoctor.forked), and most of what that
+child did before its first check was importing: the engine, the registry and the
+built-in checks, about 55 ms here. Meanwhile the parent had spent about as long
+importing the CLI (typer) to parse the options, and the two came one after the other
+at every container start. Forked first, the child imports while the parent parses;
+then it waits for the parsed options on a pipe and runs the pre-flight exactly as a
+child forked at that moment would have (forked.answer_and_exit, the same bound, the
+same kill at the deadline).
+
+Nothing the child does before the options come is seen outside it: it imports
+envdoctor's own modules only. Plug-in checks are imported after, by the pre-flight,
+under its bound, in the environment the command will get. A parent that never sends
+(`--help`, a usage error, a command not found) leaves, which closes the pipe: the child
+leaves without a word; it is also armed to die with its parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+from dataclasses import asdict
+from typing import Any, Mapping, Sequence
+
+from envdoctor import forked
+
+_HELP = frozenset(("-h", "--help"))
+
+
+class HeadStart:
+    """The waiting child: its pid, the end its answer comes on, the end its work goes to."""
+
+    def __init__(self, pid: int, answers: int, work: int, environ: dict[str, str]):
+        self.pid, self.answers, self.work, self.environ = pid, answers, work, environ
+
+    def run(self, options: Any, env: Mapping[str, str], argv: Sequence[str], started: float,
+            timeout: float) -> forked.ChildOutcome:
+        """What forked.call(in_child(...), timeout) returns, from the child that was waiting."""
+        deadline = started + timeout
+        work = {"options": asdict(options), "argv": list(argv), "started": started,
+                # the environment it forked with, unless the parent's differs (an entry it drops)
+                "env": None if dict(env) == self.environ else dict(env)}
+        data = json.dumps(work).encode("utf-8", "surrogateescape")
+        sent = _send(self.work, data, deadline)
+        os.close(self.work)
+        if not sent:  # stuck before reading (its imports hung): what collect() does at the deadline
+            return forked.collect(self.pid, self.answers, started, time.monotonic(), "the pre-flight process")
+        return forked.collect(self.pid, self.answers, started, deadline, "the pre-flight process")
+
+
+_waiting: HeadStart | None = None
+
+
+def wanted(argv: Sequence[str]) -> bool:
+    """`envdoctor exec ... -- CMD`, not asking for help: a run that will need the child."""
+    if len(argv) < 3 or argv[1] != "exec" or "--" not in argv[2:]:
+        return False
+    options = argv[2:argv.index("--", 2)]
+    return not _HELP.intersection(options)
+
+
+def begin() -> None:
+    """Fork the pre-flight child now, if it can be (else exec forks it later, as it did)."""
+    global _waiting
+    try:
+        answers_r, answers_w = forked.pipe()
+        work_r, work_w = forked.pipe()
+    except OSError:
+        return
+    environ = dict(os.environ)
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (answers_r, answers_w, work_r, work_w):
+            os.close(fd)
+        return
+    if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        os.close(answers_r)
+        os.close(work_w)
+        forked.die_with_parent(parent)
+        _wait_then_run(work_r, answers_w, environ)
+    os.close(answers_w)
+    os.close(work_r)
+    _waiting = HeadStart(pid, answers_r, work_w, environ)
+
+
+def take() -> HeadStart | None:
+    """The waiting child, handed out once (None when none was forked)."""
+    global _waiting
+    waiting, _waiting = _waiting, None
+    return waiting
+
+
+def _wait_then_run(work: int, answers: int, environ: dict[str, str]) -> None:  # pragma: no cover - in the child
+    try:
+        _import_ahead()
+        data = _read_all(work)
+        if not data:  # the parent left without sending: nothing to do, nothing to say
+            os._exit(0)
+        job = json.loads(data.decode("utf-8", "surrogateescape"))
+    except BaseException:  # noqa: B036 - Ctrl-C, a closed pipe: the parent handles its own end
+        os._exit(0)
+    from envdoctor.exec_preflight import ExecOptions, in_child
+
+    options = ExecOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["options"].items()})
+    env = environ if job["env"] is None else job["env"]
+    forked.answer_and_exit(lambda send: in_child(options, env, job["argv"], job["started"], send), answers, False)
+
+
+def _import_ahead() -> None:  # pragma: no cover - in the child
+    """What the pre-flight imports before its first check, except plug-ins: a failure here
+    is left for the pre-flight to meet and report."""
+    try:
+        from envdoctor import config, exec_preflight, pipeline, registry  # noqa: F401
+
+        registry.load(autoload_plugins=False)
+    except Exception:  # noqa: BLE001 - met again, and reported, by the pre-flight itself
+        pass
+
+
+def _read_all(fd: int) -> bytes:  # pragma: no cover - in the child
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _send(fd: int, data: bytes, deadline: float) -> bool:
+    """Write all of `data` by `deadline`. A command line or an environment can be larger
+    than a pipe holds, and a child stuck in its imports never reads: the write must not
+    hold the job past the pre-flight's bound."""
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            _, ready, _ = select.select([], [fd], [], left)
+            if ready:
+                view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
+        except OSError:  # the child is gone: collect() says how
+            return True
+    return True

@@ -1,0 +1,116 @@
+"""`envdoctor exec` forks its pre-flight child before the CLI is imported (envdoctor.exec_headstart).
+
+The child imports the checks while the parent parses; it must then be the one that
+runs the pre-flight (and is reaped before the job starts), and a parent that never
+hands it work (help, bad usage, a command not found) must leave no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from exec_log import events
+from helpers import cli
+
+from envdoctor import exec_headstart
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["envdoctor", "exec", "--", "true"], True),
+    (["envdoctor", "exec", "--strict", "--fix", "--keep", "OMP_NUM_THREADS", "--", "python", "-h"], True),
+    (["envdoctor", "exec", "--", "sh", "--help"], True),  # the job's own --help, after --
+    (["envdoctor", "exec", "--help", "--", "true"], False),
+    (["envdoctor", "exec", "-h", "--", "true"], False),
+    (["envdoctor", "exec", "true"], False),  # no --: a usage the CLI answers, no pre-flight
+    (["envdoctor", "check", "--", "x"], False),
+    (["envdoctor", "exec"], False),
+])
+def test_a_head_start_only_for_a_run_that_will_start_a_command(argv, wanted):
+    assert exec_headstart.wanted(argv) is wanted
+
+
+JOB_SEES_THE_CHILD = """
+import os, sys
+pid = int(sys.argv[1])
+try:
+    state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+except OSError:
+    state = "gone"
+print(state)
+"""
+
+HEADSTARTED_EXEC = """
+import sys
+sys.argv = ["envdoctor", "exec", "--", "true"]
+from envdoctor import exec_headstart, program
+program._head_start_exec()
+waiting = exec_headstart._waiting
+assert waiting is not None, "no head start was forked"
+from envdoctor import entrypoint
+code = entrypoint.run(entrypoint.ExecOptions(timeout=30.0), [sys.executable, "-c", sys.argv_job, str(waiting.pid)])
+raise SystemExit(code)
+"""
+
+
+def test_the_child_forked_first_runs_the_preflight_and_is_reaped_before_the_job():
+    """The job gets the head-start child's pid: a child that had not been given the
+    work would still be alive (waiting), or a zombie of the job once its pipe closed."""
+    script = HEADSTARTED_EXEC.replace("sys.argv_job", repr(JOB_SEES_THE_CHILD))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "gone", proc.stdout + proc.stderr
+    summary = events(proc.stderr)[-1]
+    assert summary["action"] == "start" and int(summary["checks"]) >= 1, proc.stderr
+
+
+def _processes_marked(mark: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if f"ENVDOCTOR_TEST_MARK={mark}".encode() in f.read().split(b"\0"):
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--timeout", "0", "--", "true"], 2),  # refused after the child was forked
+    (["--no-such-option", "--", "true"], 2),  # the CLI's own usage error
+    (["--", "/nonexistent/command"], 127),
+    (["--report", "/nonexistent/dir/r.json", "--", "true"], 2),
+])
+def test_a_parent_that_never_hands_over_leaves_no_child(args, code):
+    mark = uuid.uuid4().hex
+    proc = cli("exec", *args, env={"ENVDOCTOR_TEST_MARK": mark}, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    deadline = time.monotonic() + 5
+    while _processes_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_marked(mark) == []
+
+
+def test_help_forks_nothing_and_is_the_clis():
+    mark = uuid.uuid4().hex
+    proc = cli("exec", "--help", "--", "true", env={"ENVDOCTOR_TEST_MARK": mark})
+    assert proc.returncode == 0 and "Usage: " in proc.stdout
+    assert _processes_marked(mark) == []
+
+
+def test_a_large_command_line_reaches_the_child_whole():
+    """More than a pipe holds (64 KiB) goes to the child in pieces, within the bound."""
+    words = [f"arg{i:06d}" for i in range(20000)]  # ~200 KB of argv
+    proc = cli("exec", "--", sys.executable, "-c", "import sys; print(len(sys.argv) - 1, sys.argv[-1])", *words)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(len(words)), words[-1]]
+    assert events(proc.stderr)[-1]["action"] == "start"
