@@ -11,7 +11,8 @@ starts a thread and never imports a check):
 1. The command is resolved on the PATH it will get (envdoctor.become); not found
    is 127, found but not executable 126, as a shell says (one line, nothing runs).
 2. The pre-flight (envdoctor.exec_preflight) runs in a forked child
-   (envdoctor.forked), bounded as a whole by --timeout: loading the checks and the
+   (envdoctor.forked; as the `envdoctor` command, forked before the CLI was even
+   imported, envdoctor.exec_headstart), bounded as a whole by --timeout: loading the checks and the
    config, the checks that may run in exec on the environment the command will
    inherit, and with --fix the changes their findings carry, judged again. Past
    the bound the child and what it started are killed and the job starts (with
