@@ -104,11 +104,15 @@ def _wait_then_run(work: int, answers: int, environ: dict[str, str]) -> None:  #
         job = json.loads(data.decode("utf-8", "surrogateescape"))
     except BaseException:  # noqa: B036 - Ctrl-C, a closed pipe: the parent handles its own end
         os._exit(0)
-    from envdoctor.exec_preflight import ExecOptions, in_child
 
-    options = ExecOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["options"].items()})
-    env = environ if job["env"] is None else job["env"]
-    forked.answer_and_exit(lambda send: in_child(options, env, job["argv"], job["started"], send), answers, False)
+    def preflight(send: Any) -> Any:  # in answer_and_exit: what breaks here is an answer too
+        from envdoctor.exec_preflight import ExecOptions, in_child
+
+        options = ExecOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["options"].items()})
+        env = environ if job["env"] is None else job["env"]
+        return in_child(options, env, job["argv"], job["started"], send)
+
+    forked.answer_and_exit(preflight, answers, False)
 
 
 def _import_ahead() -> None:  # pragma: no cover - in the child
