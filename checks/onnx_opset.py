@@ -595,7 +595,7 @@ def _suggested_opset(min_opset: int, runtime_max: int | None) -> int:
 def _rule_model_unusable(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
     """A file that is not a model, or a model that imports no ai.onnx opset: nothing else can be judged."""
     if model.info is None:
-        fix = ("check the path given to --onnx (or the files config key)" if model.unreadable
+        fix = ("check the path given to --onnx, the `onnx` config key or [check.\"onnx.opset\"] files" if model.unreadable
                else "re-export the model, or pass the .onnx file itself")
         return [Finding(Status.ERROR, f"{model.path}: {model.problem}", fix)]
     if model.info.opset is None and model.info.uses_default_domain:

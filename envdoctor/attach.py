@@ -94,7 +94,10 @@ def _seconds(name: str, value: Any) -> float:
     """A finite number of seconds, or ValueError at the attach() call. An infinite interval
     (or a NaN or infinite first_delay) reached Event.wait() in the publisher thread: an
     OverflowError traceback in the job's stderr, and the document never written again."""
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):  # 'abc' or None: float()'s own message named neither attach nor the argument
+        seconds = math.nan
     if not math.isfinite(seconds) or seconds > 86400:
         raise ValueError(f"envdoctor.attach: {name} must be a finite number of seconds up to a day, not {value!r}")
     return seconds

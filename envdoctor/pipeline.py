@@ -176,7 +176,7 @@ def build_session(
 
         found = shutil.which(chosen_python)
         if found is None:  # as --python's own check: a typo here silently turned the torch checks into skips
-            raise UsageError(f"{config.python_from or 'python'}: {chosen_python!r}: no such executable interpreter")
+            raise UsageError(f"bad config: {config.python_from or 'python'}: {chosen_python!r}: no such executable interpreter")
         chosen_python = found
     if chosen_python:
         kwargs["python"] = chosen_python

@@ -373,3 +373,15 @@ def test_a_job_in_a_time_namespace_is_read():
     finally:
         if job.poll() is None:
             job.communicate("\n", timeout=30)
+
+
+@pytest.mark.parametrize("interval", ["'abc'", "None", "'nan'", "float('inf')", "1e9", "[5]"])
+def test_a_bad_interval_is_named_at_the_call_not_a_bare_float_error(interval):
+    """float('abc') said only "could not convert string to float: 'abc'", naming neither
+    attach() nor the argument, where 'nan' got a sentence that did."""
+    script = ("import envdoctor\n"
+              f"try:\n    envdoctor.attach({interval})\n"
+              "except ValueError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.startswith("envdoctor.attach: interval must be a finite number of seconds up to a day, not ")

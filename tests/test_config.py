@@ -143,10 +143,10 @@ def test_a_python_that_does_not_exist_names_where_it_was_set(tmp_path):
     (tmp_path / "envdoctor.toml").write_text('fail_on = "warn"\npython = "/nonexistent/bin/python"\n')
     proc = cli("check", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        f"envdoctor: {tmp_path / 'envdoctor.toml'}:2: python: '/nonexistent/bin/python': no such executable interpreter")
+        f"envdoctor: bad config: {tmp_path / 'envdoctor.toml'}:2: python: '/nonexistent/bin/python': no such executable interpreter")
     proc = cli("check", cwd=tmp_path, env={"ENVDOCTOR_PYTHON": "/also/missing"})
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "envdoctor: environment: ENVDOCTOR_PYTHON: '/also/missing': no such executable interpreter")
+        "envdoctor: bad config: environment: ENVDOCTOR_PYTHON: '/also/missing': no such executable interpreter")
 
 
 # --- through the CLI, as a user meets it ---------------------------------------------
