@@ -19,6 +19,11 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from envdoctor import __version__
+# under their old names, which tests and callers use (envdoctor.stopping: the pre-flight child needs them without typer)
+from envdoctor.stopping import ClosedStdout as _ClosedStdout  # noqa: F401
+from envdoctor.stopping import kill_everything_started as _kill_everything_started
+from envdoctor.stopping import kill_probes as _kill_probes
+from envdoctor.stopping import on_sigint as _on_sigint, on_sigterm as _on_sigterm  # noqa: F401
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EBADF)
@@ -352,56 +357,6 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
     typer.echo(_scrubbed("\n".join(lines)))
 
 
-def _kill_probes() -> None:
-    """Kill every torch probe still running, and its whole process group (if any was started)."""
-    probe = sys.modules.get("envdoctor.probe")
-    if probe is not None:
-        probe.kill_running()
-
-
-def _kill_everything_started() -> None:
-    """On SIGTERM/SIGINT: the probes, then every descendant this process still has, each
-    with its group where it leads one. The command owns all of its children (probes, the
-    pre-flight's forked child), and a probe whose worker thread had not yet registered
-    it when the signal came would otherwise run on in its own session after envdoctor
-    exits (seen on a loaded CI machine)."""
-    _kill_probes()
-    from envdoctor import forked
-
-    forked.kill_tree(forked.descendants(os.getpid()))  # exec's pre-flight child and the probe it started
-
-
-def _on_sigterm(signum, frame) -> None:
-    from envdoctor.errors import Terminated
-
-    _kill_everything_started()  # first: a probe runs in its own session and would not hear the signal
-    raise Terminated(128 + signum)
-
-
-def _on_sigint(signum, frame) -> None:
-    """Ctrl-C: what SIGTERM kills goes too, then Python's KeyboardInterrupt as usual.
-    typer turns that into exit 130 inside the CLI, before main() could clean up."""
-    from envdoctor.errors import Interrupted
-
-    _kill_everything_started()
-    raise Interrupted
-
-
-class _ClosedStdout(io.TextIOBase):
-    """Stands in for a standard output the process was started without (`>&-`). click
-    writes nothing to None, so `checks`, `explain` and --version said nothing and exit 0;
-    here a write is the error it is, and main() makes it exit 74 like `check`."""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        raise OSError(errno.EBADF, "standard output is closed")
-
-    def fileno(self) -> int:
-        raise OSError(errno.EBADF, "standard output is closed")
-
-
 def _click_errors() -> tuple[type, type]:
     """click's UsageError and ClickException, from typer's public BadParameter (typer
     0.28 carries its own copy of click; earlier ones import click itself)."""
@@ -438,15 +393,9 @@ def _run_app() -> int:
 def main() -> None:
     """Console-script entry point; a Ctrl-C ends quietly with 130, SIGTERM with 143, as
     shells expect, and neither leaves a probe (or anything it started) running."""
-    import signal
+    from envdoctor import stopping
 
-    if sys.stdout is None:
-        sys.stdout = _ClosedStdout()
-    try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        signal.signal(signal.SIGINT, _on_sigint)
-    except (ValueError, OSError):  # not the main thread (embedded use): leave the handlers alone
-        pass
+    stopping.install()
     try:
         try:
             code = _run_app()

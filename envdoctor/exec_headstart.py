@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import time
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
@@ -65,27 +66,65 @@ def wanted(argv: Sequence[str]) -> bool:
 def begin() -> None:
     """Fork the pre-flight child now, if it can be (else exec forks it later, as it did)."""
     global _waiting
+    fds: list[int] = []
     try:
-        answers_r, answers_w = forked.pipe()
-        work_r, work_w = forked.pipe()
-    except OSError:
+        fds.extend(forked.pipe())
+        fds.extend(forked.pipe())
+    except OSError:  # out of descriptors: give back what was taken, for the command's own needs
+        _close(fds)
         return
+    answers_r, answers_w, work_r, work_w = fds
     environ = dict(os.environ)
     parent = os.getpid()
+    # Until the child has its own handlers, a Ctrl-C or SIGTERM waits (the CLI's handlers
+    # are not installed yet, and Python's default raised KeyboardInterrupt in the child)
+    stopping = {signal.SIGINT, signal.SIGTERM}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
     try:
         pid = os.fork()
     except OSError:
-        for fd in (answers_r, answers_w, work_r, work_w):
-            os.close(fd)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        _close(fds)
         return
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
+        for sig in stopping:  # nothing started yet: leave without a word
+            signal.signal(sig, _leave)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         os.close(answers_r)
         os.close(work_w)
         forked.die_with_parent(parent)
         _wait_then_run(work_r, answers_w, environ)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     os.close(answers_w)
     os.close(work_r)
     _waiting = HeadStart(pid, answers_r, work_w, environ)
+
+
+def abandon() -> None:
+    """The child, if it was never handed work (the CLI ended first, in a process that goes
+    on: a runpy caller), is ended and reaped; in one that exits, its pipe and
+    PR_SET_PDEATHSIG would end it anyway."""
+    waiting = take()
+    if waiting is None:
+        return
+    _close([waiting.work, waiting.answers])
+    try:
+        os.kill(waiting.pid, signal.SIGKILL)  # it has only imported: nothing of it to keep
+        os.waitpid(waiting.pid, 0)
+    except OSError:
+        pass
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _leave(signum: int, frame: Any) -> None:  # pragma: no cover - in the child
+    os._exit(128 + signum)
 
 
 def take() -> HeadStart | None:
@@ -104,6 +143,10 @@ def _wait_then_run(work: int, answers: int, environ: dict[str, str]) -> None:  #
         job = json.loads(data.decode("utf-8", "surrogateescape"))
     except BaseException:  # noqa: B036 - Ctrl-C, a closed pipe: the parent handles its own end
         os._exit(0)
+
+    from envdoctor import stopping
+
+    stopping.install()  # what the CLI's process has: SIGTERM and Ctrl-C end what the pre-flight started
 
     def preflight(send: Any) -> Any:  # in answer_and_exit: what breaks here is an answer too
         from envdoctor.exec_preflight import ExecOptions, in_child

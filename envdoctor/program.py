@@ -107,7 +107,7 @@ def console_main() -> None:
     _head_start_exec()
     from envdoctor.cli import console_main as cli_console_main
 
-    cli_console_main()
+    cli_console_main()  # leaves with os._exit: a head start never taken goes with the process
 
 
 def module_main() -> None:
@@ -125,4 +125,8 @@ def module_main() -> None:
     _head_start_exec()
     from envdoctor.cli import module_main as cli_module_main
 
-    cli_module_main()
+    try:
+        cli_module_main()
+    finally:  # a runpy caller goes on after SystemExit: no child of ours may wait there for ever
+        if "envdoctor.exec_headstart" in sys.modules:
+            sys.modules["envdoctor.exec_headstart"].abandon()

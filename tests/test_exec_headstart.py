@@ -114,3 +114,77 @@ def test_a_large_command_line_reaches_the_child_whole():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(len(words)), words[-1]]
     assert events(proc.stderr)[-1]["action"] == "start"
+
+
+@pytest.mark.parametrize("limit", [5, 6, 7])
+def test_few_free_descriptors_still_start_the_job(limit):
+    """The head start takes four descriptors; when the second pipe could not be made, the
+    first pair leaked and the CLI's own imports failed with a traceback (helper-33)."""
+    proc = subprocess.run(["bash", "-c", f'ulimit -n {limit}; exec "$0" -m envdoctor exec -- sh -c "echo started"',
+                           sys.executable], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "started\n", proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def _children(pid: int) -> list[int]:
+    from envdoctor.forked import children_of
+
+    return children_of(pid)
+
+
+def test_sigterm_to_the_preflight_child_ends_the_probe_it_started(tmp_path):
+    """The child forked before the CLI had none of the CLI's handlers: SIGTERM killed it
+    outright and the torch probe it had started, in a session of its own, ran on."""
+    mark = uuid.uuid4().hex
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nexec sleep 100\n")  # the job's interpreter, probed for torch: it never answers
+    fake.chmod(0o755)
+    env = dict(os.environ, ENVDOCTOR_TEST_MARK=mark)
+    env.pop("ENVDOCTOR_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "exec", "--timeout", "30", "--", str(fake), "x"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        probe = []
+        while not probe and time.monotonic() < deadline:
+            probe = [p for p in _processes_marked(mark) if p != proc.pid and _comm(p) == "sleep"]
+            time.sleep(0.02)
+        assert probe, "the probe never started"
+        child = [c for c in _children(proc.pid)]
+        assert len(child) == 1
+        os.kill(child[0], 15)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (_comm(proc.pid) != "sleep" or any(
+                p != proc.pid for p in _processes_marked(mark))):
+            time.sleep(0.05)  # the job (itself the fake: `exec sleep 100`) started, the probe gone
+        assert [p for p in _processes_marked(mark) if p != proc.pid] == []
+    finally:
+        proc.kill()
+        _, stderr = proc.communicate(timeout=30)
+    assert "Traceback" not in stderr and "Terminated" in stderr, stderr[-2000:]
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+RUNPY_TWICE = """
+import os, runpy, sys
+for argv in (["envdoctor", "exec", "--bogus", "--", "true"], ["envdoctor", "exec", "--", "/nonexistent/x"]):
+    sys.argv = argv
+    try:
+        runpy.run_module("envdoctor", run_name="__main__")
+    except SystemExit as exc:
+        print("exit", exc.code)
+from envdoctor.forked import children_of
+print("children", len(children_of(os.getpid())))
+"""
+
+
+def test_a_runpy_caller_keeps_no_waiting_child():
+    proc = subprocess.run([sys.executable, "-c", RUNPY_TWICE], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split("\n")[:3] == ["exit 2", "exit 127", "children 0"], proc.stdout + proc.stderr

@@ -1,0 +1,76 @@
+"""How the `envdoctor` command's processes stop: on SIGTERM or Ctrl-C, nothing they
+started is left running, and a standard output they were started without says so.
+
+Installed by the CLI (envdoctor.cli.main) and by exec's pre-flight child, which is
+forked before the CLI is imported (envdoctor.exec_headstart) and so inherits neither.
+Here, not in the CLI: the child must not import typer to have them.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import signal
+import sys
+
+
+def kill_probes() -> None:
+    """Kill every torch probe still running, and its whole process group (if any was started)."""
+    probe = sys.modules.get("envdoctor.probe")
+    if probe is not None:
+        probe.kill_running()
+
+
+def kill_everything_started() -> None:
+    """On SIGTERM/SIGINT: the probes, then every descendant this process still has, each
+    with its group where it leads one. The command owns all of its children (probes, the
+    pre-flight's forked child), and a probe whose worker thread had not yet registered
+    it when the signal came would otherwise run on in its own session after envdoctor
+    exits (seen on a loaded CI machine)."""
+    kill_probes()
+    from envdoctor import forked
+
+    forked.kill_tree(forked.descendants(os.getpid()))  # exec's pre-flight child and the probe it started
+
+
+def on_sigterm(signum, frame) -> None:
+    from envdoctor.errors import Terminated
+
+    kill_everything_started()  # first: a probe runs in its own session and would not hear the signal
+    raise Terminated(128 + signum)
+
+
+def on_sigint(signum, frame) -> None:
+    """Ctrl-C: what SIGTERM kills goes too, then Python's KeyboardInterrupt as usual.
+    typer turns that into exit 130 inside the CLI, before main() could clean up."""
+    from envdoctor.errors import Interrupted
+
+    kill_everything_started()
+    raise Interrupted
+
+
+class ClosedStdout(io.TextIOBase):
+    """Stands in for a standard output the process was started without (`>&-`). click
+    writes nothing to None, so `checks`, `explain` and --version said nothing and exit 0;
+    here a write is the error it is, and main() makes it exit 74 like `check`."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
+def install() -> None:
+    """The handlers and the stand-in, in the main thread of an envdoctor command's process."""
+    if sys.stdout is None:
+        sys.stdout = ClosedStdout()
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGINT, on_sigint)
+    except (ValueError, OSError):  # not the main thread (embedded use): leave the handlers alone
+        pass
