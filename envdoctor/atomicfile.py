@@ -54,9 +54,9 @@ def _write_all(fd: int, data: bytes) -> None:
         try:
             written = os.write(fd, view)
         except BlockingIOError:
-            import select
+            from envdoctor.fdwait import ready
 
-            select.select([], [fd], [])  # as a blocking write would wait
+            ready(fd, write=True)  # as a blocking write would wait
             continue
         view = view[written:]
 

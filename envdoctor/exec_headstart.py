@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import time
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
-from envdoctor import forked
+from envdoctor import fdwait, forked
 
 _HELP = frozenset(("-h", "--help"))
 
@@ -187,8 +186,7 @@ def _send(fd: int, data: bytes, deadline: float) -> bool:
         if left <= 0:
             return False
         try:
-            _, ready, _ = select.select([], [fd], [], left)
-            if ready:
+            if fdwait.ready(fd, write=True, timeout=left):
                 view = view[os.write(fd, view):]
         except BlockingIOError:
             continue

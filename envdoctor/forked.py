@@ -26,11 +26,12 @@ import contextlib
 import fcntl
 import json
 import os
-import select
 import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+from envdoctor import fdwait
 
 DONE, RAISED, TIMED_OUT = "done", "raised", "timed_out"
 _REAP_SECONDS = 0.5
@@ -113,7 +114,7 @@ def _until_exit(pid: int, deadline: float) -> None:
         time.sleep(0.005)
         return
     try:
-        select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        fdwait.ready(fd, timeout=max(0.0, deadline - time.monotonic()))
     finally:
         os.close(fd)
 
@@ -242,8 +243,7 @@ def _read_lines(r: int, deadline: float, what: str) -> tuple[list[Any], dict[str
         left = deadline - time.monotonic()
         if left <= 0:
             return messages, None, "timed out"
-        ready, _, _ = select.select([r], [], [], left)
-        if not ready:
+        if not fdwait.ready(r, timeout=left):
             return messages, None, "timed out"
         chunk = os.read(r, 1 << 20)
         if not chunk:

@@ -95,6 +95,17 @@ def _head_start_exec() -> None:
             exec_headstart.begin()
 
 
+def _interrupted_while_starting() -> int:
+    """Ctrl-C while the CLI was still being imported, before its handler was installed:
+    Python's own KeyboardInterrupt printed a traceback of whatever import it hit. Said as
+    the CLI says it, with the CLI's status."""
+    try:
+        sys.stderr.write("envdoctor: interrupted\n")
+    except (OSError, ValueError, AttributeError):  # stderr closed or None
+        pass
+    return 130
+
+
 def console_main() -> None:
     """The `envdoctor` console script."""
     global relaunch_serve
@@ -104,9 +115,11 @@ def console_main() -> None:
     if code is not None:
         exit_now(code)
     relaunch_serve = True
-    _head_start_exec()
-    from envdoctor.cli import console_main as cli_console_main
-
+    try:
+        _head_start_exec()
+        from envdoctor.cli import console_main as cli_console_main
+    except KeyboardInterrupt:
+        exit_now(_interrupted_while_starting())
     cli_console_main()  # leaves with os._exit: a head start never taken goes with the process
 
 
@@ -122,11 +135,13 @@ def module_main() -> None:
     if code is not None:
         exit_now(code)
     relaunch_serve = True
-    _head_start_exec()
-    from envdoctor.cli import module_main as cli_module_main
-
     try:
+        _head_start_exec()
+        from envdoctor.cli import module_main as cli_module_main
+
         cli_module_main()
+    except KeyboardInterrupt:  # not one the CLI's own handler turned into 130 (it was not installed yet)
+        raise SystemExit(_interrupted_while_starting()) from None
     finally:  # a runpy caller goes on after SystemExit: no child of ours may wait there for ever
         if "envdoctor.exec_headstart" in sys.modules:
             sys.modules["envdoctor.exec_headstart"].abandon()

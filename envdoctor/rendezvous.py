@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import threading
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from envdoctor import fdwait
 from envdoctor.errors import EnvdoctorError, Unavailable
 from envdoctor.probe import resolve_python
 
@@ -165,8 +165,7 @@ class _Lines:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            ready, _, _ = select.select([self._fd], [], [], remaining)
-            if not ready:
+            if not fdwait.ready(self._fd, timeout=remaining):
                 raise TimeoutError
             chunk = os.read(self._fd, 65536)
             if not chunk:

@@ -29,9 +29,11 @@ def kill_everything_started() -> None:
     it when the signal came would otherwise run on in its own session after envdoctor
     exits (seen on a loaded CI machine)."""
     kill_probes()
-    from envdoctor import forked
-
-    forked.kill_tree(forked.descendants(os.getpid()))  # exec's pre-flight child and the probe it started
+    try:
+        from envdoctor.forked import descendants, kill_tree
+    except (ImportError, AttributeError):  # the signal came while forked itself was importing: nothing started yet
+        return
+    kill_tree(descendants(os.getpid()))  # exec's pre-flight child and the probe it started
 
 
 def on_sigterm(signum, frame) -> None:

@@ -188,3 +188,50 @@ print("children", len(children_of(os.getpid())))
 def test_a_runpy_caller_keeps_no_waiting_child():
     proc = subprocess.run([sys.executable, "-c", RUNPY_TWICE], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split("\n")[:3] == ["exit 2", "exit 127", "children 0"], proc.stdout + proc.stderr
+
+
+MANY_DESCRIPTORS = """
+import os, resource, subprocess, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if hard != resource.RLIM_INFINITY and hard < 1200:
+    print("skip: hard limit", hard); raise SystemExit(0)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # inherited: the pipes get numbers over 1024
+for fd in held:
+    os.set_inheritable(fd, True)
+proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--", "sh", "-c", "echo job ran"],
+                      capture_output=True, text=True, close_fds=False, timeout=120)
+print(proc.returncode, proc.stdout.strip())
+sys.stderr.write(proc.stderr)
+"""
+
+
+def test_over_1024_inherited_descriptors_still_start_the_job():
+    """select() refuses a descriptor of 1024 or more: a launcher that leaked that many
+    into the job's start got a traceback from the pre-flight's pipe instead (helper-33)."""
+    proc = subprocess.run([sys.executable, "-c", MANY_DESCRIPTORS], capture_output=True, text=True, timeout=180)
+    if proc.stdout.startswith("skip:"):
+        pytest.skip(proc.stdout.strip())
+    assert proc.stdout.strip() == "0 job ran", proc.stdout + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+CTRL_C_WHILE_STARTING = """
+import os, signal, sys, time
+from envdoctor import program
+def importing_the_cli():  # where a Ctrl-C lands in the first ~100 ms: an import of the CLI
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+program._head_start_exec = importing_the_cli
+sys.argv = ["envdoctor", "check"]
+program.{main}()
+"""
+
+
+@pytest.mark.parametrize("main", ["console_main", "module_main"])
+def test_ctrl_c_before_the_clis_handler_is_one_line_and_130(main):
+    """Before the CLI's handler was installed, Python's own KeyboardInterrupt printed a
+    traceback of whatever import it hit (helper-33, on every version)."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_STARTING.format(main=main)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130 and proc.stderr == "envdoctor: interrupted\n", (proc.returncode, proc.stderr)
