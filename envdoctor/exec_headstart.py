@@ -86,17 +86,21 @@ def begin() -> None:
         _close(fds)
         return
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
-        for sig in stopping:  # nothing started yet: leave without a word
-            signal.signal(sig, _leave)
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        os.close(answers_r)
-        os.close(work_w)
-        forked.die_with_parent(parent)
-        _wait_then_run(work_r, answers_w, environ)
-    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        try:
+            for sig in stopping:  # nothing started yet: leave without a word (an ignored one stays ignored)
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    signal.signal(sig, _leave)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            os.close(answers_r)
+            os.close(work_w)
+            forked.die_with_parent(parent)
+            _wait_then_run(work_r, answers_w, environ)
+        finally:  # whatever escapes (a signal between two handlers) must not run the parent's code here
+            os._exit(1)
     os.close(answers_w)
     os.close(work_r)
-    _waiting = HeadStart(pid, answers_r, work_w, environ)
+    _waiting = HeadStart(pid, answers_r, work_w, environ)  # before a waiting Ctrl-C can land: abandon() finds it
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def abandon() -> None:
@@ -137,6 +141,7 @@ def _wait_then_run(work: int, answers: int, environ: dict[str, str]) -> None:  #
     try:
         _import_ahead()
         data = _read_all(work)
+        os.close(work)  # one descriptor more for the checks (a tight `ulimit -n`)
         if not data:  # the parent left without sending: nothing to do, nothing to say
             os._exit(0)
         job = json.loads(data.decode("utf-8", "surrogateescape"))

@@ -275,9 +275,17 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float, what: str =
     (the child and whatever it started were killed). `messages` holds what the
     child sent either way."""
     started = time.monotonic()
-    r, w = pipe()
+    try:
+        r, w = pipe()
+    except OSError as exc:  # out of descriptors: an answer, as a child that broke is
+        return ChildOutcome(RAISED, error=f"cannot start {what}: {exc.strerror or exc}")
     parent = os.getpid()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # out of processes (`ulimit -u`) or memory: the same
+        os.close(r)
+        os.close(w)
+        return ChildOutcome(RAISED, error=f"cannot start {what}: {exc.strerror or exc}")
     if pid == 0:  # pragma: no cover - the child's coverage is not collected
         os.close(r)
         die_with_parent(parent)
@@ -289,8 +297,18 @@ def call(fn: Callable[[Callable[[Any], None]], Any], timeout: float, what: str =
 def pipe() -> tuple[int, int]:
     """(read end, write end), both at descriptor 3 or above and not inheritable (PEP 446):
     the command that execve starts never sees them."""
-    r, w = os.pipe()
-    return _above_stdio(r), _above_stdio(w)
+    ends = list(os.pipe())
+    try:
+        for i, fd in enumerate(ends):
+            ends[i] = _above_stdio(fd)
+    except OSError:  # out of descriptors for the move: neither end may stay taken
+        for fd in ends:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        raise
+    return ends[0], ends[1]
 
 
 def collect(pid: int, r: int, started: float, deadline: float, what: str = "the pre-flight process") -> ChildOutcome:

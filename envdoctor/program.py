@@ -135,7 +135,7 @@ def module_main() -> None:
     if code is not None:
         exit_now(code)
     relaunch_serve = True
-    try:
+    try:  # the finally also covers a Ctrl-C that lands right after the fork
         _head_start_exec()
         from envdoctor.cli import module_main as cli_module_main
 

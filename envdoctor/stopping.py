@@ -68,11 +68,17 @@ class ClosedStdout(io.TextIOBase):
 
 
 def install() -> None:
-    """The handlers and the stand-in, in the main thread of an envdoctor command's process."""
+    """The handlers and the stand-in, in the main thread of an envdoctor command's process.
+
+    A signal the invoker ignores (`nohup`, `trap '' INT`, a shell's background job) stays
+    ignored: a handler installed over it took the ignore away from the job too, since
+    execve resets a handled signal to its default, and a background job's Ctrl-C
+    reached it."""
     if sys.stdout is None:
         sys.stdout = ClosedStdout()
     try:
-        signal.signal(signal.SIGTERM, on_sigterm)
-        signal.signal(signal.SIGINT, on_sigint)
+        for sig, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGINT, on_sigint)):
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, handler)
     except (ValueError, OSError):  # not the main thread (embedded use): leave the handlers alone
         pass

@@ -235,3 +235,49 @@ def test_ctrl_c_before_the_clis_handler_is_one_line_and_130(main):
     proc = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_STARTING.format(main=main)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stderr == "envdoctor: interrupted\n", (proc.returncode, proc.stderr)
+
+
+def test_signals_the_invoker_ignores_stay_ignored_in_the_job():
+    """`trap '' INT` (a shell's background job, nohup): the CLI's handler was installed
+    over the ignore, and execve then reset the signal to its default for the job; the
+    head-start child also replaced the ignore, so a Ctrl-C meant for nobody killed the
+    pre-flight (helper-35)."""
+    job = "grep -E '^Sig(Ign|Blk)' /proc/self/status"
+    script = 'trap "" INT TERM; exec "$@"'
+    plain = subprocess.run(["bash", "-c", script, "bash", "sh", "-c", job], capture_output=True, text=True, timeout=60)
+    through = subprocess.run(["bash", "-c", script, "bash", sys.executable, "-m", "envdoctor", "exec", "--",
+                              "sh", "-c", job], capture_output=True, text=True, timeout=120)
+    assert through.returncode == 0, through.stderr
+    assert through.stdout == plain.stdout and "SigIgn" in plain.stdout
+
+
+LEAKY_PIPE = """
+import os, resource
+from envdoctor import forked
+os.close(0); os.close(1)  # os.pipe() then hands out 0 and 1, which must move above stdio
+resource.setrlimit(resource.RLIMIT_NOFILE, (3, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+before = sorted(os.listdir("/proc/self/fd"))
+try:
+    forked.pipe()
+    outcome = "made"
+except OSError as exc:
+    outcome = "refused"
+after = sorted(os.listdir("/proc/self/fd"))
+os.write(2, f"{outcome} {before == after}\\n".encode())
+"""
+
+
+def test_a_pipe_that_cannot_be_moved_above_stdio_leaves_no_descriptor_taken():
+    proc = subprocess.run([sys.executable, "-c", LEAKY_PIPE], capture_output=True, text=True, timeout=60)
+    assert proc.stderr.strip() == "refused True", proc.stderr
+
+
+def test_a_fork_that_fails_is_an_answer_not_a_traceback(monkeypatch):
+    from envdoctor import forked
+
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(forked.os, "fork", no_fork)
+    outcome = forked.call(lambda send: 1, 5.0)
+    assert outcome.kind == forked.RAISED and "cannot start the pre-flight process" in outcome.error
