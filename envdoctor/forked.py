@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from envdoctor import fdwait
+from envdoctor.stopping import children_of  # here too: callers and tests take it from forked
 
 DONE, RAISED, TIMED_OUT = "done", "raised", "timed_out"
 _REAP_SECONDS = 0.5
@@ -44,22 +45,6 @@ class ChildOutcome:
     error: str = ""
     seconds: float = 0.0
     messages: list[Any] = field(default_factory=list)  # sent by the child before its answer
-
-
-def children_of(pid: int) -> list[int]:
-    """The live children of `pid`, from /proc/PID/task/*/children (empty when unreadable)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                found.extend(int(p) for p in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return found
 
 
 def descendants(pid: int) -> list[int]:

@@ -41,6 +41,12 @@ def _note_inherited_descriptors() -> None:
     inherited_descriptors = frozenset(found)
 
 
+def _note_inherited_children() -> None:
+    from envdoctor.stopping import note_inherited_children
+
+    note_inherited_children()
+
+
 def _daemon_exit_code() -> int | None:
     """The daemon's exit code when this process is a relaunched `serve`, else None.
     Every other command pays one dictionary lookup for this."""
@@ -110,6 +116,7 @@ def console_main() -> None:
     """The `envdoctor` console script."""
     global relaunch_serve
     _note_inherited_descriptors()
+    _note_inherited_children()
     _hold_reloads_while_starting()
     code = _daemon_exit_code()
     if code is not None:
@@ -130,6 +137,7 @@ def module_main() -> None:
     checks took (past 10 s on a loaded machine); a daemon's run is abandoned, not awaited."""
     global relaunch_serve
     _note_inherited_descriptors()
+    _note_inherited_children()
     _hold_reloads_while_starting()
     code = _daemon_exit_code()
     if code is not None:

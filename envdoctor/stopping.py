@@ -22,18 +22,47 @@ def kill_probes() -> None:
         probe.kill_running()
 
 
+def children_of(pid: int) -> list[int]:
+    """The live children of `pid`, from /proc/PID/task/*/children (empty when unreadable)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+# The children this process started with (None: not noted, envdoctor as a library). A
+# shell that exec'd envdoctor hands over its background jobs (`sleep 300 & exec
+# envdoctor ...`): they are the shell's, and a SIGTERM to envdoctor killed them too.
+inherited_children: frozenset[int] | None = None
+
+
+def note_inherited_children() -> None:
+    """Called first thing by the `envdoctor` command (envdoctor.program)."""
+    global inherited_children
+    inherited_children = frozenset(children_of(os.getpid()))
+
+
 def kill_everything_started() -> None:
-    """On SIGTERM/SIGINT: the probes, then every descendant this process still has, each
-    with its group where it leads one. The command owns all of its children (probes, the
-    pre-flight's forked child), and a probe whose worker thread had not yet registered
+    """On SIGTERM/SIGINT: the probes, then every descendant this process started, each
+    with its group where it leads one. The command owns all of its own children (probes,
+    the pre-flight's forked child), and a probe whose worker thread had not yet registered
     it when the signal came would otherwise run on in its own session after envdoctor
-    exits (seen on a loaded CI machine)."""
+    exits (seen on a loaded CI machine). Children it started with, and theirs, are left."""
     kill_probes()
     try:
         from envdoctor.forked import descendants, kill_tree
     except (ImportError, AttributeError):  # the signal came while forked itself was importing: nothing started yet
         return
-    kill_tree(descendants(os.getpid()))  # exec's pre-flight child and the probe it started
+    ours = [pid for pid in children_of(os.getpid()) if pid not in (inherited_children or ())]
+    kill_tree([pid for child in ours for pid in (child, *descendants(child))])  # exec's pre-flight child, its probe
 
 
 def on_sigterm(signum, frame) -> None:

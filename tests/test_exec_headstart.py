@@ -164,6 +164,15 @@ def test_sigterm_to_the_preflight_child_ends_the_probe_it_started(tmp_path):
     assert "Traceback" not in stderr and "Terminated" in stderr, stderr[-2000:]
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a killed process keeps its /proc entry, comm included, until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -281,3 +290,42 @@ def test_a_fork_that_fails_is_an_answer_not_a_traceback(monkeypatch):
     monkeypatch.setattr(forked.os, "fork", no_fork)
     outcome = forked.call(lambda send: 1, 5.0)
     assert outcome.kind == forked.RAISED and "cannot start the pre-flight process" in outcome.error
+
+
+def test_sigterm_leaves_the_background_jobs_of_the_shell_that_exec_d_envdoctor(tmp_path):
+    """`sleep 300 & exec envdoctor ...`: the shell's job became envdoctor's child, and the
+    SIGTERM handler, which kills what envdoctor started, killed it too (helper-33/35)."""
+    mark = uuid.uuid4().hex
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nexec sleep 100\n")  # the job's interpreter, probed for torch: it hangs
+    fake.chmod(0o755)
+    env = dict(os.environ, ENVDOCTOR_TEST_MARK=mark)
+    env.pop("ENVDOCTOR_CONFIG", None)
+    script = f'sleep 300 & echo $! > {tmp_path}/job; exec "$0" -m envdoctor exec --timeout 30 -- {fake} x'
+    proc = subprocess.Popen(["bash", "-c", script, sys.executable], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    job = None
+    try:
+        deadline = time.monotonic() + 30
+        while job is None and time.monotonic() < deadline:
+            text = (tmp_path / "job").read_text() if (tmp_path / "job").exists() else ""
+            job = int(text) if text.strip() else None
+            time.sleep(0.02)
+        while time.monotonic() < deadline and not [p for p in _processes_marked(mark)
+                                                   if p not in (proc.pid, job) and _comm(p) == "sleep"]:
+            time.sleep(0.02)  # the probe is running: envdoctor's handlers are in place
+        os.kill(proc.pid, 15)
+        proc.wait(timeout=30)
+        time.sleep(0.3)
+        assert proc.returncode == 143, proc.stderr
+        assert _alive(job), "the shell's background job was killed"
+        assert [p for p in _processes_marked(mark) if p != job] == []  # the probe went
+    finally:
+        if job:
+            try:
+                os.kill(job, 9)
+            except OSError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
