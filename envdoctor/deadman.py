@@ -61,7 +61,10 @@ def beat() -> None:
     global _dump_fd
     if _dump_fd is None:
         _dump_fd = _open_dump_fd()
-    faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_dump_fd)
+    try:
+        faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_dump_fd)
+    except RuntimeError:  # no thread can be started (`ulimit -u`): the run goes on without its last resort
+        return
     _backstop(WEDGED_SECONDS + BACKSTOP_SECONDS)
 
 
@@ -84,10 +87,14 @@ class Heartbeat:
 
     def __enter__(self) -> "Heartbeat":
         beat()
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:  # can't start new thread: then no heartbeat either, and nothing armed
+            disarm()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=BEAT_SECONDS + 1)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=BEAT_SECONDS + 1)
         disarm()

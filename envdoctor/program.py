@@ -101,6 +101,21 @@ def _head_start_exec() -> None:
             exec_headstart.begin()
 
 
+def _is_interrupt(exc: BaseException) -> bool:
+    """A KeyboardInterrupt, or one Python wrapped: raised inside a class body's
+    __set_name__ (a dataclass field, functools.cached_property) it comes as the cause of
+    a RuntimeError. Not a SystemExit: the CLI's exit after an interrupt it has handled
+    and said."""
+    if isinstance(exc, SystemExit):
+        return False
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def _interrupted_while_starting() -> int:
     """Ctrl-C while the CLI was still being imported, before its handler was installed:
     Python's own KeyboardInterrupt printed a traceback of whatever import it hit. Said as
@@ -125,7 +140,9 @@ def console_main() -> None:
     try:
         _head_start_exec()
         from envdoctor.cli import console_main as cli_console_main
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if not _is_interrupt(exc):
+            raise
         exit_now(_interrupted_while_starting())
     cli_console_main()  # leaves with os._exit: a head start never taken goes with the process
 
@@ -148,7 +165,9 @@ def module_main() -> None:
         from envdoctor.cli import module_main as cli_module_main
 
         cli_module_main()
-    except KeyboardInterrupt:  # not one the CLI's own handler turned into 130 (it was not installed yet)
+    except BaseException as exc:  # a Ctrl-C the CLI's own handler did not turn into 130 (not installed yet)
+        if not _is_interrupt(exc):
+            raise
         raise SystemExit(_interrupted_while_starting()) from None
     finally:  # a runpy caller goes on after SystemExit: no child of ours may wait there for ever
         if "envdoctor.exec_headstart" in sys.modules:

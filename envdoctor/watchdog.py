@@ -285,7 +285,26 @@ class Watchdog:
         self._serial += 1
         thread = threading.Thread(target=self._work, name=f"{self.name}-worker-{self._serial}", daemon=True)
         self._workers += 1
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # can't start new thread (`ulimit -u`, no memory): a traceback before
+            self._workers -= 1
+            if self._workers == 0:
+                self._fail_queued(exc)
+
+    def _fail_queued(self, exc: RuntimeError) -> None:
+        """Under the lock, with no worker alive: the queued calls would wait for one until
+        their deadlines. Each is answered now, as raising that no thread could be started."""
+        while True:
+            try:
+                job: _Job | None = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            while job is not None:
+                job.error = RuntimeError(f"no thread could be started to run it: {exc}")
+                job.t1 = time.monotonic()
+                job.done.set()
+                job.next, job = None, job.next  # the old one's link cut, then on along the chain
 
     def _grow(self) -> None:
         """Under the lock: one more worker when queued calls outnumber the idle workers

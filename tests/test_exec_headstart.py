@@ -231,17 +231,25 @@ from envdoctor import program
 def importing_the_cli():  # where a Ctrl-C lands in the first ~100 ms: an import of the CLI
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(5)
-program._head_start_exec = importing_the_cli
+def defining_a_class():  # the same, in a class body's __set_name__ (a dataclass, ipaddress)
+    class Named:
+        def __set_name__(self, owner, name):
+            importing_the_cli()
+    class Owner:
+        field = Named()
+program._head_start_exec = {where}
 sys.argv = ["envdoctor", "check"]
 program.{main}()
 """
 
 
+@pytest.mark.parametrize("where", ["importing_the_cli", "defining_a_class"])
 @pytest.mark.parametrize("main", ["console_main", "module_main"])
-def test_ctrl_c_before_the_clis_handler_is_one_line_and_130(main):
+def test_ctrl_c_before_the_clis_handler_is_one_line_and_130(main, where):
     """Before the CLI's handler was installed, Python's own KeyboardInterrupt printed a
-    traceback of whatever import it hit (helper-33, on every version)."""
-    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_STARTING.format(main=main)],
+    traceback of whatever import it hit (helper-33, on every version); in a class body's
+    __set_name__, Python 3.11 wraps it in a RuntimeError (helper-36)."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_STARTING.format(main=main, where=where)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stderr == "envdoctor: interrupted\n", (proc.returncode, proc.stderr)
 
@@ -329,3 +337,41 @@ def test_sigterm_leaves_the_background_jobs_of_the_shell_that_exec_d_envdoctor(t
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_watchdog_that_cannot_start_a_thread_answers_at_once(monkeypatch):
+    """`ulimit -u` or no memory: 'can't start new thread' was a traceback from `check`
+    (helper-36); queued calls would otherwise wait for a worker until their deadlines."""
+    import threading
+
+    from envdoctor import watchdog
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    dog = watchdog.Watchdog(max_workers=2)
+    started = time.monotonic()
+    first, second = dog.start_chain([("a", lambda: 1), ("b", lambda: 2)])
+    outcomes = [first.wait(time.monotonic() + 30), second.wait(time.monotonic() + 30)]
+    assert time.monotonic() - started < 5
+    assert [o.kind for o in outcomes] == [watchdog.RAISED, watchdog.RAISED]
+    assert all("no thread could be started" in str(o.error) for o in outcomes)
+
+
+def test_the_deadman_without_threads_lets_the_run_go_on(monkeypatch):
+    import faulthandler
+    import threading
+
+    from envdoctor import deadman
+
+    def no_watchdog_thread(*args, **kwargs):
+        raise RuntimeError("unable to start watchdog thread")
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", no_watchdog_thread)
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with deadman.Heartbeat():
+        pass  # neither entering nor leaving raises

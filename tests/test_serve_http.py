@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import jsonschema
@@ -93,6 +94,22 @@ def test_sigterm_and_sigint_stop_within_a_second():
         assert s.stop(sig) == 0
         assert time.monotonic() - t0 < 1.5  # a second, plus process teardown on a loaded runner
         assert any("stopping" in line for line in s.lines)
+
+
+def test_a_stop_signal_the_invoker_ignores_stays_ignored():
+    """`nohup`, `trap '' INT TERM`, a script's `serve &` (SIGINT ignored): the daemon put
+    its own handler over the ignore and stopped (helper-36)."""
+    s = Serve("--interval", "1", command=["bash", "-c", 'trap "" INT TERM; exec "$@"', "bash",
+                                          sys.executable, "-m", "envdoctor"])
+    try:
+        first_run(s)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            s.proc.send_signal(sig)
+        time.sleep(1.5)
+        assert s.proc.poll() is None and not any("stopping" in line for line in s.lines)
+    finally:
+        s.proc.kill()
+        s.proc.wait(timeout=30)
 
 
 def test_sighup_reloads_and_keeps_the_old_config_when_bad(tmp_path):

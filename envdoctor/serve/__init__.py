@@ -176,6 +176,10 @@ class Daemon:
             scheduler.reload_requested.set()
 
         for sig, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_hup)):
+            # a stop signal the invoker ignores (`nohup`, a script's `serve &`, which ignores
+            # SIGINT) stays ignored; SIGHUP was ignored by envdoctor itself while starting
+            if sig != signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
             previous[sig] = signal.signal(sig, handler)
         assert self.server is not None
         server_thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": httpd.POLL_SECONDS},
