@@ -8,7 +8,6 @@ publishes them, every few seconds, for `envdoctor check --pid` and `serve` to re
 from __future__ import annotations
 
 import os
-from typing import Any
 
 __version__ = "0.1.0"
 
@@ -34,7 +33,7 @@ _serve_checks_and_exporters_from_a_source_checkout()
 __all__ = ["__version__", "preflight", "PreflightError", "attach"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # not typing.Any: typing is the largest import `import envdoctor` had
     # preflight lives in envdoctor.inprocess (it pulls in the runner and the checks); keep it
     # off the import path of `envdoctor` so `import envdoctor` stays cheap.
     if name in ("preflight", "PreflightError"):
