@@ -257,6 +257,9 @@ def test_missing_file_and_directory_are_errors(tmp_path):
     assert f"{missing}: does not exist" in result.summary
     assert f"{tmp_path}: is a directory" in result.summary
     assert "--onnx" in result.remediation
+    # the config key a user sets is the top-level `onnx`; the fix named a `files` key that is
+    # only valid under [check."onnx.opset"] (helper-34)
+    assert "the `onnx` config key" in result.remediation
 
 
 def test_truncated_real_model_is_an_error(tmp_path):
