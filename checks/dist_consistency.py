@@ -66,7 +66,6 @@ runner gives it (exec's bound), so it answers rather than being cut off.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import socket
 import time
 from collections import Counter
@@ -130,6 +129,8 @@ def shared_env(env: Mapping[str, str], patterns: Iterable[str]) -> dict[str, str
         if not (_matches(name, patterns) or name in SHOWN_TOO):
             continue
         if _digested(name):
+            import hashlib  # here, not at import: it maps libcrypto, a cost every start paid
+
             value = "sha256:" + hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()[:12]
         out[name] = value
     return out

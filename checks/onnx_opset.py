@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import os
 import re
 import stat
@@ -556,6 +555,8 @@ def stack_facts() -> dict[str, Any]:
     if not diskcache.enabled():
         return _stack_from_imports()
     stamp = _install_stamp()
+    import hashlib  # here, not at import: it maps libcrypto, a cost every start paid
+
     path = diskcache.cache_dir() / f"onnx-stack-{hashlib.sha256(repr(stamp).encode()).hexdigest()[:20]}.json"
     cached = diskcache.read(path, STACK_CACHE_SCHEMA, stamp)
     if cached is not None:

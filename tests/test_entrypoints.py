@@ -96,3 +96,20 @@ def test_a_warm_start_does_not_import_importlib_metadata(tmp_path):
                                       cwd=tmp_path, timeout=120, check=True).stdout) for _ in range(2)]
     assert runs[0]["checks"] == runs[1]["checks"] and "shm.size" in runs[1]["checks"]
     assert runs[0]["metadata"] is True and runs[1]["metadata"] is False
+
+
+def test_a_warm_exec_preflight_does_not_import_hashlib(tmp_path):
+    """hashlib maps libcrypto: 3-6 ms of every container start when the cache file's name
+    or a check's module imported it at the top (the name is two checksums now)."""
+    code = textwrap.dedent("""
+        import json, os, sys, time
+        from envdoctor.exec_preflight import ExecOptions, in_child
+        answer = in_child(ExecOptions(timeout=30.0), dict(os.environ), ["true"], time.monotonic(), lambda m: None)
+        print(json.dumps({"results": len(answer.get("results", [])), "hashlib": "hashlib" in sys.modules}))
+    """)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("ENVDOCTOR_NO_CACHE", None)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                      cwd=tmp_path, timeout=120, check=True).stdout.splitlines()[-1]) for _ in range(2)]
+    assert runs[1]["results"] > 0
+    assert runs[1]["hashlib"] is False

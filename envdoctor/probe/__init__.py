@@ -24,7 +24,6 @@ result; its message carries the tail of what the probe printed.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import os
 import selectors
@@ -104,6 +103,8 @@ def probe_source() -> str:
 
 
 def _source_hash(source: str) -> str:
+    import hashlib  # here, not at import: it maps libcrypto, a cost every start paid
+
     return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 

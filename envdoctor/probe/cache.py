@@ -29,7 +29,6 @@ Writes are atomic (temporary file + rename). ENVDOCTOR_NO_CACHE=1 turns it off.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -43,6 +42,8 @@ _ENV_NAMES = ("HOME",)
 
 
 def cache_file(python: str, directory: Path | None = None) -> Path:
+    import hashlib  # here, not at import: it maps libcrypto, a cost every start paid
+
     digest = hashlib.sha256(python.encode("utf-8", "surrogateescape")).hexdigest()[:20]
     return (directory or cache_dir()) / f"torch-probe-{digest}.json"
 
@@ -64,6 +65,8 @@ def _mtime(path: str) -> int | None:
 
 def env_hash(environ: Mapping[str, str] | None = None) -> str:
     environ = os.environ if environ is None else environ
+    import hashlib  # here, not at import: it maps libcrypto, a cost every start paid
+
     h = hashlib.sha256()
     for name in sorted(environ):
         if name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES:
@@ -75,6 +78,8 @@ def env_hash(environ: Mapping[str, str] | None = None) -> str:
 
 def driver_stamp() -> str:
     """What changes when the NVIDIA driver or its user-space libraries change."""
+    import hashlib  # here, not at import: it maps libcrypto, a cost every start paid
+
     h = hashlib.sha256()
     try:
         h.update(Path("/proc/driver/nvidia/version").read_bytes())
