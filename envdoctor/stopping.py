@@ -1,5 +1,6 @@
-"""How the `envdoctor` command's processes stop: on SIGTERM or Ctrl-C, nothing they
-started is left running, and a standard output they were started without says so.
+"""How the `envdoctor` command's processes stop: on SIGTERM, Ctrl-C, a hangup or
+Ctrl-\\, nothing they started is left running, and a standard output they were
+started without says so.
 
 Installed by the CLI (envdoctor.cli.main) and by exec's pre-flight child, which is
 forked before the CLI is imported (envdoctor.exec_headstart) and so inherits neither.
@@ -66,10 +67,21 @@ def kill_everything_started() -> None:
 
 
 def on_sigterm(signum, frame) -> None:
+    """SIGTERM, or SIGHUP (the terminal or ssh session went away): exit 128 + the signal,
+    after what the process started. At the default action the process died at once, and
+    a torch probe, in a session of its own, ran on under PID 1."""
     from envdoctor.errors import Terminated
 
     kill_everything_started()  # first: a probe runs in its own session and would not hear the signal
     raise Terminated(128 + signum)
+
+
+def on_sigquit(signum, frame) -> None:
+    """Ctrl-\\: what SIGTERM kills goes too, then the signal's own default action (a core
+    dump where the limit allows one), as without envdoctor."""
+    kill_everything_started()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def on_sigint(signum, frame) -> None:
@@ -106,7 +118,8 @@ def install() -> None:
     if sys.stdout is None:
         sys.stdout = ClosedStdout()
     try:
-        for sig, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGINT, on_sigint)):
+        for sig, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGINT, on_sigint),
+                             (signal.SIGHUP, on_sigterm), (signal.SIGQUIT, on_sigquit)):
             if signal.getsignal(sig) != signal.SIG_IGN:
                 signal.signal(sig, handler)
     except (ValueError, OSError):  # not the main thread (embedded use): leave the handlers alone

@@ -37,7 +37,18 @@ def start(*args: str, env: dict | None = None) -> subprocess.Popen:
     full_env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
     full_env.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "envdoctor", "exec", *args], env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_like)
+
+
+def _terminal_like() -> None:
+    """The stop signals at their defaults, as in a terminal (a suite run under nohup or in
+    the background has some ignored, and envdoctor rightly keeps an ignored one ignored),
+    and no core file from SIGQUIT."""
+    import resource
+
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 @pytest.mark.parametrize("status", [0, 1, 7, 255])
@@ -497,8 +508,9 @@ def test_fix_unsets_a_variable_for_the_job_when_that_is_the_fix():
     assert change["old"] == "1" and change["new"] == "unset"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_during_the_preflight_leaves_no_probe_behind(tmp_path, sig):
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129),
+                                       (signal.SIGQUIT, -signal.SIGQUIT)])
+def test_a_signal_during_the_preflight_leaves_no_probe_behind(tmp_path, sig, code):
     """The torch probe is started by exec's forked pre-flight child, in a session of its
     own: SIGTERM or Ctrl-C to exec killed the child only, and the probe (here a `python`
     that sleeps) ran on under PID 1."""
@@ -519,7 +531,7 @@ def test_a_signal_during_the_preflight_leaves_no_probe_behind(tmp_path, sig):
             time.sleep(0.1)
         assert sleepers(), "the probe never started: " + (proc.stderr.read() if proc.poll() is not None else "")
         proc.send_signal(sig)
-        assert proc.wait(timeout=10) == 128 + sig
+        assert proc.wait(timeout=10) == code
         deadline = time.monotonic() + 5
         while sleepers() and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -100,7 +100,9 @@ def test_a_check_timeout_shorter_than_the_probe_kills_its_group_when_the_run_end
     _assert_dead(pids)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
+                                       (signal.SIGHUP, 129),  # the terminal or ssh session went away
+                                       (signal.SIGQUIT, -signal.SIGQUIT)])  # Ctrl-\: still dies by it
 def test_a_signal_kills_the_probes_whole_group(tmp_path, sig, code):
     fake, pids = _fake_python(tmp_path, "sleep 300")
     env = {**os.environ, **QUIET, "PYTHONFAULTHANDLER": "1"}  # SIGABRT dumps every thread's stack
@@ -110,7 +112,7 @@ def test_a_signal_kills_the_probes_whole_group(tmp_path, sig, code):
     # SIGINT ignored at start rightly keeps ignoring it (Python then installs no handler).
     proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "--only", "torch.cudnn", "--python", str(fake)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=_terminal_like)
     try:
         _wait_for(pids)
         proc.send_signal(sig)
@@ -126,6 +128,15 @@ def test_a_signal_kills_the_probes_whole_group(tmp_path, sig, code):
     assert proc.returncode == code, err
     assert "Traceback" not in err
     _assert_dead(pids)
+
+
+def _terminal_like() -> None:
+    """The stop signals at their defaults, as in a terminal, and no core file from SIGQUIT."""
+    import resource
+
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def _blocking_plugin(tmp_path: Path) -> tuple[Path, Path]:
