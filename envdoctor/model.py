@@ -177,6 +177,33 @@ def verdict(findings: Iterable[Finding], facts: Mapping[str, Any], ok_summary: s
                   join_fixes(loud), dict(facts), fix_env=env)
 
 
+def malformed(result: Result) -> str | None:
+    """What is wrong with a Result a check built by hand, or None. The report, serve's
+    metrics and exec's --fix read these fields as their types, and one plug-in's
+    `Result(Status.WARN, None)` or `env={"BAD NAME": 5}` broke every command that ran it,
+    all the other checks' results with it. Cheap enough for every result of every run:
+    the fields, not a walk of the facts (their values are rendered whatever they are)."""
+    if not isinstance(result.status, Status):
+        return f"status is {result.status!r}, not an envdoctor.model.Status"
+    for name in ("summary", "remediation"):
+        value = getattr(result, name)
+        if not isinstance(value, str):
+            return f"{name} is a {type(value).__name__}, not a str"
+    if not isinstance(result.facts, dict):
+        return f"facts is a {type(result.facts).__name__}, not a dict"
+    odd = next((key for key in result.facts if not isinstance(key, str)), None)
+    if odd is not None:
+        return f"facts has the key {odd!r}, not a str"
+    if not isinstance(result.fix_env, Mapping):
+        return f"fix_env is a {type(result.fix_env).__name__}, not a dict"
+    for name, value in result.fix_env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            return f"an environment change names {name!r}, not a variable (a Finding's env)"
+        if value is not None and (not isinstance(value, str) or "\0" in value):
+            return f"the environment change for {name} is {value!r}, not a str or None (a Finding's env)"
+    return None
+
+
 def worst(statuses: list[Status]) -> Status:
     """The loudest status among several findings (OK when there are none)."""
     return max(statuses, key=lambda s: s.severity, default=Status.OK)

@@ -28,7 +28,7 @@ from typing import Iterable
 from envdoctor.check import Check
 from envdoctor.context import Context, Session
 from envdoctor.errors import Unavailable
-from envdoctor.model import Result, Status, error, skip
+from envdoctor.model import Result, Status, error, malformed, skip
 from envdoctor.watchdog import DONE, RAISED, STUCK, Outcome, Pending, describe_exception
 
 DEFAULT_TIMEOUT = 15.0
@@ -56,6 +56,9 @@ def _call(plan: Plan, session: Session, deadline: float | None = None) -> Result
     result = check.execute(Context(session, plan.config, deadline))
     if not isinstance(result, Result):
         return error(f"check returned {type(result).__name__}, not a Result (a bug in {check.id})")
+    problem = malformed(result)
+    if problem is not None:
+        return error(f"check returned a malformed Result: {problem} (a bug in {check.id})")
     return result
 
 

@@ -606,3 +606,63 @@ def test_a_subreaper_bit_given_to_envdoctor_does_not_make_a_shells_jobs_its_own(
     finally:
         for pid in _sleepers(seconds):
             os.kill(pid, 9)
+
+
+_MALFORMED = '''
+from envdoctor.check import Check
+from envdoctor.model import Finding, Result, Status, verdict
+
+def _env(env):
+    return lambda facts, settings: verdict([Finding(Status.WARN, "needs a variable", "set it", env=env)], facts, "fine")
+
+EVERYWHERE = ("check", "exec", "serve")
+STR_STATUS = Check(id="bad.str_status", title="a str status", run=lambda ctx: Result("ok", "plain str status"), modes=EVERYWHERE)
+NONE_SUMMARY = Check(id="bad.none_summary", title="None fields", run=lambda ctx: Result(Status.WARN, None, None, None), modes=EVERYWHERE)
+KEYS = Check(id="bad.keys", title="odd facts keys", run=lambda ctx: Result(Status.OK, "keys", "", {1: "a", ("t",): 2}), modes=EVERYWHERE)
+ENV_NAME = Check(id="bad.env_name", title="a bad name", gather=lambda ctx: {}, judge=_env({"BAD NAME=1": "v"}), modes=EVERYWHERE)
+ENV_VALUE = Check(id="bad.env_value", title="a bad value", gather=lambda ctx: {}, judge=_env({"PP_NUM": 5}), modes=EVERYWHERE)
+'''
+_MALFORMED_IDS = ("bad.str_status", "bad.none_summary", "bad.keys", "bad.env_name", "bad.env_value")
+
+
+def _malformed_site(tmp_path: Path) -> Path:
+    return _site(tmp_path, "badplug", _MALFORMED, "[envdoctor.checks]\n" + "".join(
+        f"{i} = badplug:{name}\n" for i, name in zip(_MALFORMED_IDS, ("STR_STATUS", "NONE_SUMMARY", "KEYS", "ENV_NAME", "ENV_VALUE"))))
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "prometheus"])
+def test_a_malformed_result_is_that_checks_error_row_and_the_rest_stand(tmp_path, fmt):
+    """Helper-37: Result(Status.WARN, None) or a Finding's env with a bad name from one
+    plug-in gave a traceback and no report at all (check, serve --once), and exec lost
+    every built-in's verdict."""
+    env = {"PYTHONPATH": str(_malformed_site(tmp_path))}
+    proc = cli("check", "--only", ",".join(("shm.size",) + _MALFORMED_IDS), "-f", fmt, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    if fmt != "json":
+        assert "shm.size" in proc.stdout and "bad.env_value" in proc.stdout
+        return
+    rows = {r["check"]: r for r in json.loads(proc.stdout)["results"]}
+    assert rows["shm.size"]["status"] != "error"
+    for check_id in _MALFORMED_IDS:
+        assert rows[check_id]["status"] == "error", rows[check_id]
+        assert rows[check_id]["summary"].startswith("check returned a malformed Result: "), rows[check_id]
+    assert "status is 'ok'" in rows["bad.str_status"]["summary"]
+    assert "summary is a NoneType" in rows["bad.none_summary"]["summary"]
+    assert "facts has the key 1" in rows["bad.keys"]["summary"]
+    assert "'BAD NAME=1'" in rows["bad.env_name"]["summary"] and "PP_NUM is 5" in rows["bad.env_value"]["summary"]
+
+
+def test_a_malformed_result_leaves_serve_once_and_exec_their_other_checks(tmp_path):
+    env = {"PYTHONPATH": str(_malformed_site(tmp_path))}
+    textfile = tmp_path / "node.prom"
+    proc = cli("serve", "--once", "--textfile", str(textfile), env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    text = textfile.read_text()
+    assert 'check="bad.env_name"' in text and 'check="shm.size"' in text
+
+    report = tmp_path / "exec.json"
+    proc = cli("exec", "--fix", "--report", str(report), "--", sys.executable, "-c", "import os; print(os.environ.get('PP_NUM'))",
+               env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr
+    rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert rows["shm.size"]["status"] != "error" and rows["bad.env_value"]["status"] == "error"
