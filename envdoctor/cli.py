@@ -197,7 +197,7 @@ def check(
     skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
     registry = pipeline.load_registry()
     try:
-        config = load_config(registry.checks, explicit_file=config_file, known_ids=registry.failure_ids)
+        config = load_config(registry.checks, explicit_file=config_file, known_ids=registry.unloaded_ids, left_out=registry.left_out)
     except ConfigError as exc:
         _die(f"bad config: {exc}")
     if fail_on:

@@ -254,11 +254,14 @@ def load(
     environ: Mapping[str, str] = os.environ,
     cwd: Path | None = None,
     known_ids: set[str] | None = None,
+    left_out: Iterable[str] = (),
 ) -> Config:
     """Read file and environment into a Config validated against `catalog`.
 
     `known_ids` may add ids that are not runnable checks (plug-ins that failed to
-    load) so that configuring them is not mistaken for a typo.
+    load) so that configuring them is not mistaken for a typo. Of those, `left_out`
+    (plug-ins not imported at all: ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1) may have any
+    setting in the environment too, unread, as in a file.
     """
     config = Config()
     known = set(catalog) | (known_ids or set())
@@ -266,7 +269,7 @@ def load(
     if found:
         path, prefix = found
         _apply_file(config, path, prefix, catalog, known)
-    _apply_environment(config, environ, catalog, (known_ids or set()) - set(catalog))
+    _apply_environment(config, environ, catalog, (known_ids or set()) - set(catalog), set(left_out))
     return config
 
 
@@ -435,7 +438,7 @@ def env_name(check_id: str, key: str) -> str:
 
 
 def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapping[str, Check],
-                       broken: Iterable[str] = ()) -> None:
+                       broken: Iterable[str] = (), left_out: set[str] = frozenset()) -> None:
     for key in RUN_KEYS:
         var = ENV_PREFIX + key.upper()
         if var in environ:
@@ -473,6 +476,8 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
                               f'[check."ID"] instead', file="environment", key=var)
         check = catalog.get(named[0])
         if check is None:  # a plug-in that failed to load: as in a file, only `enabled` means anything
+            if parts[1].lower() != "enabled" and named[0] in left_out:
+                continue  # switched off as a whole: what it would have read waits for it unread
             if parts[1].lower() != "enabled":
                 raise ConfigError(f"{named[0]} is a plug-in that did not load; only ENABLED can be set for it",
                                   file="environment", key=var)

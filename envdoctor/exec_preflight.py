@@ -329,7 +329,7 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     set_environ(env)  # plug-ins and the config read the environment the command will get
     registry = registry_module.load(importing=lambda eps: send({"importing": [f"{ep.name} ({ep.value})" for ep in eps]}))
     try:
-        config = load_config(registry.checks, known_ids=registry.failure_ids)
+        config = load_config(registry.checks, known_ids=registry.unloaded_ids, left_out=registry.left_out)
         ranks = launcher_ranks(argv)
         threads = config.checks.setdefault("cpu.threads", {})
         if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):

@@ -164,7 +164,7 @@ def _config(registry):
     from envdoctor import config as config_module
 
     try:
-        return config_module.load(registry.checks, known_ids=registry.failure_ids), None
+        return config_module.load(registry.checks, known_ids=registry.unloaded_ids, left_out=registry.left_out), None
     except ConfigError as exc:
         return config_module.Config(), f"config ignored: {exc}"
 

@@ -42,7 +42,7 @@ def disabled_in(config: Config) -> Callable[[str], bool]:
 
 def plan(registry: Registry, config: Config, selection: Selection) -> list[runner.Plan]:
     """The checks to run, in id order; unknown ids are a usage error."""
-    known = set(registry.checks) | registry.failure_ids
+    known = set(registry.checks) | registry.unloaded_ids
     only = list(selection.only) or list(config.only)
     skip = set(selection.skip) | set(config.skip)
     for check_id in [*only, *skip]:

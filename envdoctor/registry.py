@@ -48,6 +48,9 @@ class Registry:
     checks: dict[str, Check]
     failures: list[LoadFailure]
     origins: dict[str, str]  # check id -> distribution that provides it
+    # Plug-ins installed but not imported (ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1): their ids may
+    # still be configured and skipped, or that advice broke every config that set them up.
+    left_out: frozenset[str] = frozenset()
 
     def get(self, check_id: str) -> Check | None:
         return self.checks.get(check_id)
@@ -59,6 +62,12 @@ class Registry:
     @property
     def failure_ids(self) -> set[str]:
         return {i for f in self.failures for i in f.ids}
+
+    @property
+    def unloaded_ids(self) -> set[str]:
+        """Ids that name no runnable check but are no typo either: plug-ins that failed to
+        load, and those left out; the config may set them up, --skip may name them."""
+        return self.failure_ids | self.left_out
 
     def failures_selected(self, only: Iterable[str] = (), skip: Iterable[str] = (),
                           disabled: Callable[[str], bool] = lambda _id: False) -> list[LoadFailure]:
@@ -197,7 +206,8 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
             continue
         checks[obj.id] = obj
         origins[obj.id] = dist
-    return Registry(checks, _row_ids(failures, set(checks)), origins)
+    left_out = frozenset() if autoload_plugins else frozenset(ep.name for ep in eps if not _is_builtin(ep))
+    return Registry(checks, _row_ids(failures, set(checks)), origins, left_out - set(checks))
 
 
 def _row_ids(failures: list[LoadFailure], taken: set[str]) -> list[LoadFailure]:

@@ -666,3 +666,30 @@ def test_a_malformed_result_leaves_serve_once_and_exec_their_other_checks(tmp_pa
     assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr
     rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
     assert rows["shm.size"]["status"] != "error" and rows["bad.env_value"]["status"] == "error"
+
+
+_CONFIGURED = '''
+from envdoctor.check import Check
+from envdoctor.model import ok
+
+CHECK = Check(id="acme.marker", title="a marker file", run=lambda ctx: ok(ctx.config["path"]), config={"path": "/etc/hostname"})
+'''
+
+
+def test_plugins_left_out_by_the_escape_hatch_keep_their_config_valid(tmp_path):
+    """Helper-37: every broken plug-in's row advises ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1, and
+    with it a config that set the plug-in up was 'unknown check id' (exit 2): following the
+    advice broke the project. Its settings are not checked then, as for one that failed."""
+    env = {"PYTHONPATH": str(_site(tmp_path, "acmeplug", _CONFIGURED, "[envdoctor.checks]\nacme.marker = acmeplug:CHECK\n"))}
+    (tmp_path / "envdoctor.toml").write_text('[check."acme.marker"]\npath = "/etc/hosts"\n')
+    loaded = cli("check", "--only", "acme.marker", "-f", "json", env=env, cwd=tmp_path)
+    assert loaded.returncode == 0 and json.loads(loaded.stdout)["results"][0]["summary"] == "/etc/hosts", loaded.stderr
+
+    off = {**env, "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1", "ENVDOCTOR_CHECK__ACME_MARKER__PATH": "/etc/passwd"}
+    for args in (("check", "--only", "shm.size"), ("check", "--only", "shm.size", "--skip", "acme.marker"),
+                 ("exec", "--", "true"), ("serve", "--once", "--textfile", str(tmp_path / "n.prom"))):
+        proc = cli(*args, env=off, cwd=tmp_path)
+        assert proc.returncode in (0, 1) and "unknown" not in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+    rows = json.loads(cli("check", "-f", "json", env=off, cwd=tmp_path).stdout)["results"]
+    assert "acme.marker" not in {r["check"] for r in rows}  # left out, not run
+    assert cli("check", "--only", "acme.nothing", env=off, cwd=tmp_path).returncode == 2  # a typo is still one

@@ -127,7 +127,8 @@ class Daemon:
 
         try:
             config = load_config(self.registry.checks, explicit_file=self.options.config_file,
-                                 known_ids=self.registry.failure_ids)
+                                 known_ids=self.registry.unloaded_ids,
+                                 left_out=self.registry.left_out)
             pipeline.plan(self.registry, config, pipeline.Selection())
             return config, settings.from_config(config, self.options.interval)
         except (ConfigError, UsageError) as exc:
