@@ -158,7 +158,7 @@ def load_bounded(eps: list[EntryPoint], timeout: float = PLUGIN_IMPORT_TIMEOUT) 
             loaded[ep.value] = outcome.error
         else:
             at = f" (stuck at {outcome.where})" if outcome.where else ""
-            what = (f"its import did not finish within {timeout:g} s" if outcome.kind == "timed_out"
+            what = (f"its import did not finish within {timeout:.3g} s" if outcome.kind == "timed_out"
                     else "its import is still stuck from an earlier attempt")
             loaded[ep.value] = TimeoutError(f"{what}{at}; {DISABLE_AUTOLOAD_VAR}=1 runs without plug-ins")
     return loaded
@@ -168,9 +168,11 @@ def plugins_enabled() -> bool:
     return os.environ.get(DISABLE_AUTOLOAD_VAR, "") in ("", "0")
 
 
-def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPoint]], None] | None = None) -> Registry:
+def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPoint]], None] | None = None,
+         import_timeout: float = PLUGIN_IMPORT_TIMEOUT) -> Registry:
     """Every check. `importing` is told the plug-in entry points before their imports start,
-    so a caller that may be killed during them (exec's pre-flight) can name them."""
+    so a caller that may be killed during them (exec's pre-flight) can name them;
+    `import_timeout` bounds those imports together (a caller with a smaller budget)."""
     if autoload_plugins is None:
         autoload_plugins = plugins_enabled()
     checks: dict[str, Check] = {}
@@ -181,7 +183,7 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
     third_party = [ep for ep in eps if not _is_builtin(ep)] if autoload_plugins else []
     if third_party and importing is not None:
         importing(third_party)
-    plugins = load_bounded(third_party) if third_party else {}
+    plugins = load_bounded(third_party, import_timeout) if third_party else {}
     for ep in eps:
         if ep.value in seen_values:  # the same distribution found twice on sys.path
             continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -406,6 +407,7 @@ def test_the_deadman_still_exits_when_stderr_is_a_full_pipe_nobody_reads(tmp_pat
 
 _WANDERER = '''
 import os
+import re
 from envdoctor.check import Check
 from envdoctor.model import ok
 
@@ -693,3 +695,19 @@ def test_plugins_left_out_by_the_escape_hatch_keep_their_config_valid(tmp_path):
     rows = json.loads(cli("check", "-f", "json", env=off, cwd=tmp_path).stdout)["results"]
     assert "acme.marker" not in {r["check"] for r in rows}  # left out, not run
     assert cli("check", "--only", "acme.nothing", env=off, cwd=tmp_path).returncode == 2  # a typo is still one
+
+
+def test_a_plugin_whose_import_hangs_leaves_exec_time_for_the_other_checks(tmp_path):
+    """Helper-37: the plug-in import bound (5 s) was all of exec's default budget (5 s), so
+    one such plug-in meant 'nothing verified' on every start. It gets half of it now."""
+    site = _site(tmp_path, "hangplug", "import time\ntime.sleep(600)\n", "[envdoctor.checks]\nhang.import = hangplug:CHECK\n")
+    report = tmp_path / "r.json"
+    started = time.monotonic()
+    proc = cli("exec", "--report", str(report), "--", "true", env={"PYTHONPATH": str(site)}, timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert rows["shm.size"]["status"] in ("ok", "warn", "fail"), rows["shm.size"]  # verified, not cut off
+    assert rows["hang.import"]["status"] == "error", rows
+    assert re.search(r"did not finish within 2\.\d+ s \(stuck at hangplug.py:2", rows["hang.import"]["summary"]), rows
+    assert took < 5 + 3, took  # within exec's bound, not past it
