@@ -590,7 +590,10 @@ def serve(
         daemon = Daemon(options)
     except StartError as exc:
         _die(str(exc))
-    code = daemon.run()
+    from envdoctor.forked import contained
+
+    with contained(orphans=once):  # what a plug-in's check started ends with the run (cron's --once too)
+        code = daemon.run()
     if program.relaunch_serve and not once:  # the daemon ran here (its exec failed): leave as program.module_main says
         program.exit_now(code)
     raise typer.Exit(code)

@@ -136,9 +136,11 @@ def adopts_orphans() -> bool:
 
 
 @contextlib.contextmanager
-def contained() -> Iterator[None]:
+def contained(orphans: bool = True) -> Iterator[None]:
     """Nothing started inside the block outlives it: orphans are adopted while it runs,
     and every child that was not there before it is killed when it ends, with all below it.
+    `orphans=False` (serve's daemon, which runs for weeks and reaps no one else's
+    children): no adopting, only the children it started are killed at the end.
 
     A check that times out is left running on its thread, and so is the tool it waits
     on (a hung `nvidia-smi`); a plug-in may start a daemon. Both outlived `envdoctor
@@ -153,7 +155,7 @@ def contained() -> Iterator[None]:
     inherited = adopts_orphans()  # kept across the execve that started us
     # A process that already has children (a shell that exec'd us kept its background
     # jobs) adopts nothing: an orphan could be one of theirs, and theirs are not ours to end.
-    adopt = not before and not inherited
+    adopt = orphans and not before and not inherited
     if adopt:
         adopt_orphans(True)
     try:

@@ -711,3 +711,49 @@ def test_a_plugin_whose_import_hangs_leaves_exec_time_for_the_other_checks(tmp_p
     assert rows["hang.import"]["status"] == "error", rows
     assert re.search(r"did not finish within 2\.\d+ s \(stuck at hangplug.py:2", rows["hang.import"]["summary"]), rows
     assert took < 5 + 3, took  # within exec's bound, not past it
+
+
+def test_nothing_a_plugin_started_outlives_serve_once(tmp_path):
+    """Helper-37: `serve --once` (cron, a Slurm epilog) left the hung tool a timed-out
+    check waited on, and a plug-in's double-forked daemon, as orphans of PID 1; a
+    cron job piled them up run after run."""
+    seconds = str(300000 + os.getpid() % 100000)
+    site = _site(tmp_path, "leaky", _LEAVES_PROCESSES.replace("{seconds}", seconds),
+                 "[envdoctor.checks]\nleaky.hung_tool = leaky:HUNG\nleaky.daemon = leaky:DAEMON\n")
+    try:
+        proc = cli("serve", "--once", "--textfile", str(tmp_path / "node.prom"), env={"PYTHONPATH": str(site)}, timeout=90)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert 'check="leaky.hung_tool"' in (tmp_path / "node.prom").read_text()
+        deadline = time.monotonic() + 5
+        while _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sleepers(seconds) == []
+    finally:
+        for pid in _sleepers(seconds):
+            os.kill(pid, 9)
+
+
+def test_the_hung_tool_of_a_plugins_check_ends_with_the_serve_daemon(tmp_path):
+    """The daemon adopts no orphans (it runs for weeks), but the children its checks
+    started (a tool a timed-out check still waits on) go when SIGTERM stops it."""
+    from serve_support import Serve
+
+    seconds = str(200000 + os.getpid() % 100000)
+    site = _site(tmp_path, "leaky", _LEAVES_PROCESSES.replace("{seconds}", seconds),
+                 "[envdoctor.checks]\nleaky.hung_tool = leaky:HUNG\n")
+    serve = Serve("--interval", "1", env={"PYTHONPATH": str(site)})
+    try:
+        deadline = time.monotonic() + 30
+        while not _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sleepers(seconds), "the check never started its tool"
+        assert serve.stop() == 0
+        deadline = time.monotonic() + 5
+        while _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sleepers(seconds) == []
+    finally:
+        if serve.proc.poll() is None:
+            serve.proc.kill()
+        for pid in _sleepers(seconds):
+            os.kill(pid, 9)

@@ -94,7 +94,10 @@ def run(options: Any) -> int:
 
             sys.stderr.write(f"envdoctor: {one_line(mask_own_secrets(str(exc)))}\n")
             return EXIT_USAGE
-        return daemon.run()
+        from envdoctor.forked import contained
+
+        with contained(orphans=False):  # on SIGTERM, what a plug-in's check started (a hung tool) goes too
+            return daemon.run()
     except KeyboardInterrupt:
         try:
             sys.stderr.write("envdoctor: interrupted\n")
