@@ -194,9 +194,19 @@ def coerce(value: Any, default: Any, key: str, *, from_text: bool = False) -> An
     if isinstance(default, (list, tuple)):
         if from_text and isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
-        if isinstance(value, list):
+        if not isinstance(value, list):
+            raise ParseError(f"expected a list, got {value!r}")
+        # a default of strings only (`["a", "b"]`) asks for strings: `[1, {a=1}]` reached the check
+        if default and all(isinstance(item, str) for item in default):
+            odd = next((item for item in value if not isinstance(item, str)), None)
+            if odd is not None:
+                raise ParseError(f"expected a list of strings, got the item {odd!r}")
+        return value
+    if isinstance(default, dict):
+        if isinstance(value, dict):
             return value
-        raise ParseError(f"expected a list, got {value!r}")
+        where = " (a table: set it in envdoctor.toml)" if from_text else ""
+        raise ParseError(f"expected a table{where}, got {value!r}")
     return value  # a default of None accepts any value the check then judges
 
 

@@ -266,3 +266,21 @@ def test_a_zero_seconds_setting_is_the_checks_to_judge(tmp_path):
     path.write_text('[check."dist.env"]\nresolve_timeout_seconds = 0\n[check."torch.pin_memory"]\nmeasure_timeout_seconds = 0\n')
     out = cli("check", "--config", str(path), "--only", "shm.size", timeout=60)
     assert out.returncode in (0, 1) and "bad config" not in out.stderr, out.stderr
+
+
+def test_a_setting_declared_as_strings_or_a_table_takes_only_that(tmp_path):
+    """Helper-37: `names = [1, {a=1}]` for a default of strings, and `table = 5` (or an
+    environment variable) for a default table, reached the check as they were."""
+    check = Check(id="acme.kinds", title="t", run=lambda ctx: ok("x"), config={"names": ["a", "b"], "table": {"x": 1},
+                                                                          "anything": None, "open": []})
+    catalog = {check.id: check}
+    for text, said in (('names = [1, {a=1}]', "expected a list of strings, got the item 1"),
+                       ('table = 5', "expected a table, got 5")):
+        _write(tmp_path, "envdoctor.toml", f'[check."acme.kinds"]\n{text}\n')
+        with pytest.raises(ConfigError, match=said):
+            cfg.load(catalog, environ={}, cwd=tmp_path)
+    with pytest.raises(ConfigError, match=r"ENVDOCTOR_CHECK__ACME_KINDS__TABLE: expected a table \(a table: set it in envdoctor.toml\)"):
+        cfg.load(catalog, environ={"ENVDOCTOR_CHECK__ACME_KINDS__TABLE": "zzz"})
+    _write(tmp_path, "envdoctor.toml", '[check."acme.kinds"]\nnames = ["c"]\ntable = {y = 2}\nanything = 3\nopen = [1, "a"]\n')
+    settings = cfg.load(catalog, environ={}, cwd=tmp_path).settings_for(check)
+    assert (settings["names"], settings["table"], settings["anything"], settings["open"]) == (["c"], {"y": 2}, 3, [1, "a"])
