@@ -249,18 +249,80 @@ def _or_unset(value: Any) -> str:
 
 
 def job_python(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """The interpreter the command runs when it is one (`python train.py`, `/opt/venv/bin/python3.11 -m x`):
-    its torch is the job's, which may not be the one beside envdoctor."""
+    """The interpreter the command runs: the command itself when it is one (`python
+    train.py`, `/opt/venv/bin/python3.11 -m x`), or the one its `#!` line names (`torchrun`,
+    `accelerate`, `deepspeed`: scripts pip wrote for the job's venv). Its torch is the
+    job's, which may not be the one beside envdoctor."""
+    from envdoctor.become import CannotRun, resolve_command
+
+    if not argv:
+        return None
+    try:
+        path = resolve_command(argv[0], env.get("PATH"))
+    except CannotRun:
+        return None
+    if _is_python(argv[0]):
+        return path
+    return _shebang_python(path, env)
+
+
+def _is_python(name: str) -> bool:
     import re
+
+    return re.fullmatch(r"python[0-9.]*", os.path.basename(name)) is not None
+
+
+# pip's form for a python whose path is too long (or has a space) for a `#!` line:
+# `#!/bin/sh`, then this, the path, "$0" "$@"
+_PIP_SH_EXEC = "'''exec' "
+
+
+def _shebang_python(script: str, env: Mapping[str, str]) -> str | None:
+    """The python a script's first lines run (`#!/venv/bin/python3`, `#!/usr/bin/env
+    python3`, or pip's two-line form for a long path), or None: a binary, another
+    interpreter, an unreadable file."""
+    import shlex
 
     from envdoctor.become import CannotRun, resolve_command
 
-    if not argv or not re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])):
+    try:
+        with open(script, "rb") as f:
+            head = f.read(1024)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    lines = head.decode("utf-8", "replace").splitlines()
+    words = lines[0][2:].split()
+    if words[:1] == ["/bin/sh"] and len(lines) > 1 and lines[1].startswith(_PIP_SH_EXEC):
+        try:
+            words = shlex.split(lines[1][len(_PIP_SH_EXEC):])[:1]
+        except ValueError:
+            return None
+    elif words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")][:1]  # `env -S python3 -u`
+    if not words or not _is_python(words[0]):
         return None
     try:
-        return resolve_command(argv[0], env.get("PATH"))
+        return resolve_command(words[0], env.get("PATH"))
     except CannotRun:
         return None
+
+
+def configured_python(config: Any) -> str | None:
+    """`python` from the config file or ENVDOCTOR_PYTHON, found on the command's PATH
+    (this child runs with the command's environment); a name that finds nothing is bad
+    config, as in `check`. exec used to ignore it and judge another torch unsaid."""
+    import shutil
+
+    from envdoctor.errors import UsageError
+
+    if not config.python:
+        return None
+    found = shutil.which(config.python)
+    if found is None:
+        raise UsageError(f"bad config: {config.python_from or 'python'}: {config.python!r}: no such executable interpreter")
+    return found
 
 
 def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions, budget: float,
@@ -350,6 +412,10 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
 
     failures = registry.failures_selected(only, set(_split(options.skip)) | set(config.skip), disabled_in(config))
     send({"plan": [p.check.id for p in plans] + [f.row or f.name for f in failures], "fail_on": fail_on})
-    answer = preflight(plans, env, options, options.timeout, failures, started=started, python=job_python(argv, env))
+    try:  # the config's python when one is set (as `check` reads it), else the command's
+        python = configured_python(config) or job_python(argv, env)
+    except UsageError as exc:
+        return {"stop": [EXIT_USAGE, str(exc)]}
+    answer = preflight(plans, env, options, options.timeout, failures, started=started, python=python)
     answer["fail_on"] = fail_on
     return answer

@@ -269,3 +269,63 @@ def test_a_check_cut_short_by_execs_bound_names_execs_timeout_not_its_own():
     cut, kept = exec_preflight._clamped([Plan(check, {}, 15.0), Plan(check, {}, 1.0)], 2.06706)
     assert cut.timeout == 2.06706 and "exec's --timeout" in cut.raise_with
     assert kept.timeout == 1.0 and kept.raise_with == ""  # its own setting is what binds it
+
+
+def test_a_launcher_script_is_judged_by_the_python_its_first_line_runs(tmp_path):
+    """Helper-38: `exec -- torchrun ...` (accelerate, deepspeed: scripts pip wrote for the
+    job's venv) judged envdoctor's own torch, not the job's."""
+    import json
+    import sys
+
+    from test_torchfiles import make_venv, stub_torch
+
+    python = make_venv(tmp_path)
+    stub_torch(next((tmp_path / "venv" / "lib").glob("python3*/site-packages")))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {"torchrun": f"#!{python}\nimport sys\n",
+               "accelerate": "#!/usr/bin/env -S python -u\n",
+               "deepspeed": f"#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\n",
+               "runner.sh": "#!/bin/sh\nexec python \"$@\"\n"}
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{python.parent}{os.pathsep}{os.environ['PATH']}"}
+    for name in ("torchrun", "accelerate", "deepspeed"):
+        assert exec_preflight.job_python([name, "--nproc-per-node=2", "train.py"], env) == str(python), name
+    assert exec_preflight.job_python(["runner.sh"], env) is None  # a shell script: its python is unknown
+    assert exec_preflight.job_python(["true"], env) is None  # a binary
+
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--only", "torch.cudnn", "--report", str(report),
+                           "--", "torchrun", "train.py"],
+                          env={**os.environ, **env, "ENVDOCTOR_NO_CACHE": "1", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert "torch 2.99.0+cu128" in json.loads(report.read_text())["results"][0]["summary"], proc.stderr
+
+
+def test_exec_reads_the_configs_python_as_check_does(tmp_path):
+    """Helper-38: ENVDOCTOR_PYTHON (or `python` in the file) was ignored by exec, where
+    `check` judged that interpreter's torch and refused one that does not exist."""
+    import json
+    import sys
+
+    from test_torchfiles import make_venv, stub_torch
+
+    python = make_venv(tmp_path)
+    stub_torch(next((tmp_path / "venv" / "lib").glob("python3*/site-packages")))
+    base = {**os.environ, "ENVDOCTOR_NO_CACHE": "1", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    base.pop("ENVDOCTOR_CONFIG", None)
+    marker = tmp_path / "ran"
+    missing = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--", "touch", str(marker)],
+                             env={**base, "ENVDOCTOR_PYTHON": "/nonexistent/python"}, capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)
+    assert missing.returncode == 2 and not marker.exists(), missing.stderr
+    assert "bad config: environment: ENVDOCTOR_PYTHON: '/nonexistent/python': no such executable" in missing.stderr
+
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--only", "torch.cudnn", "--report", str(report),
+                           "--", "true"], env={**base, "ENVDOCTOR_PYTHON": str(python)}, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch 2.99.0+cu128" in json.loads(report.read_text())["results"][0]["summary"], proc.stderr
