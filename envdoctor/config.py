@@ -116,7 +116,7 @@ def _not_a_config_file(path: Path) -> str:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        return "no such config file"
+        return "a symbolic link to nothing" if path.is_symlink() else "no such config file"
     except OSError as exc:
         return f"cannot read the config file: {exc.strerror or exc}"
     if stat.S_ISDIR(mode):
@@ -138,6 +138,8 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
         return path, ("tool.envdoctor" if path.name == "pyproject.toml" else "")
     if _is_file(cwd / "envdoctor.toml"):
         return cwd / "envdoctor.toml", ""
+    if os.path.lexists(cwd / "envdoctor.toml"):  # a directory, a FIFO, a dangling link: the run went on unconfigured, unsaid
+        raise ConfigError(_not_a_config_file(cwd / "envdoctor.toml"), file=str(cwd / "envdoctor.toml"))
     pyproject = cwd / "pyproject.toml"
     if _is_file(pyproject):
         try:

@@ -284,3 +284,17 @@ def test_a_setting_declared_as_strings_or_a_table_takes_only_that(tmp_path):
     _write(tmp_path, "envdoctor.toml", '[check."acme.kinds"]\nnames = ["c"]\ntable = {y = 2}\nanything = 3\nopen = [1, "a"]\n')
     settings = cfg.load(catalog, environ={}, cwd=tmp_path).settings_for(check)
     assert (settings["names"], settings["table"], settings["anything"], settings["open"]) == (["c"], {"y": 2}, 3, [1, "a"])
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda p: p.mkdir(), "a directory, not a config file"),
+    (lambda p: p.symlink_to(p.parent / "gone.toml"), "a symbolic link to nothing"),
+])
+def test_an_envdoctor_toml_that_is_no_file_is_bad_config(tmp_path, make, said):
+    """Helper-38: a directory (or a dangling link) named envdoctor.toml in the working
+    directory was passed over without a word, and the run went on with no config."""
+    make(tmp_path / "envdoctor.toml")
+    with pytest.raises(ConfigError, match=said):
+        cfg.load(CATALOG, environ={}, cwd=tmp_path)
+    proc = cli("exec", "--", "true", cwd=tmp_path)
+    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
