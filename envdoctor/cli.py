@@ -381,6 +381,11 @@ def _run_app() -> int:
 
         where = exc.ctx.command_path if isinstance(exc, usage_error) and exc.ctx is not None else ""
         hint = f" (see `{where} --help`)" if where else ""
+        if where.endswith(" exec"):  # exec speaks logfmt, its usage errors too: `--timeout=abc` was the odd one out
+            from envdoctor.entrypoint import log
+
+            log("error", f"{exc.format_message()}{hint}", exit=exc.exit_code)
+            return exc.exit_code
         # click quotes the value it refused, which may be a token pasted into the wrong flag
         sys.stderr.write(f"envdoctor: {one_line(_scrubbed(exc.format_message()))}{hint}\n")
         return exc.exit_code

@@ -155,7 +155,11 @@ def test_a_usage_error_is_one_line_naming_the_help(args, said):
     proc = subprocess.run([sys.executable, "-m", "envdoctor", *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("envdoctor: ") and said in lines[0] and "--help`" in lines[0], lines
+    # exec's log is logfmt, its usage errors too (a log parser finds them with the rest)
+    start = "ts=" if args[0] == "exec" else "envdoctor: "
+    assert len(lines) == 1 and lines[0].startswith(start) and said in lines[0] and "--help`" in lines[0], lines
+    if args[0] == "exec":
+        assert " level=error " in lines[0] and lines[0].endswith(" exit=2 source=envdoctor.exec"), lines
 
 
 def test_a_usage_error_masks_a_secret_pasted_into_the_wrong_flag():
