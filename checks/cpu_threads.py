@@ -141,6 +141,11 @@ def per_process_share(cpus: float, processes: int, workers: int = 0) -> int:
     return max(1, math.floor(cpus / processes + 1e-9) - workers)
 
 
+# Not a setting a user gives: exec puts the count of `torchrun --nproc-per-node N` in
+# processes_per_node, and this key says where it came from, so the line does not say "config".
+PROCESSES_SOURCE = "processes_per_node_from"
+
+
 def _processes(facts: ThreadFacts, settings: Mapping[str, Any]) -> tuple[int, str, str | None]:
     """(processes per node, where that number came from, a note when LOCAL_WORLD_SIZE is unusable)."""
     configured = int(settings["processes_per_node"] or 0)
@@ -151,7 +156,7 @@ def _processes(facts: ThreadFacts, settings: Mapping[str, Any]) -> tuple[int, st
         note = f"LOCAL_WORLD_SIZE={facts.local_world_size!r} is not a positive integer (see dist.env); ignored"
         return max(1, configured), "config" if configured > 0 else "default", note
     if configured > 0:
-        return configured, "config processes_per_node", None
+        return configured, settings.get(PROCESSES_SOURCE) or "config processes_per_node", None
     return 1, "default", None
 
 

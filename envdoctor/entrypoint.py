@@ -107,7 +107,7 @@ def _log_results(rows: Sequence[Mapping[str, Any]], options: ExecOptions, fixabl
     for row in loud:
         message = f"{row['status']} {row['check']}: {row['summary']}"
         if options.fix and row.get("remediation") and row["check"] not in fixable:
-            message += " (cannot be fixed from inside the container)"
+            message += " (not something --fix changes: see its fix)"
         log("warn" if row["status"] == "warn" else "error", message, check=row["check"], status=row["status"],
             fix=row.get("remediation") or None)
 

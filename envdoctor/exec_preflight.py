@@ -309,6 +309,12 @@ def _shebang_python(script: str, env: Mapping[str, str]) -> str | None:
         return None
 
 
+def cpu_threads_source_key() -> str:
+    from envdoctor.checks.cpu_threads import PROCESSES_SOURCE
+
+    return PROCESSES_SOURCE
+
+
 def configured_python(config: Any) -> str | None:
     """`python` from the config file or ENVDOCTOR_PYTHON, found on the command's PATH
     (this child runs with the command's environment); a name that finds nothing is bad
@@ -401,6 +407,7 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
         threads = config.checks.setdefault("cpu.threads", {})
         if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):
             threads["processes_per_node"] = ranks  # as if configured: the ranks share the CPUs
+            threads[cpu_threads_source_key()] = f"{os.path.basename(argv[0])}'s --nproc-per-node"  # said so, not "config"
         plans = select(registry, config, options)
     except ConfigError as exc:
         return {"stop": [EXIT_USAGE, f"bad config: {exc}"]}

@@ -329,3 +329,24 @@ def test_exec_reads_the_configs_python_as_check_does(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "torch 2.99.0+cu128" in json.loads(report.read_text())["results"][0]["summary"], proc.stderr
+
+
+def test_ranks_from_the_launcher_are_said_to_come_from_it(tmp_path):
+    """Helper-38: `exec -- torchrun --nproc-per-node=2 ...` said "2 processes per node
+    (config processes_per_node)" with no config anywhere."""
+    import json
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    report = tmp_path / "r.json"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "64"}
+    env.pop("ENVDOCTOR_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--only", "cpu.threads", "--report", str(report),
+                           "--", "torchrun", "--nproc-per-node=2", "train.py"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(report.read_text())["results"]
+    assert "2 processes per node (torchrun's --nproc-per-node)" in row["summary"], row["summary"]

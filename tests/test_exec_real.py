@@ -72,7 +72,7 @@ def test_without_strict_the_job_runs_in_the_64m_namespace_and_the_log_names_the_
     assert marker.read_text() == str(64 * 1024**2)
     fail = one(proc.stderr, "fail shm.size:")
     # --fix cannot grow /dev/shm from inside: the line says so and gives the outside fix
-    assert fail["msg"].endswith("(cannot be fixed from inside the container)")
+    assert fail["msg"].endswith("(not something --fix changes: see its fix)")
     assert fail["fix"].startswith("docker run --shm-size=")
 
 
