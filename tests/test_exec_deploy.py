@@ -82,3 +82,19 @@ def test_the_pod_snippet_points_at_the_init_container_variant():
     (referenced,) = re.findall(r"\(([./\w-]+\.yaml)\)", text)
     assert (DOCKER / referenced).resolve().is_file()
     assert '"envdoctor", "check"' in (DOCKER / referenced).read_text()
+
+
+def test_the_images_cmd_is_a_real_training_job_that_runs_under_the_entrypoint(tmp_path):
+    """Helper-38: the Dockerfile copied a train.py that deploy/docker/ did not have, so the
+    example did not build as shipped. Its CMD now runs, for real, under the ENTRYPOINT."""
+    _need_tini()
+    pytest.importorskip("torch")
+    entrypoint, cmd = _instruction("ENTRYPOINT"), _instruction("CMD")
+    assert cmd == ["python", "train.py"] and (DOCKER / "train.py").is_file()
+    report = tmp_path / "report.json"
+    job = [sys.executable, str(DOCKER / "train.py"), "--steps", "3", "--workers", "1"]
+    proc = subprocess.run(_runnable(entrypoint, report) + job, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "4096"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("training on ") and "done: 3 steps" in proc.stdout, proc.stdout
+    assert f"OMP_NUM_THREADS={len(os.sched_getaffinity(0))}" in proc.stdout  # --fix sized it to the CPUs
