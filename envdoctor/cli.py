@@ -346,8 +346,9 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
     say(f"  enabled = {toml_value(check.enabled)}")
     timeout = check.timeout if check.timeout is not None else DEFAULT_TIMEOUT
     say(f"  timeout = {toml_value(float(timeout))}" + ("" if check.timeout is not None else "  # the run's default"))
-    for key, default in check.config.items():
-        say(f"  {key} = {toml_value(default)}")
+    for key, default in check.config.items():  # TOML has no null: a default of None is said, not shown as ""
+        say(f"  # {key}: unset by default; any value, for the check to judge" if default is None
+            else f"  {key} = {toml_value(default)}")
     if check.metrics:
         say("\nMetrics:")
         for m in check.metrics:

@@ -435,6 +435,9 @@ def toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table: `{x = 1}`, a key that is no bare word quoted
+        return "{" + ", ".join(f"{k if re.fullmatch(r'[A-Za-z0-9_-]+', str(k)) else toml_value(str(k))} = {toml_value(v)}"
+                               for k, v in value.items()) + "}"
     return '""' if value is None else repr(value)
 
 

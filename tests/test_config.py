@@ -298,3 +298,21 @@ def test_an_envdoctor_toml_that_is_no_file_is_bad_config(tmp_path, make, said):
         cfg.load(CATALOG, environ={}, cwd=tmp_path)
     proc = cli("exec", "--", "true", cwd=tmp_path)
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_explain_writes_a_table_default_as_toml_and_says_a_none_default(tmp_path):
+    """Helper-37: a dict default was shown as Python's repr, `table = {'x': 1}`, which is no
+    TOML, and a None default as `maybe = ""`, though the check then got None."""
+    import tomllib
+
+    assert tomllib.loads(f"t = {cfg.toml_value({'x': 1, 'a b': 'c', 'n': [1, 2]})}")["t"] == {"x": 1, "a b": "c", "n": [1, 2]}
+    site = tmp_path / "site"
+    info = site / "kinds-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "kinds.py").write_text("from envdoctor.check import Check\nfrom envdoctor.model import ok\n"
+                                   "CHECK = Check(id='acme.kinds', title='t', run=lambda ctx: ok('x'), "
+                                   "config={'table': {'x': 1}, 'maybe': None})\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kinds\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[envdoctor.checks]\nacme.kinds = kinds:CHECK\n")
+    out = cli("explain", "acme.kinds", env={"PYTHONPATH": str(site)}).stdout
+    assert "  table = {x = 1}" in out and "  # maybe: unset by default" in out and 'maybe = ""' not in out, out

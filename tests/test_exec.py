@@ -345,7 +345,7 @@ def test_a_broken_plugin_is_an_error_row_and_strict_refuses(plugin_env, tmp_path
     assert one(proc.stderr, "error example.broken")["status"] == "error"
 
 
-def _plugin_that_hangs_on_import(tmp_path: Path) -> dict:
+def _plugin_that_hangs_on_import(tmp_path: Path, body: str = "import time\ntime.sleep(120)\n") -> dict:
     """A third-party check registered as an installed distribution is (a dist-info with
     an entry point), whose module never finishes importing."""
     site = tmp_path / "site"
@@ -353,11 +353,12 @@ def _plugin_that_hangs_on_import(tmp_path: Path) -> dict:
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: envdoctor-hangs\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[envdoctor.checks]\nhangs.on_import = envdoctor_hangs_mod:CHECK\n")
-    (site / "envdoctor_hangs_mod.py").write_text("import time\ntime.sleep(120)\n")
+    (site / "envdoctor_hangs_mod.py").write_text(body)
     return {"PYTHONPATH": str(site)}
 
 
 def test_a_plugin_whose_import_hangs_never_holds_the_job(tmp_path):
+    """Its import gets half the pre-flight's bound; the built-in checks run in the rest."""
     env = _plugin_that_hangs_on_import(tmp_path)
     marker = tmp_path / "ran"
     report = tmp_path / "report.json"
@@ -366,6 +367,30 @@ def test_a_plugin_whose_import_hangs_never_holds_the_job(tmp_path):
     assert time.monotonic() - started < 60, "exec waited for the plug-in's import"
     assert proc.returncode == 0 and marker.exists(), proc.stderr
     first = messages(proc.stderr)[0]  # names the plug-in it was stuck on, and the way round it
+    assert first.startswith("error hangs.on_import: ") and "its import did not finish within " in first, first
+    assert "stuck at envdoctor_hangs_mod.py:2" in first and "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1" in first
+    document = json.loads(report.read_text())
+    jsonschema.validate(document, json.loads((REPO / "envdoctor" / "schema" / "report-v1.json").read_text()))
+    rows = {r["check"]: r for r in document["results"]}
+    assert rows["hangs.on_import"]["status"] == "error" and rows["shm.size"]["status"] != "error", rows
+
+    marker.unlink()
+    strict = envdoctor_exec("--strict", "--timeout", "2", "--", "touch", str(marker), env=env)
+    assert strict.returncode == 78 and not marker.exists(), strict.stderr
+
+
+def test_a_plugin_import_that_holds_the_interpreter_lock_never_holds_the_job(tmp_path):
+    """A plug-in wedged in one C call at import (a catastrophic regular expression) stops
+    every thread of the pre-flight: it is killed at the bound, and the report says nothing
+    was verified, naming the plug-in it was importing."""
+    env = _plugin_that_hangs_on_import(tmp_path, 'import re\nre.match(r"(a+)+$", "a" * 64 + "b")\n')
+    marker = tmp_path / "ran"
+    report = tmp_path / "report.json"
+    started = time.monotonic()
+    proc = envdoctor_exec("--timeout", "2", "--report", str(report), "--", "touch", str(marker), env=env)
+    assert time.monotonic() - started < 60, "exec waited for the plug-in's import"
+    assert proc.returncode == 0 and marker.exists(), proc.stderr
+    first = messages(proc.stderr)[0]
     assert "did not finish within 2 s (it was still importing plug-in checks: hangs.on_import " in first, first
     assert "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1" in first
     assert "0 checks in" in messages(proc.stderr)[-1] and "nothing verified" in messages(proc.stderr)[-1]
