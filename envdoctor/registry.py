@@ -116,13 +116,15 @@ def _source_checkout_entry_points(group: str) -> list[EntryPoint]:
 
 
 def entry_points_of(group: str) -> list[EntryPoint]:
-    """Every entry point of `group`, built-ins first then by name, each value once."""
-    seen: set[str] = set()
+    """Every entry point of `group`, built-ins first then by name, each (name, value) once.
+    By name and value: two names for one object (a format's alias) are two entry points,
+    and keyed on the value alone the second vanished without a word."""
+    seen: set[tuple[str, str]] = set()
     out: list[EntryPoint] = []
     for ep in sorted([*_source_checkout_entry_points(group), *entry_points(group=group)],
                      key=lambda e: (not e.value.startswith(BUILTIN_PREFIX), e.name)):
-        if ep.value not in seen:  # the same distribution found twice on sys.path, or installed and checked out
-            seen.add(ep.value)
+        if (ep.name, ep.value) not in seen:  # the same distribution found twice on sys.path, or installed and checked out
+            seen.add((ep.name, ep.value))
             out.append(ep)
     return out
 
@@ -178,16 +180,16 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
     checks: dict[str, Check] = {}
     origins: dict[str, str] = {}
     failures: list[LoadFailure] = []
-    seen_values: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     eps = entry_points_of(GROUP)
     third_party = [ep for ep in eps if not _is_builtin(ep)] if autoload_plugins else []
     if third_party and importing is not None:
         importing(third_party)
     plugins = load_bounded(third_party, import_timeout) if third_party else {}
     for ep in eps:
-        if ep.value in seen_values:  # the same distribution found twice on sys.path
+        if (ep.name, ep.value) in seen:  # the same distribution found twice on sys.path
             continue
-        seen_values.add(ep.value)
+        seen.add((ep.name, ep.value))
         if not autoload_plugins and not _is_builtin(ep):
             continue
         dist = _distribution_name(ep)

@@ -757,3 +757,29 @@ def test_the_hung_tool_of_a_plugins_check_ends_with_the_serve_daemon(tmp_path):
             serve.proc.kill()
         for pid in _sleepers(seconds):
             os.kill(pid, 9)
+
+
+_ALIASED = '''
+from envdoctor.check import Check
+from envdoctor.export import Exporter
+from envdoctor.model import ok
+
+CHECK = Check(id="alias.real", title="registered twice", run=lambda ctx: ok("ran"))
+EXPORTER = Exporter(name="tsv", render=lambda report, options: "tsv\\n", content_type="text/plain", extension="tsv")
+'''
+
+
+def test_two_names_for_one_object_are_two_entry_points(tmp_path):
+    """Helper-37: entry points were told apart by their value only, so a format's alias
+    (`tsv` and `tab` naming one EXPORTER) lost a name without a word, and a check under two
+    names gave one row and no sign of the second."""
+    site = _site(tmp_path, "aliased", _ALIASED, "[envdoctor.exporters]\ntsv = aliased:EXPORTER\ntab = aliased:EXPORTER\n"
+                 "[envdoctor.checks]\nalias.real = aliased:CHECK\nalias.other = aliased:CHECK\n")
+    env = {"PYTHONPATH": str(site)}
+    for fmt in ("tsv", "tab"):
+        proc = cli("check", "--only", "shm.size", "-f", fmt, env=env)
+        assert proc.returncode in (0, 1) and proc.stdout == "tsv\n", (fmt, proc.stderr)
+    rows = {r["check"]: r for r in json.loads(cli("check", "-f", "json", env=env).stdout)["results"]}
+    assert rows["alias.real"]["status"] == "ok"
+    (second,) = [r for check_id, r in rows.items() if check_id.endswith("alias.real") and check_id != "alias.real"]
+    assert second["status"] == "error" and "already provided" in second["summary"], second
