@@ -215,3 +215,14 @@ def test_a_path_that_names_a_directory_or_nothing_is_refused(tmp_path, args, cod
     assert out.returncode == code and said in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []  # nothing written anywhere
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root: the file's own permissions let it past the first test")
+def test_a_file_in_proc_says_the_folder_takes_no_new_files():
+    """Helper-38: `-o /proc/version` (exec --report too) said "No such file or directory"
+    of a file that exists: the temporary beside it cannot be made in /proc."""
+    proc = cli("check", "--only", "shm.size", "-f", "json", "-o", "/proc/version",
+               env={"ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("envdoctor: cannot write /proc/version: no new file can be made in /proc "
+                                   "(a file system such as /proc or /sys)"), proc.stderr
