@@ -9,6 +9,7 @@ as integers, never "64M") so JSON consumers and Prometheus gauges get numbers.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -197,10 +198,72 @@ def malformed(result: Result) -> str | None:
     if not isinstance(result.fix_env, Mapping):
         return f"fix_env is a {type(result.fix_env).__name__}, not a dict"
     for name, value in result.fix_env.items():
-        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+        if not isinstance(name, str) or not _VARIABLE.fullmatch(name):  # as --keep takes them: `A B` is no variable
             return f"an environment change names {name!r}, not a variable (a Finding's env)"
-        if value is not None and (not isinstance(value, str) or "\0" in value):
+        if value is not None and (not isinstance(value, str) or "\0" in value or not _encodable(value)):
             return f"the environment change for {name} is {value!r}, not a str or None (a Finding's env)"
+    return None
+
+
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _encodable(text: str) -> bool:
+    """What execve can be given: a lone surrogate ('\\ud800') is no byte, and --fix died on it."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_MAX_DEPTH, _MAX_ITEMS, _MAX_INT_BITS = 64, 200_000, 13_000  # 13,000 bits: ~3,900 digits, under JSON's 4,300
+
+
+def malformed_facts(facts: Mapping[str, Any], metrics: Iterable[Any] = ()) -> str | None:
+    """What in a plug-in's facts no reader can take, or None: a key that is not a str at
+    any depth (the report's JSON has only str keys, and a tuple key broke redaction), a
+    structure deeper than 64 or holding itself, an integer too long for JSON, or a value
+    a declared metric cannot be (`float()` of it fails). One walk, bounded; the
+    built-in checks' facts, rendered by the same code every run, are not walked."""
+    stack: list[tuple[Any, int, bool]] = [(facts, 0, False)]  # (value, depth, leaving it)
+    on_path: set[int] = set()  # the containers above the one being looked at: a shared one is fine, a cycle is not
+    seen = 0
+    while stack:
+        value, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(value))
+            continue
+        seen += 1
+        if seen > _MAX_ITEMS:
+            return f"facts hold more than {_MAX_ITEMS} values"
+        if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
+            return f"facts hold an integer of {value.bit_length()} bits, too long for a report"
+        if isinstance(value, (str, bytes, int, float)) or value is None:
+            continue
+        if isinstance(value, Mapping):
+            odd = next((key for key in value if not isinstance(key, str)), None)
+            if odd is not None:
+                return f"facts hold the key {odd!r}, not a str"
+            children = list(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            children = list(value)
+        else:
+            continue
+        if depth >= _MAX_DEPTH or id(value) in on_path:
+            return f"facts are nested deeper than {_MAX_DEPTH} levels, or hold themselves"
+        on_path.add(id(value))
+        stack.append((value, depth, True))
+        stack.extend((child, depth + 1, False) for child in children)
+    for metric in metrics:
+        value = facts.get(metric.fact)
+        values = value.values() if metric.label and isinstance(value, Mapping) else [value]
+        for number in values:
+            if isinstance(number, (int, float)):
+                try:
+                    float(number)
+                except OverflowError:
+                    return f"the metric fact {metric.fact!r} holds {str(number)[:20]}..., too large for a number"
     return None
 
 

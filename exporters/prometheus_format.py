@@ -35,7 +35,10 @@ def _number(value) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past a float's range: no sample, not a broken exposition
+            return None
     return None
 
 
@@ -99,7 +102,7 @@ class ReportCollector:
                     family = families[m.name] = GaugeMetricFamily(PREFIX + m.name, m.help, labels=labels)
                 if m.label:
                     if isinstance(value, Mapping):
-                        for label_value, v in sorted(value.items()):
+                        for label_value, v in sorted(value.items(), key=lambda item: str(item[0])):
                             number = _number(v)
                             if number is not None:
                                 family.add_metric([r.target, str(label_value)], number)

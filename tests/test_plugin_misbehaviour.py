@@ -783,3 +783,60 @@ def test_two_names_for_one_object_are_two_entry_points(tmp_path):
     assert rows["alias.real"]["status"] == "ok"
     (second,) = [r for check_id, r in rows.items() if check_id.endswith("alias.real") and check_id != "alias.real"]
     assert second["status"] == "error" and "already provided" in second["summary"], second
+
+
+_ODD_FACTS = r'''
+from envdoctor.check import Check, Metric
+from envdoctor.model import Finding, Result, Status, verdict
+
+EVERYWHERE = ("check", "exec", "serve")
+ODD = (Metric(name="odd_value", fact="val", help="h"), Metric(name="odd_labelled", fact="lab", help="h", label="k"))
+LOOP = {}
+LOOP["me"] = LOOP
+SHARED_LIST = [1, 2]
+
+def _facts(facts):
+    return lambda ctx: Result(Status.OK, "odd facts", "", facts)
+
+def _env(env):
+    return lambda facts, settings: verdict([Finding(Status.WARN, "needs a variable", "set it", env=env)], facts, "fine")
+
+NESTED_KEY = Check(id="odd.nested_key", title="t", run=_facts({"links": {("gpu0", "gpu1"): "NVLink"}}), modes=EVERYWHERE)
+LOOPED = Check(id="odd.loop", title="t", run=_facts(LOOP), modes=EVERYWHERE)
+HUGE = Check(id="odd.huge", title="t", run=_facts({"x": 10 ** 5000}), modes=EVERYWHERE)
+METRIC = Check(id="odd.metric", title="t", run=_facts({"val": 10 ** 400}), metrics=ODD, modes=EVERYWHERE)
+LABELS = Check(id="odd.labels", title="t", run=_facts({"lab": {"a": 1, 2: 3}}), metrics=ODD, modes=EVERYWHERE)
+SURROGATE = Check(id="odd.surrogate", title="t", gather=lambda ctx: {}, judge=_env({"EVIL_S": "\ud800"}), modes=EVERYWHERE)
+SPACE = Check(id="odd.space", title="t", gather=lambda ctx: {}, judge=_env({"A B": "1"}), modes=EVERYWHERE)
+SHARED = Check(id="fine.shared", title="t", run=_facts({"a": SHARED_LIST, "b": SHARED_LIST, "n": 10 ** 300, "s": {1, 2}}),
+               metrics=ODD, modes=EVERYWHERE)
+'''
+_ODD_IDS = {"odd.nested_key": "NESTED_KEY", "odd.loop": "LOOPED", "odd.huge": "HUGE", "odd.metric": "METRIC",
+            "odd.labels": "LABELS", "odd.surrogate": "SURROGATE", "odd.space": "SPACE", "fine.shared": "SHARED"}
+
+
+def test_facts_no_reader_can_take_are_that_checks_error_row(tmp_path):
+    """Helper-39: a tuple key one level down, facts that hold themselves, an integer JSON
+    cannot write, a metric past a float, a lone surrogate or `A B` in a Finding's env:
+    each still broke check, serve --once, every run of the daemon (503 for good) and
+    exec's whole pre-flight. A plug-in's facts are now walked once, bounded."""
+    site = _site(tmp_path, "oddplug", _ODD_FACTS, "[envdoctor.checks]\n" + "".join(
+        f"{check_id} = oddplug:{name}\n" for check_id, name in _ODD_IDS.items()))
+    env = {"PYTHONPATH": str(site)}
+    only = ",".join(["shm.size", *_ODD_IDS])
+    for fmt in ("json", "prometheus", "text"):
+        proc = cli("check", "--only", only, "-f", fmt, env=env)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, (fmt, proc.stderr)
+    rows = {r["check"]: r for r in json.loads(cli("check", "--only", only, "-f", "json", env=env).stdout)["results"]}
+    for check_id in _ODD_IDS:
+        if check_id.startswith("odd."):
+            assert rows[check_id]["status"] == "error", rows[check_id]
+            assert rows[check_id]["summary"].startswith("check returned a malformed Result: "), rows[check_id]
+    assert rows["fine.shared"]["status"] == "ok" and rows["shm.size"]["status"] != "error", rows  # shared, not a loop
+    proc = cli("serve", "--once", "--textfile", str(tmp_path / "n.prom"), env=env)
+    assert proc.returncode == 0 and 'check="odd.loop"' in (tmp_path / "n.prom").read_text(), proc.stderr
+    report = tmp_path / "r.json"
+    proc = cli("exec", "--fix", "--report", str(report), "--", "true", env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
+    assert rows["odd.surrogate"]["status"] == "error" and rows["shm.size"]["status"] != "error", rows
