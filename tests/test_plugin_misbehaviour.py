@@ -840,3 +840,32 @@ def test_facts_no_reader_can_take_are_that_checks_error_row(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
     assert rows["odd.surrogate"]["status"] == "error" and rows["shm.size"]["status"] != "error", rows
+
+
+def test_the_hung_tool_of_a_plugins_check_ends_with_the_serve_daemon_on_sigquit(tmp_path):
+    """Helper-39: on SIGQUIT the daemon died at the signal's default action, and the tools
+    its checks had started ran on; now they go first, and it still dies by SIGQUIT."""
+    import signal
+
+    from serve_support import Serve
+
+    seconds = str(100000 + os.getpid() % 100000)
+    site = _site(tmp_path, "leaky", _LEAVES_PROCESSES.replace("{seconds}", seconds),
+                 "[envdoctor.checks]\nleaky.hung_tool = leaky:HUNG\n")
+    serve = Serve("--interval", "1", env={"PYTHONPATH": str(site)},
+                  command=["sh", "-c", 'ulimit -c 0; trap - QUIT; exec "$0" "$@"', sys.executable, "-m", "envdoctor"])
+    try:
+        deadline = time.monotonic() + 30
+        while not _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sleepers(seconds), "the check never started its tool"
+        assert serve.stop(signal.SIGQUIT) == -signal.SIGQUIT
+        deadline = time.monotonic() + 5
+        while _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sleepers(seconds) == []
+    finally:
+        if serve.proc.poll() is None:
+            serve.proc.kill()
+        for pid in _sleepers(seconds):
+            os.kill(pid, 9)

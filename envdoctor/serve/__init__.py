@@ -176,7 +176,10 @@ class Daemon:
         def on_hup(signum, frame):
             scheduler.reload_requested.set()
 
-        for sig, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_hup)):
+        from envdoctor.stopping import on_sigquit  # Ctrl-\: what the checks started goes, then the default (a core)
+
+        for sig, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_hup),
+                             (signal.SIGQUIT, on_sigquit)):
             # a stop signal the invoker ignores (`nohup`, a script's `serve &`, which ignores
             # SIGINT) stays ignored; SIGHUP was ignored by envdoctor itself while starting
             if sig != signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
