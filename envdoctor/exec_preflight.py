@@ -92,7 +92,7 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
         # `--skip` of every check exec runs started the job "verified" by nothing, --strict too
         runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
         raise UsageError(f"--only/--skip (or the config's only/skip) leave no check that runs in exec; "
-                         f"exec runs: {', '.join(runnable)}")
+                         f"exec runs: {', '.join(runnable)}{pipeline.left_out_hint(registry, set(only) | set(config.only))}")
     return chosen
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from envdoctor import __version__, redact, registry as registry_module, runner, sysfacts
 from envdoctor.config import Config
@@ -48,6 +48,9 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
     for check_id in [*only, *skip]:
         if check_id not in known:
             raise UsageError(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(sorted(known))}")
+    asked_out = [check_id for check_id in selection.only if check_id in registry.left_out]
+    if asked_out:  # asked for by name, on the command line: not dropped without a word
+        raise UsageError(f"--only {', '.join(asked_out)}: {_left_out(asked_out)}")
     plans = []
     for check_id in registry.ids:
         check = registry.checks[check_id]
@@ -59,8 +62,18 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
             continue
         plans.append(runner.Plan(check, config.settings_for(check), config.timeout_for(check)))
     if not plans and (only or skip) and not registry.failures_selected(only, skip, disabled_in(config)):
-        raise UsageError("--only/--skip (or the config's only/skip) leave no check to run")
+        raise UsageError("--only/--skip (or the config's only/skip) leave no check to run" + left_out_hint(registry, only))
     return plans
+
+
+def _left_out(ids: list[str]) -> str:
+    return f"{'a plug-in' if len(ids) == 1 else 'plug-ins'} left out by ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1, not run"
+
+
+def left_out_hint(registry: Registry, only: Iterable[str]) -> str:
+    """'; acme.x: a plug-in left out by ...' when `only` names such ids: why none of them ran."""
+    named = [check_id for check_id in only if check_id in registry.left_out]
+    return f"; {', '.join(named)}: {_left_out(named)}" if named else ""
 
 
 def make_target(pid: int | None, roots: Roots) -> Target:

@@ -210,7 +210,10 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
             continue
         checks[obj.id] = obj
         origins[obj.id] = dist
-    left_out = frozenset() if autoload_plugins else frozenset(ep.name for ep in eps if not _is_builtin(ep))
+    # each by its entry point's name and by the row id a failure of it would have (DIST:NAME),
+    # which the README tells a user to switch off: that variable must not be "unknown" then
+    left_out = frozenset() if autoload_plugins else frozenset(
+        name for ep in eps if not _is_builtin(ep) for name in (ep.name, f"{_distribution_name(ep)}:{ep.name}"))
     return Registry(checks, _row_ids(failures, set(checks)), origins, left_out - set(checks))
 
 

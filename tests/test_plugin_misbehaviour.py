@@ -695,6 +695,18 @@ def test_plugins_left_out_by_the_escape_hatch_keep_their_config_valid(tmp_path):
     rows = json.loads(cli("check", "-f", "json", env=off, cwd=tmp_path).stdout)["results"]
     assert "acme.marker" not in {r["check"] for r in rows}  # left out, not run
     assert cli("check", "--only", "acme.nothing", env=off, cwd=tmp_path).returncode == 2  # a typo is still one
+    # helper-39: asked for by name it was dropped without a word; the row id a failure of it would
+    # have (the README's way to switch a broken plug-in's row off) was "unknown", exit 2
+    for command in ("check", "exec"):
+        asked = cli(command, "--only", "acme.marker,shm.size", *(["--", "true"] if command == "exec" else []),
+                    env=off, cwd=tmp_path)
+        assert asked.returncode == 2 and "acme.marker: a plug-in left out by ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1" in asked.stderr
+    (tmp_path / "only.toml").write_text('only = ["acme.marker"]\n')
+    only = cli("check", "--config", str(tmp_path / "only.toml"), env=off, cwd=tmp_path)
+    assert only.returncode == 2 and "leave no check to run; acme.marker: a plug-in left out" in only.stderr, only.stderr
+    row_off = {**off, "ENVDOCTOR_CHECK__ACMEPLUG_ACME_MARKER__ENABLED": "0"}
+    assert cli("exec", "--", "true", env=row_off, cwd=tmp_path).returncode == 0
+    assert cli("check", "--only", "shm.size", "--skip", "acmeplug:acme.marker", env=row_off, cwd=tmp_path).returncode in (0, 1)
 
 
 def test_a_plugin_whose_import_hangs_leaves_exec_time_for_the_other_checks(tmp_path):
