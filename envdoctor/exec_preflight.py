@@ -157,13 +157,13 @@ def _torch_facts(session: Any, timeout: float) -> Any:
 
 def _probe(python: str, timeout: float) -> Any:
     """The torch facts, bounded by exec's own budget (ENVDOCTOR_PROBE_TIMEOUT does not apply here)."""
-    from envdoctor.probe import TIMEOUT_VAR, ProbeError, run_probe
+    from envdoctor.probe import RAISE_HINT, ProbeError, run_probe
 
     try:
         return run_probe(python, timeout=timeout)
-    except ProbeError as exc:
-        raise ProbeError(str(exc).replace(f"raise the limit with {TIMEOUT_VAR}=SECONDS",
-                                          "exec's --timeout bounds it (torch facts are cached after one full run)")) from None
+    except ProbeError as exc:  # the probe's own advice names a variable exec does not read
+        raise ProbeError(str(exc).replace(RAISE_HINT, "exec's --timeout bounds it (torch facts are cached after "
+                                                      "one full run)")) from None
 
 
 def set_environ(env: Mapping[str, str]) -> None:

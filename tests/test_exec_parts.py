@@ -350,3 +350,25 @@ def test_ranks_from_the_launcher_are_said_to_come_from_it(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(report.read_text())["results"]
     assert "2 processes per node (torchrun's --nproc-per-node)" in row["summary"], row["summary"]
+
+
+def test_a_probe_cut_short_in_exec_names_execs_timeout_not_the_probes_variable(tmp_path):
+    """Helper-39: the row said 'raise the limit with --timeout or ENVDOCTOR_PROBE_TIMEOUT=SECONDS',
+    and exec does not read that variable: the rewrite looked for other words."""
+    import json
+    import sys
+
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "python3").write_text("#!/bin/sh\nexec sleep 60\n")
+    (hang / "python3").chmod(0o755)
+    report = tmp_path / "r.json"
+    env = {**os.environ, "ENVDOCTOR_PYTHON": str(hang / "python3"), "ENVDOCTOR_NO_CACHE": "1",
+           "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.pop("ENVDOCTOR_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--timeout", "3", "--report", str(report), "--", "true"],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summaries = " ".join(r["summary"] for r in json.loads(report.read_text())["results"])
+    assert "exec's --timeout bounds it" in summaries, summaries
+    assert "ENVDOCTOR_PROBE_TIMEOUT" not in summaries + proc.stderr

@@ -298,6 +298,9 @@ def _communicate(proc: subprocess.Popen, timeout: float) -> _Output:
     return _Output(bytes(out), bytes(err), proc.poll() is None, out_trimmed, err_trimmed)
 
 
+RAISE_HINT = f"raise the limit with --timeout or {TIMEOUT_VAR}=SECONDS"
+
+
 def _execute(python: str, args: list[str], timeout: float, source: str,
              env: dict[str, str] | None = None, *, flags: tuple[str, ...] = (),
              what: str = "", raise_hint: str = "") -> dict[str, Any]:
@@ -309,7 +312,7 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
     `raise_hint` says how its limit is raised.
     """
     what = what or f"the torch probe in {python}"
-    raise_hint = raise_hint or f"raise the limit with --timeout or {TIMEOUT_VAR}=SECONDS"
+    raise_hint = raise_hint or RAISE_HINT
     import subprocess  # see _communicate
 
     full_env = None
