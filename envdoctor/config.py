@@ -207,7 +207,7 @@ def coerce(value: Any, default: Any, key: str, *, from_text: bool = False) -> An
     if isinstance(default, dict):
         if isinstance(value, dict):
             return value
-        where = " (a table: set it in envdoctor.toml)" if from_text else ""
+        where = ", which only envdoctor.toml can give" if from_text else ""
         raise ParseError(f"expected a table{where}, got {value!r}")
     return value  # a default of None accepts any value the check then judges
 
@@ -425,14 +425,18 @@ def check_timeout(value: float) -> float:
     return value
 
 
+_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def toml_value(value: Any) -> str:
     """A default as it would be written in envdoctor.toml (so `explain` output can be pasted)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, str):  # a basic string: control characters escaped, or the line is no TOML
+        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c)
+                             for c in value) + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # an inline table: `{x = 1}`, a key that is no bare word quoted

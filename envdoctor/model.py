@@ -189,14 +189,14 @@ def malformed(result: Result) -> str | None:
     for name in ("summary", "remediation"):
         value = getattr(result, name)
         if not isinstance(value, str):
-            return f"{name} is a {type(value).__name__}, not a str"
+            return f"{name} is {_a(value)}, not a str"
     if not isinstance(result.facts, dict):
-        return f"facts is a {type(result.facts).__name__}, not a dict"
+        return f"facts is {_a(result.facts)}, not a dict"
     odd = next((key for key in result.facts if not isinstance(key, str)), None)
     if odd is not None:
         return f"facts has the key {odd!r}, not a str"
     if not isinstance(result.fix_env, Mapping):
-        return f"fix_env is a {type(result.fix_env).__name__}, not a dict"
+        return f"fix_env is {_a(result.fix_env)}, not a dict"
     for name, value in result.fix_env.items():
         if not isinstance(name, str) or not _VARIABLE.fullmatch(name):  # as --keep takes them: `A B` is no variable
             return f"an environment change names {name!r}, not a variable (a Finding's env)"
@@ -206,6 +206,12 @@ def malformed(result: Result) -> str | None:
 
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _a(value: Any) -> str:
+    """'an int', 'a NoneType': the type of `value` with its article."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _encodable(text: str) -> bool:

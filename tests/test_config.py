@@ -279,7 +279,7 @@ def test_a_setting_declared_as_strings_or_a_table_takes_only_that(tmp_path):
         _write(tmp_path, "envdoctor.toml", f'[check."acme.kinds"]\n{text}\n')
         with pytest.raises(ConfigError, match=said):
             cfg.load(catalog, environ={}, cwd=tmp_path)
-    with pytest.raises(ConfigError, match=r"ENVDOCTOR_CHECK__ACME_KINDS__TABLE: expected a table \(a table: set it in envdoctor.toml\)"):
+    with pytest.raises(ConfigError, match=r"ENVDOCTOR_CHECK__ACME_KINDS__TABLE: expected a table, which only envdoctor.toml can give"):
         cfg.load(catalog, environ={"ENVDOCTOR_CHECK__ACME_KINDS__TABLE": "zzz"})
     _write(tmp_path, "envdoctor.toml", '[check."acme.kinds"]\nnames = ["c"]\ntable = {y = 2}\nanything = 3\nopen = [1, "a"]\n')
     settings = cfg.load(catalog, environ={}, cwd=tmp_path).settings_for(check)
@@ -306,6 +306,8 @@ def test_explain_writes_a_table_default_as_toml_and_says_a_none_default(tmp_path
     import tomllib
 
     assert tomllib.loads(f"t = {cfg.toml_value({'x': 1, 'a b': 'c', 'n': [1, 2]})}")["t"] == {"x": 1, "a b": "c", "n": [1, 2]}
+    odd = 'a "quoted"\\ line\nand\ttab\x01\x7f é'  # helper-39: a newline in a default was written raw
+    assert tomllib.loads(f"s = {cfg.toml_value(odd)}")["s"] == odd
     site = tmp_path / "site"
     info = site / "kinds-1.0.dist-info"
     info.mkdir(parents=True)
