@@ -281,8 +281,6 @@ def _shebang_python(script: str, env: Mapping[str, str]) -> str | None:
     """The python a script's first lines run (`#!/venv/bin/python3`, `#!/usr/bin/env
     python3`, or pip's two-line form for a long path), or None: a binary, another
     interpreter, an unreadable file."""
-    import shlex
-
     from envdoctor.become import CannotRun, resolve_command
 
     try:
@@ -295,6 +293,8 @@ def _shebang_python(script: str, env: Mapping[str, str]) -> str | None:
     lines = head.decode("utf-8", "replace").splitlines()
     words = lines[0][2:].split()
     if words[:1] == ["/bin/sh"] and len(lines) > 1 and lines[1].startswith(_PIP_SH_EXEC):
+        import shlex
+
         try:
             words = shlex.split(lines[1][len(_PIP_SH_EXEC):])[:1]
         except ValueError:
@@ -319,12 +319,12 @@ def configured_python(config: Any) -> str | None:
     """`python` from the config file or ENVDOCTOR_PYTHON, found on the command's PATH
     (this child runs with the command's environment); a name that finds nothing is bad
     config, as in `check`. exec used to ignore it and judge another torch unsaid."""
-    import shutil
+    if not config.python:
+        return None
+    import shutil  # here: with its bz2 and lzma, ~3 ms of a start that has no python configured
 
     from envdoctor.errors import UsageError
 
-    if not config.python:
-        return None
     found = shutil.which(config.python)
     if found is None:
         raise UsageError(f"bad config: {config.python_from or 'python'}: {config.python!r}: no such executable interpreter")

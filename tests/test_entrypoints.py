@@ -113,3 +113,20 @@ def test_a_warm_exec_preflight_does_not_import_hashlib(tmp_path):
                                       cwd=tmp_path, timeout=120, check=True).stdout.splitlines()[-1]) for _ in range(2)]
     assert runs[1]["results"] > 0
     assert runs[1]["hashlib"] is False
+
+
+def test_a_warm_exec_preflight_of_a_binary_imports_no_shutil_or_shlex(tmp_path):
+    """Reading the command's `#!` line and the config's python cost a start that has
+    neither ~3 ms: shutil (with bz2 and lzma) and shlex were imported up front."""
+    code = textwrap.dedent("""
+        import json, os, sys, time
+        from envdoctor.exec_preflight import ExecOptions, in_child
+        in_child(ExecOptions(timeout=30.0), dict(os.environ), ["true"], time.monotonic(), lambda m: None)
+        print(json.dumps(sorted(m for m in ("shutil", "shlex", "hashlib") if m in sys.modules)))
+    """)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    for name in ("ENVDOCTOR_NO_CACHE", "ENVDOCTOR_PYTHON", "ENVDOCTOR_CONFIG"):
+        env.pop(name, None)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                      cwd=tmp_path, timeout=120, check=True).stdout.splitlines()[-1]) for _ in range(2)]
+    assert runs[1] == []
