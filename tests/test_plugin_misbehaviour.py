@@ -536,6 +536,13 @@ def _sleepers(seconds: str) -> list[int]:
     return found
 
 
+def _assert_gone_soon(seconds: str) -> None:
+    deadline = time.monotonic() + 5  # a SIGKILLed process is gone at once; allow a loaded machine
+    while _sleepers(seconds) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sleepers(seconds) == []
+
+
 @pytest.mark.parametrize("command", [["check", "-f", "compact"], ["exec", "--", "sh", "-c", "sleep 1"]])
 def test_nothing_a_plugin_started_outlives_the_command(tmp_path, command):
     """A check that timed out left the tool it waited on running, and a plug-in's
@@ -548,10 +555,7 @@ def test_nothing_a_plugin_started_outlives_the_command(tmp_path, command):
                    timeout=60)
         assert "Traceback" not in proc.stderr, proc.stderr
         assert "leaky.hung_tool" in proc.stdout + proc.stderr and "timed out" in proc.stdout + proc.stderr
-        deadline = time.monotonic() + 5  # a SIGKILLed process is gone at once; allow a loaded machine
-        while _sleepers(seconds) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _sleepers(seconds) == []
+        _assert_gone_soon(seconds)
     finally:
         for pid in _sleepers(seconds):
             os.kill(pid, 9)
@@ -736,34 +740,35 @@ def test_nothing_a_plugin_started_outlives_serve_once(tmp_path):
         proc = cli("serve", "--once", "--textfile", str(tmp_path / "node.prom"), env={"PYTHONPATH": str(site)}, timeout=90)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert 'check="leaky.hung_tool"' in (tmp_path / "node.prom").read_text()
-        deadline = time.monotonic() + 5
-        while _sleepers(seconds) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _sleepers(seconds) == []
+        _assert_gone_soon(seconds)
     finally:
         for pid in _sleepers(seconds):
             os.kill(pid, 9)
 
 
-def test_the_hung_tool_of_a_plugins_check_ends_with_the_serve_daemon(tmp_path):
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGQUIT"])
+def test_the_hung_tool_of_a_plugins_check_ends_with_the_serve_daemon(tmp_path, stop):
     """The daemon adopts no orphans (it runs for weeks), but the children its checks
-    started (a tool a timed-out check still waits on) go when SIGTERM stops it."""
+    started (a tool a timed-out check still waits on) go when it stops. Helper-39: on
+    SIGQUIT it died at the signal's default action and they ran on; now they go first,
+    and it still dies by SIGQUIT."""
+    import signal
+
     from serve_support import Serve
 
-    seconds = str(200000 + os.getpid() % 100000)
+    seconds = str((200000 if stop == "SIGTERM" else 100000) + os.getpid() % 100000)
     site = _site(tmp_path, "leaky", _LEAVES_PROCESSES.replace("{seconds}", seconds),
                  "[envdoctor.checks]\nleaky.hung_tool = leaky:HUNG\n")
-    serve = Serve("--interval", "1", env={"PYTHONPATH": str(site)})
+    serve = Serve("--interval", "1", env={"PYTHONPATH": str(site)},
+                  command=["sh", "-c", 'ulimit -c 0; trap - QUIT; exec "$0" "$@"', sys.executable, "-m", "envdoctor"])
     try:
         deadline = time.monotonic() + 30
         while not _sleepers(seconds) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _sleepers(seconds), "the check never started its tool"
-        assert serve.stop() == 0
-        deadline = time.monotonic() + 5
-        while _sleepers(seconds) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _sleepers(seconds) == []
+        sig = getattr(signal, stop)
+        assert serve.stop(sig) == (0 if sig == signal.SIGTERM else -sig)
+        _assert_gone_soon(seconds)
     finally:
         if serve.proc.poll() is None:
             serve.proc.kill()
@@ -852,32 +857,3 @@ def test_facts_no_reader_can_take_are_that_checks_error_row(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
     assert rows["odd.surrogate"]["status"] == "error" and rows["shm.size"]["status"] != "error", rows
-
-
-def test_the_hung_tool_of_a_plugins_check_ends_with_the_serve_daemon_on_sigquit(tmp_path):
-    """Helper-39: on SIGQUIT the daemon died at the signal's default action, and the tools
-    its checks had started ran on; now they go first, and it still dies by SIGQUIT."""
-    import signal
-
-    from serve_support import Serve
-
-    seconds = str(100000 + os.getpid() % 100000)
-    site = _site(tmp_path, "leaky", _LEAVES_PROCESSES.replace("{seconds}", seconds),
-                 "[envdoctor.checks]\nleaky.hung_tool = leaky:HUNG\n")
-    serve = Serve("--interval", "1", env={"PYTHONPATH": str(site)},
-                  command=["sh", "-c", 'ulimit -c 0; trap - QUIT; exec "$0" "$@"', sys.executable, "-m", "envdoctor"])
-    try:
-        deadline = time.monotonic() + 30
-        while not _sleepers(seconds) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _sleepers(seconds), "the check never started its tool"
-        assert serve.stop(signal.SIGQUIT) == -signal.SIGQUIT
-        deadline = time.monotonic() + 5
-        while _sleepers(seconds) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _sleepers(seconds) == []
-    finally:
-        if serve.proc.poll() is None:
-            serve.proc.kill()
-        for pid in _sleepers(seconds):
-            os.kill(pid, 9)
