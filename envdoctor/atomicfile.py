@@ -296,7 +296,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
                 return
             except OSError as again:
                 raise OutputError(f"cannot write {name}: {_reason(again)}") from None
-        if exc.errno == errno.ENOENT:  # the folder is there: it takes no new files (/proc, /sys); "No such file" misled
+        if exc.errno == errno.ENOENT and st is not None:  # the file and its folder are there: the folder takes no new files (/proc, /sys)
             raise OutputError(f"cannot write {name}: no new file can be made in {directory} "
                               "(a file system such as /proc or /sys)") from None
         raise OutputError(f"cannot write {name}: {_reason(exc)}") from None
