@@ -156,6 +156,14 @@ def plan(results: Sequence[Mapping[str, Any]], env: Mapping[str, str], keep: Seq
                 continue
             change = Change(name, env.get(name), value, reason(result, name), str(result.get("check", "")))
             (kept if name in protected else changes).append(change)
+    if any(c.name == "OMP_NUM_THREADS" for c in kept):
+        # `--keep OMP_NUM_THREADS`: the thread variables the job did not set follow the kept
+        # one (MKL and OpenBLAS read OMP_NUM_THREADS when theirs is unset). Set to the fix,
+        # they disagreed with it, and the re-judged row blamed that on the job.
+        follow = [c for c in changes if c.name in THREAD_VARS and c.old is None]
+        changes = [c for c in changes if c not in follow]
+        kept += [Change(c.name, c.old, c.new, f"{c.reason}; left unset to follow the kept OMP_NUM_THREADS", c.check)
+                 for c in follow]
     return FixPlan(changes, kept)
 
 
