@@ -25,6 +25,18 @@ def _text(value, style: str = "") -> Text:
     return Text(printable(value), style=style)
 
 
+# A table cell is read on a terminal: past this, the rest is said, not printed. A plug-in's
+# 20 MB summary kept rich wrapping it for minutes (helper-39); -f json carries all of it.
+CELL_CHARS = 4000
+
+
+def _cell(value: str) -> Text:
+    text = printable(value)
+    if len(text) > CELL_CHARS:
+        text = f"{text[:CELL_CHARS]}… ({len(text) - CELL_CHARS} more characters; -f json has them all)"
+    return Text(text)
+
+
 def render(report: Report, options) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=options.color, no_color=not options.color,
@@ -46,8 +58,8 @@ def render(report: Report, options) -> str:
     table.add_column("summary", ratio=3, overflow="fold")
     table.add_column("fix", ratio=2, overflow="fold")
     for r in sorted(report.results, key=lambda r: (ORDER[r.status], r.check)):
-        table.add_row(Text(r.status.value.upper(), style=STYLE[r.status]), _text(r.check), _text(r.summary),
-                      _text(r.remediation))
+        table.add_row(Text(r.status.value.upper(), style=STYLE[r.status]), _text(r.check), _cell(r.summary),
+                      _cell(r.remediation))
     console.print(table)
 
     counts = report.counts()

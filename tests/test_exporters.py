@@ -149,3 +149,21 @@ def test_text_has_no_ansi_unless_asked():
     assert "\x1b[" not in plain and "FAIL" in plain and "shm.size" in plain
     coloured = render("text", fixed_report(), ExportOptions(catalog=CATALOG, color=True))
     assert "\x1b[" in coloured
+
+
+def test_the_text_table_says_the_rest_of_a_huge_cell_instead_of_wrapping_it_for_minutes():
+    """Helper-39: a plug-in's 20 MB summary kept `check` wrapping it past 120 s (1 MB: 1 s)."""
+    import time
+
+    report = fixed_report()
+    report.results.append(_result("acme.huge", "warn", "x" * 20_000_000, ""))
+    started = time.monotonic()
+    text = render("text", report, OPTIONS)
+    assert time.monotonic() - started < 30
+    import re
+
+    def compact(value: str) -> str:  # the cell is wrapped across the table's lines and borders
+        return re.sub(r"[\s│]", "", value)
+
+    assert compact("(19996000 more characters; -f json has them all)") in compact(text)
+    assert len(render("json", report, OPTIONS)) > 20_000_000  # JSON keeps every character
