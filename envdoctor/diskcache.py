@@ -34,11 +34,24 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    environ = os.environ if environ is None else environ
+    return _cache_root(os.environ if environ is None else environ) / "envdoctor"
+
+
+def _cache_root(environ: Mapping[str, str]) -> Path:
     base = environ.get("XDG_CACHE_HOME") or ""
     # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
-    return root / "envdoctor"
+    if os.path.isabs(base):
+        return Path(base)
+    home = environ.get("HOME")
+    if home:
+        return Path(home) / ".cache"
+    # unset, or empty: Path.home() made HOME='' the root, and the cache /.cache
+    import pwd
+
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache"
+    except KeyError:  # a uid with no passwd entry: no home at all
+        return Path(".cache")  # relative: make_dir refuses it
 
 
 def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> str:
@@ -50,8 +63,7 @@ def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> str:
     from envdoctor.private_dir import make_private
 
     environ = os.environ if environ is None else environ
-    base = environ.get("XDG_CACHE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    root = _cache_root(environ)
     if not root.is_absolute():  # HOME=. or HOME=rel: a cache in whatever the working directory is
         raise FileNotFoundError(f"no absolute home directory to cache in (HOME={str(Path.home())!r})")
     if not root.parent.is_dir():  # the cache root may be made, never the home (or whatever) above it

@@ -221,3 +221,17 @@ def test_a_planted_entry_is_a_quick_miss(tmp_path, plant):
     assert diskcache.read(path, "s/v1", ["key"]) == {"b": 2}
     assert path.is_file() and not path.is_symlink()
     assert diskcache.read(tmp_path / "elsewhere" / "pin-memory-0000.json", "s/v1", ["key"]) == {"a": 1}
+
+
+def test_an_empty_home_is_no_home_at_the_root():
+    """Helper-41: with HOME='' Python's Path.home() is '/', and `exec --attach` made
+    /.cache/envdoctor/attach-hook-* at the file system's root. An empty HOME is read as
+    an unset one: the user's home from the password database."""
+    import pwd
+
+    from envdoctor import diskcache
+
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    assert diskcache.cache_dir({"HOME": ""}) == Path(home) / ".cache" / "envdoctor"
+    assert diskcache.cache_dir({"HOME": "", "XDG_CACHE_HOME": "/x/cache"}) == Path("/x/cache/envdoctor")
+    assert diskcache.cache_dir({"HOME": "/h"}) == Path("/h/.cache/envdoctor")
