@@ -65,7 +65,7 @@ def make_dir(directory: Path, environ: Mapping[str, str] | None = None) -> str:
     environ = os.environ if environ is None else environ
     root = _cache_root(environ)
     if not root.is_absolute():  # HOME=. or HOME=rel: a cache in whatever the working directory is
-        raise FileNotFoundError(f"no absolute home directory to cache in (HOME={str(Path.home())!r})")
+        raise FileNotFoundError(f"no absolute home directory to cache in (HOME={environ.get('HOME')!r})")
     if not root.parent.is_dir():  # the cache root may be made, never the home (or whatever) above it
         raise FileNotFoundError(f"no directory to cache in ({root.parent} does not exist)")
     real = make_private(directory)
