@@ -390,6 +390,8 @@ def attach(interval: float = DEFAULT_INTERVAL, *, directory: str | None = None, 
     ENVDOCTOR_ATTACH=0. Calling it again returns the same publisher.
     """
     global _publisher
+    _seconds("interval", interval)  # a bad one is the caller's mistake on every call, not only the first
+    _seconds("first_delay", first_delay)
     if os.environ.get("ENVDOCTOR_ATTACH", "").strip().lower() in ("0", "false", "no", "off"):
         return None
     if _in_multiprocessing_child():

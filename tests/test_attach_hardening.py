@@ -385,3 +385,17 @@ def test_a_bad_interval_is_named_at_the_call_not_a_bare_float_error(interval):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     assert out.stdout.startswith("envdoctor.attach: interval must be a finite number of seconds up to a day, not ")
+
+
+def test_a_bad_interval_on_a_second_call_is_named_too():
+    """Helper-41: after a first attach(), attach(interval='nan') (or inf, 'abc', None)
+    returned the running publisher without a word; only a first call checked it."""
+    script = ("import envdoctor\n"
+              "first = envdoctor.attach(interval=5)\n"
+              "for bad in ('nan', float('inf'), 'abc', None):\n"
+              "    try:\n        envdoctor.attach(interval=bad)\n        print('accepted', bad)\n"
+              "    except ValueError as exc:\n        print('refused')\n"
+              "print(envdoctor.attach() is first)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "ENVDOCTOR_ATTACH": "1"})
+    assert out.returncode == 0 and out.stdout.split() == ["refused"] * 4 + ["True"], out.stdout + out.stderr
