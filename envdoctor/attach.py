@@ -66,15 +66,33 @@ _READER_NAMES = ("read_document", "validate", "live_document", "live_facts", "Li
 
 
 def _in_multiprocessing_child() -> bool:
-    if "--multiprocessing-fork" in sys.argv:
-        return True
-    mp = sys.modules.get("multiprocessing")
-    if mp is None:
-        return False
+    """Where attach() publishes nothing: a DataLoader worker, and a spawned child while it
+    re-runs its parent's main module (a script's top-level attach() runs there again).
+    A spawned child that calls attach() itself publishes: a DDP rank started by
+    torch.multiprocessing.spawn is a job of its own (helper-41: every rank returned None,
+    because any spawned child did)."""
+    data = sys.modules.get("torch.utils.data")
     try:
-        return mp.parent_process() is not None
+        if data is not None and data.get_worker_info() is not None:
+            return True
+    except Exception:  # a torch too old or too odd to ask: judged by the rest
+        pass
+    mp = sys.modules.get("multiprocessing")
+    try:
+        if mp is None or mp.parent_process() is None:
+            return False
     except Exception:
         return False
+    frame = sys._getframe(1)
+    while frame is not None:  # multiprocessing.spawn prepares the child by importing the parent's main
+        code = frame.f_code
+        if code.co_name in _MAIN_FIXUPS and code.co_filename.endswith(os.path.join("multiprocessing", "spawn.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_MAIN_FIXUPS = ("_fixup_main_from_path", "_fixup_main_from_name")
 
 
 def _usable(directory: str) -> bool:

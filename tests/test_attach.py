@@ -344,3 +344,31 @@ def test_any_document_gives_bounded_live_facts_and_checks_that_judge_them(doc):
         assert config["num_workers"] == loader["num_workers"] and config["batch_bytes"] == loader["batch_bytes_max"]
     result = shm_size.judge(facts, dict(shm_size.CHECK.config))
     assert result.status.value in ("ok", "warn", "fail")
+
+
+def test_ranks_started_by_torch_multiprocessing_spawn_publish(tmp_path):
+    """Helper-41: attach() returned None in every rank of `torch.multiprocessing.spawn`
+    (a common way to start DDP): any spawned child was taken for a DataLoader worker.
+    A rank calls attach() itself and publishes; the module-level re-run of the parent's
+    script in a spawned DataLoader worker still does not (test above)."""
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, time
+        import envdoctor
+        import torch.multiprocessing as mp
+
+        def main(rank):
+            publisher = envdoctor.attach(interval=0.2)
+            time.sleep(0.6)
+            with open(os.path.join({str(tmp_path)!r}, "rank-%d" % rank), "w") as f:
+                f.write(json.dumps(publisher is not None and os.path.exists(publisher.path)))
+
+        if __name__ == "__main__":
+            mp.spawn(main, nprocs=2)
+            print("done")
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(p.read_text()) for p in tmp_path.glob("rank-*")) == [True, True]
