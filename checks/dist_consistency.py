@@ -541,9 +541,12 @@ def judge(facts: Mapping[str, Any], settings: Mapping[str, Any]) -> Result:
     if not isinstance(v, dict):
         waited = facts.get("waited_seconds")
         return Result(Status.FAIL, f"rank {rank} heard no verdict from rank 0 (on {facts.get('master')}) "
-                      f"within {waited if waited is not None else '?'} s: rank 0 did not start the check, or died",
-                      "start rank 0 (check its log and node); raise [check.\"dist.consistency\"] wait_seconds when "
-                      "nodes start slowly", {"rank": rank, "store": facts.get("store")})
+                      f"within {waited if waited is not None else '?'} s: rank 0 did not start the check, died, "
+                      "or had given up waiting for this rank and started its job (a rank that arrives more than "
+                      "wait_seconds after rank 0 misses the exchange)",
+                      "start rank 0 (check its log and node), and every rank within wait_seconds of it; raise "
+                      "[check.\"dist.consistency\"] wait_seconds when nodes start slowly",
+                      {"rank": rank, "store": facts.get("store")})
     try:
         status = Status(v.get("status"))
     except ValueError:
