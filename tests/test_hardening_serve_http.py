@@ -224,18 +224,31 @@ def test_a_slowloris_client_is_cut_off_at_the_request_deadline(small_server):
         assert _closed_within(s, 20.0, drip=b"X-Slow: 1\r\n")
 
 
-def test_connections_beyond_the_cap_are_closed_at_once_and_slots_come_back(small_server):
+def test_a_scrape_beyond_the_cap_takes_the_slot_of_the_oldest_idle_connection(small_server):
+    """Helper-40: with every slot held by an idle socket, a new connection was closed at
+    once, before TLS or auth: anyone who could connect failed every scrape for as long as
+    they reconnected. The connection that has waited longest gives up its slot instead."""
     held = [socket.create_connection(("127.0.0.1", small_server.port)) for _ in range(4)]
     try:
         time.sleep(0.5)  # let the accept loop take all four
-        with socket.create_connection(("127.0.0.1", small_server.port)) as extra:
-            assert _closed_within(extra, 5.0)
+        assert exchange(small_server.port, SMUGGLED, wait=2.0).startswith(b"HTTP/1.1 503")  # answered (no run yet)
+        assert _closed_within(held[0], 5.0)  # the oldest idle one went
+        flood = [socket.create_connection(("127.0.0.1", small_server.port)) for _ in range(20)]  # reconnecting
+        try:
+            assert exchange(small_server.port, SMUGGLED, wait=2.0).startswith(b"HTTP/1.1 503")
+        finally:
+            for s in flood:
+                s.close()
     finally:
         for s in held:
             s.close()
-    # the four slots are given back when their clients go: a scrape is answered again
-    ok = wait_until(lambda: exchange(small_server.port, SMUGGLED, wait=2.0).startswith(b"HTTP/1.1 503"), timeout=20)
-    assert ok
+    time.sleep(0.5)
+    assert _slots_come_back(small_server)
+
+
+def _slots_come_back(server) -> bool:
+    """Every evicted connection's slot and thread are given back."""
+    return wait_until(lambda: len(server._deadlines) <= 1, timeout=20)
 
 
 def test_failed_tls_handshakes_give_their_slots_back(tmp_path):
