@@ -6,6 +6,8 @@ and curl gets the same answer from both for every client."""
 
 from __future__ import annotations
 
+import time
+
 import bcrypt
 import pytest
 
@@ -198,3 +200,33 @@ def test_node_exporter_and_envdoctor_start_with_the_same_files(tmp_path, text):
     out = cli("serve", "--once", "--web.config.file", str(path), timeout=60)
     assert out.returncode in (0, 2) and "Traceback" not in out.stderr, out.stderr
     assert (out.returncode == 0) is node_exporter_starts, out.stderr
+
+
+def test_tls_versions_that_leave_no_handshake_are_refused_at_start(tmp_path):
+    """Helper-40: min_version TLS13 with max_version TLS12 started with exit 0, and every
+    handshake failed without a word in the log."""
+    make_certs(tmp_path)
+    path = write(tmp_path, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                           "  min_version: TLS13\n  max_version: TLS12\n")
+    out = cli("serve", "--web.config.file", str(path), timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "tls_server_config.min_version" in out.stderr and "no client could connect" in out.stderr
+
+
+def test_a_failed_tls_handshake_is_logged_at_most_every_ten_seconds(tmp_path):
+    """Helper-40: a client CA the scraper's certificate does not match failed every scrape,
+    and nothing reached the log (node_exporter logs each handshake error)."""
+    certs = make_certs(tmp_path)
+    path = write(tmp_path, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                           "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n")
+    stranger = ["--cert", str(certs["stranger"]), "--key", str(tmp_path / "stranger.key")]
+    serve = Serve("--web.config.file", str(path), "--interval", "5")
+    try:
+        for _ in range(3):
+            assert curl(f"https://127.0.0.1:{serve.port}/metrics", "--cacert", str(certs["ca"]), *stranger) in ("000", "fail")
+        line = serve.wait_for("TLS handshake failed", timeout=10)
+        assert "level=warn" in line and "client=127.0.0.1" in line, line
+        time.sleep(0.5)
+        assert sum("TLS handshake failed" in entry for entry in serve.lines) == 1, serve.lines  # not one a scrape
+    finally:
+        serve.stop()

@@ -34,6 +34,7 @@ REQUEST_TIMEOUT = 10.0  # seconds a connection may sit idle or half-sent before 
 # before any TLS handshake or password, fail every scrape for as long as they reconnected
 # (helper-40; node_exporter answered through 300): a scrape is quick, an idle flood is old.
 REQUEST_DEADLINE = 30.0
+HANDSHAKE_LOG_SECONDS = 10.0  # a failing TLS handshake is logged at most this often (with how many failed)
 MAX_CONNECTIONS = 128
 # How often the accept loop looks up from its wait: to shut down connections past their
 # deadline, and to notice shutdown(), so stopping takes up to this long. Each look wakes
@@ -101,6 +102,7 @@ class Server(ThreadingHTTPServer):
         self.index = INDEX.format(version=__version__).encode()
         self._deadlines: dict[socket.socket, float] = {}  # every open connection -> when its request must be done
         self._deadlines_lock = threading.Lock()
+        self._handshake_logged, self._handshakes_failed = -HANDSHAKE_LOG_SECONDS, 0
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6 and self.server_address[0] == EVERY_ADDRESS:
@@ -156,7 +158,25 @@ class Server(ThreadingHTTPServer):
                 pass
 
     def handle_error(self, request, client_address) -> None:
-        pass  # a client that hangs up or fails its handshake is not an event worth a traceback
+        """A client that hangs up is not an event worth a traceback. A TLS handshake that
+        fails is said, at most once every HANDSHAKE_LOG_SECONDS: with a client CA the
+        scraper's certificate does not match, every scrape failed and the log was silent
+        (helper-40; node_exporter logs each one)."""
+        import sys
+
+        error = sys.exc_info()[1]
+        if not isinstance(error, ssl.SSLError):
+            return
+        now = time.monotonic()
+        with self._deadlines_lock:
+            self._handshakes_failed += 1
+            if now < self._handshake_logged + HANDSHAKE_LOG_SECONDS:
+                return
+            self._handshake_logged, failed, self._handshakes_failed = now, self._handshakes_failed, 0
+        from envdoctor import log
+
+        log.event("warn", "TLS handshake failed", client=str(client_address[0]) if client_address else "",
+                  error=getattr(error, "reason", None) or str(error), failed_since_last=failed)
 
     @property
     def port(self) -> int:

@@ -314,8 +314,12 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
         return TLS_VERSIONS[value]
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = versions("min_version", "TLS12")
-    context.maximum_version = versions("max_version", "TLS13")
+    lowest, highest = versions("min_version", "TLS12"), versions("max_version", "TLS13")
+    if lowest > highest:  # every handshake fails, and the daemon started as if all was well (helper-40)
+        raise WebConfigError(name, "tls_server_config.min_version",
+                             f"{tls.get('min_version')} is above max_version {tls.get('max_version') or 'TLS13'}: "
+                             "no client could connect")
+    context.minimum_version, context.maximum_version = lowest, highest
     cert, key = base / str(tls["cert_file"]), base / str(tls["key_file"])
     for field_name, path in (("cert_file", cert), ("key_file", key)):
         _regular(name, f"tls_server_config.{field_name}", path)
