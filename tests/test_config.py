@@ -318,3 +318,14 @@ def test_explain_writes_a_table_default_as_toml_and_says_a_none_default(tmp_path
     (info / "entry_points.txt").write_text("[envdoctor.checks]\nacme.kinds = kinds:CHECK\n")
     out = cli("explain", "acme.kinds", env={"PYTHONPATH": str(site)}).stdout
     assert "  table = {x = 1}" in out and "  # maybe: unset by default" in out and 'maybe = ""' not in out, out
+
+
+def test_check_refuses_a_serve_table_that_serve_would_refuse(tmp_path):
+    """Helper-40: `[serve] bogus = 1` or `interval = 0` passed `envdoctor check` (exit 0)
+    and then stopped `serve` (exit 2): a file CI checked could take the node's monitor down."""
+    for text, key in (("[serve]\ninterval = 2\nbogus = 1\n", "serve.bogus"), ("[serve]\ninterval = 0\n", "serve.interval")):
+        (tmp_path / "envdoctor.toml").write_text(text)
+        proc = cli("check", "--only", "shm.size", cwd=tmp_path)
+        assert proc.returncode == 2 and key in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    (tmp_path / "envdoctor.toml").write_text("[serve]\ninterval = 2\n")
+    assert cli("check", "--only", "shm.size", cwd=tmp_path).returncode in (0, 1)
