@@ -136,6 +136,18 @@ def shared_env(env: Mapping[str, str], patterns: Iterable[str]) -> dict[str, str
     return out
 
 
+def _no_verdict(rank: int, facts: Mapping[str, Any]) -> Result:
+    """A rank other than 0 that heard nothing: say every way that happens, a late rank too."""
+    waited = facts.get("waited_seconds")
+    return Result(Status.FAIL, f"rank {rank} heard no verdict from rank 0 (on {facts.get('master')}) "
+                  f"within {waited if waited is not None else '?'} s: rank 0 did not start the check, died, "
+                  "or had given up waiting for this rank and started its job (a rank that arrives more than "
+                  "wait_seconds after rank 0 misses the exchange)",
+                  "start rank 0 (check its log and node), and every rank within wait_seconds of it; raise "
+                  "[check.\"dist.consistency\"] wait_seconds when nodes start slowly",
+                  {"rank": rank, "store": facts.get("store")})
+
+
 def resolve_gpu(cvd: str | None, local_rank: int | None, gpus: list[tuple[str, list[str]]]) -> dict[str, Any]:
     """The GPU a rank will use: {"uuid": ...} or {"uuid": None, "reason": ...}.
 
@@ -539,14 +551,7 @@ def judge(facts: Mapping[str, Any], settings: Mapping[str, Any]) -> Result:
         return result
     v = facts.get("verdict")
     if not isinstance(v, dict):
-        waited = facts.get("waited_seconds")
-        return Result(Status.FAIL, f"rank {rank} heard no verdict from rank 0 (on {facts.get('master')}) "
-                      f"within {waited if waited is not None else '?'} s: rank 0 did not start the check, died, "
-                      "or had given up waiting for this rank and started its job (a rank that arrives more than "
-                      "wait_seconds after rank 0 misses the exchange)",
-                      "start rank 0 (check its log and node), and every rank within wait_seconds of it; raise "
-                      "[check.\"dist.consistency\"] wait_seconds when nodes start slowly",
-                      {"rank": rank, "store": facts.get("store")})
+        return _no_verdict(rank, facts)
     try:
         status = Status(v.get("status"))
     except ValueError:

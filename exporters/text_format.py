@@ -27,7 +27,9 @@ def _text(value, style: str = "") -> Text:
 
 # A table cell is read on a terminal: past this, the rest is said, not printed. A plug-in's
 # 20 MB summary kept rich wrapping it for minutes (helper-39); -f json carries all of it.
-CELL_CHARS = 4000
+# Long enough for every variable a summary quotes whole (a 40,000-character RANK); 64 Ki
+# characters wrap in about 60 ms.
+CELL_CHARS = 65536
 
 
 def _cell(value: str) -> Text:
