@@ -555,9 +555,7 @@ def stack_facts() -> dict[str, Any]:
     if not diskcache.enabled():
         return _stack_from_imports()
     stamp = _install_stamp()
-    import hashlib  # here, not at import: it maps libcrypto, a cost every start paid
-
-    path = diskcache.cache_dir() / f"onnx-stack-{hashlib.sha256(repr(stamp).encode()).hexdigest()[:20]}.json"
+    path = diskcache.entry_file("onnx-stack", repr(stamp))
     cached = diskcache.read(path, STACK_CACHE_SCHEMA, stamp)
     if cached is not None:
         return cached

@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -35,6 +36,16 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return _cache_root(os.environ if environ is None else environ) / "envdoctor"
+
+
+def entry_file(kind: str, key: str) -> Path:
+    """The cache file for one entry of `kind` (entry-points, onnx-stack, ...) named by `key`.
+
+    The name is two checksums of the key, not a hashlib digest: importing hashlib maps
+    libcrypto, 3-6 ms of every warm start. A name is not a check: read() compares the
+    whole fingerprint, so two keys that collide only evict each other's entry."""
+    data = key.encode("utf-8", "surrogateescape")
+    return cache_dir() / f"{kind}-{zlib.crc32(data):08x}{zlib.adler32(data):08x}.json"
 
 
 def _cache_root(environ: Mapping[str, str]) -> Path:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import zlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -128,11 +127,7 @@ def _cache_file() -> Any:
     # command is run from would leave a file behind; it stays in the fingerprint)
     cwd = _cwd()
     key = "\0".join([sys.executable, *(p for p in _search_path() if p != cwd)])
-    # A name, not a check (diskcache.read compares the whole fingerprint): two checksums,
-    # not hashlib, whose import maps libcrypto, ~3-6 ms of every warm start.
-    data = key.encode("utf-8", "surrogateescape")
-    digest = f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
-    return diskcache.cache_dir() / f"entry-points-{digest}.json"
+    return diskcache.entry_file("entry-points", key)
 
 
 def entry_points(group: str) -> list[EntryPoint]:

@@ -130,3 +130,24 @@ def test_a_warm_exec_preflight_of_a_binary_imports_no_shutil_or_shlex(tmp_path):
     runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                                       cwd=tmp_path, timeout=120, check=True).stdout.splitlines()[-1]) for _ in range(2)]
     assert runs[1] == []
+
+
+def test_a_warm_check_does_not_import_hashlib(tmp_path):
+    """The onnx stack's cache file was named by a sha256 of its stamp: every warm
+    `envdoctor check` mapped libcrypto for a file name (diskcache.entry_file now)."""
+    code = textwrap.dedent("""
+        import atexit, json, sys
+        atexit.register(lambda: print(json.dumps({"hashlib": "hashlib" in sys.modules,
+                                                  "onnx": "onnx" in sys.modules}), file=sys.stderr))
+        sys.argv = ["envdoctor", "check", "--only", "onnx.opset", "-f", "json"]
+        from envdoctor.cli import main
+        main()
+    """)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("ENVDOCTOR_NO_CACHE", None)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert json.loads(proc.stdout)["results"][0]["check"] == "onnx.opset", proc.stderr
+        runs.append(json.loads(proc.stderr.splitlines()[-1]))
+    assert runs[1] == {"hashlib": False, "onnx": False}  # the limits came from the cache, by a checksum name
