@@ -1,5 +1,5 @@
-"""How the `envdoctor` command's processes stop: on SIGTERM, Ctrl-C, a hangup or
-Ctrl-\\, nothing they started is left running, and a standard output they were
+"""How the `envdoctor` command's processes stop: on SIGTERM, Ctrl-C, a hangup,
+Ctrl-\\ or SIGUSR1/2, nothing they started is left running, and a standard output they were
 started without says so.
 
 Installed by the CLI (envdoctor.cli.main) and by exec's pre-flight child, which is
@@ -67,8 +67,8 @@ def kill_everything_started() -> None:
 
 
 def on_sigterm(signum, frame) -> None:
-    """SIGTERM, or SIGHUP (the terminal or ssh session went away): exit 128 + the signal,
-    after what the process started. At the default action the process died at once, and
+    """SIGTERM, SIGHUP (the terminal or ssh session went away), SIGUSR1 or SIGUSR2: exit
+    128 + the signal, after what the process started. At the default action the process died at once, and
     a torch probe, in a session of its own, ran on under PID 1."""
     from envdoctor.errors import Terminated
 
@@ -119,7 +119,9 @@ def install() -> None:
         sys.stdout = ClosedStdout()
     try:
         for sig, handler in ((signal.SIGTERM, on_sigterm), (signal.SIGINT, on_sigint),
-                             (signal.SIGHUP, on_sigterm), (signal.SIGQUIT, on_sigquit)):
+                             (signal.SIGHUP, on_sigterm), (signal.SIGQUIT, on_sigquit),
+                             # their default action ends the process too, and left a probe running
+                             (signal.SIGUSR1, on_sigterm), (signal.SIGUSR2, on_sigterm)):
             if signal.getsignal(sig) != signal.SIG_IGN:
                 signal.signal(sig, handler)
     except (ValueError, OSError):  # not the main thread (embedded use): leave the handlers alone

@@ -102,6 +102,7 @@ def test_a_check_timeout_shorter_than_the_probe_kills_its_group_when_the_run_end
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
                                        (signal.SIGHUP, 129),  # the terminal or ssh session went away
+                                       (signal.SIGUSR1, 138), (signal.SIGUSR2, 140),  # their default ends it too
                                        (signal.SIGQUIT, -signal.SIGQUIT)])  # Ctrl-\: still dies by it
 def test_a_signal_kills_the_probes_whole_group(tmp_path, sig, code):
     fake, pids = _fake_python(tmp_path, "sleep 300")
@@ -134,7 +135,7 @@ def _terminal_like() -> None:
     """The stop signals at their defaults, as in a terminal, and no core file from SIGQUIT."""
     import resource
 
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
