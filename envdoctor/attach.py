@@ -408,7 +408,9 @@ def attach(interval: float = DEFAULT_INTERVAL, *, directory: str | None = None, 
     ENVDOCTOR_ATTACH=0. Calling it again returns the same publisher.
     """
     global _publisher
-    _seconds("interval", interval)  # a bad one is the caller's mistake on every call, not only the first
+    # a bad one is the caller's mistake on every call, not only the first
+    if _seconds("interval", interval) <= 0:  # 0 became 0.5 without a word: a typo, or "as often as possible"?
+        raise ValueError(f"envdoctor.attach: interval must be more than 0 seconds (below 0.5, 0.5 is used), not {interval!r}")
     _seconds("first_delay", first_delay)
     if os.environ.get("ENVDOCTOR_ATTACH", "").strip().lower() in ("0", "false", "no", "off"):
         return None

@@ -387,6 +387,17 @@ def test_a_bad_interval_is_named_at_the_call_not_a_bare_float_error(interval):
     assert out.stdout.startswith("envdoctor.attach: interval must be a finite number of seconds up to a day, not ")
 
 
+@pytest.mark.parametrize("interval", ["0", "-5", "'0'"])
+def test_a_zero_or_negative_interval_is_refused_not_quietly_raised_to_half_a_second(interval):
+    script = ("import envdoctor\n"
+              f"try:\n    envdoctor.attach({interval})\n    print('accepted')\n"
+              "except ValueError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "ENVDOCTOR_ATTACH": "1"})
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.startswith("envdoctor.attach: interval must be more than 0 seconds"), out.stdout
+
+
 def test_a_bad_interval_on_a_second_call_is_named_too():
     """Helper-41: after a first attach(), attach(interval='nan') (or inf, 'abc', None)
     returned the running publisher without a word; only a first call checked it."""
