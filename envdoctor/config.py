@@ -143,8 +143,8 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
     pyproject = cwd / "pyproject.toml"
     if _is_file(pyproject):
         try:
-            data = _parse_toml(pyproject.read_text(encoding="utf-8"))
-        except (ValueError, OSError, RecursionError):  # TOMLDecodeError, undecodable text, a too long integer, too deep
+            data = _parse_toml(_read_text(pyproject))
+        except (ValueError, OSError, RecursionError):  # TOMLDecodeError, undecodable or huge text, a too long integer, too deep
             return None  # someone else's broken pyproject is not our config error
         tool = data.get("tool")
         if isinstance(tool, dict) and "envdoctor" in tool:  # a `tool` that is not a table is not ours to judge
@@ -285,6 +285,20 @@ def load(
     return config
 
 
+# A config is a page of settings a person wrote. Parsing is not under --timeout (the checks
+# are): a 46 MB file took 8.9 s against `check --timeout 1` (helper-39).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, or ValueError when it is over MAX_CONFIG_BYTES (read no further)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"larger than {MAX_CONFIG_BYTES // (1 << 20)} MiB: not a config file")
+    return data.decode("utf-8")
+
+
 def _parse_toml(text: str) -> dict[str, Any]:
     """tomllib.loads, imported when there is a file to read: most runs (a container's, a
     node's) have none, and the import cost ~3 ms of every start."""
@@ -298,8 +312,8 @@ def _parse_toml(text: str) -> dict[str, Any]:
 def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, Check], known: set[str]) -> None:
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = _read_text(path)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ConfigError(f"cannot read: {exc}", file=name) from None
     try:
         data = _parse_toml(text)

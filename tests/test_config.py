@@ -204,6 +204,18 @@ def test_a_config_nested_too_deeply_is_exit_2_not_a_traceback(tmp_path, nested):
     assert out.stderr.strip().splitlines() == [f"envdoctor: bad config: {path}: not valid TOML for envdoctor: nested too deeply"]
 
 
+def test_a_config_over_a_mebibyte_is_refused_unread_not_parsed_past_the_timeout(tmp_path):
+    """A 46 MB file took 8.9 s to parse against `check --timeout 1` (helper-39): parsing
+    is not bounded by --timeout. The file is read no further than its first MiB."""
+    path = tmp_path / "envdoctor.toml"
+    path.write_text("# settings\n" * 200_000)  # 2.2 MB of comments: valid TOML
+    out = cli("check", "--config", str(path), "--only", "shm.size", timeout=60)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.strip().splitlines() == [f"envdoctor: bad config: {path}: cannot read: larger than 1 MiB: not a config file"]
+    path.write_text("# settings\n" * 90_000)  # under the limit: an ordinary config
+    assert cli("check", "--config", str(path), "--only", "shm.size", timeout=60).returncode in (0, 1)
+
+
 @pytest.mark.parametrize("check_id, key, value, said", [
     ("memory.cache_growth", "alpha", "-1", "expected a number >= 0"),
     ("memory.cache_growth", "alpha", "2", "expected a fraction from 0 to 1"),
