@@ -6,7 +6,9 @@ size and free bytes, and from the target's mount table whether it is a tmpfs of
 its own. When the DataLoader settings are given in config (num_workers,
 batch_bytes, prefetch_factor), or the job is attached (envdoctor.attach publishes
 its DataLoaders' workers, prefetch_factor and the bytes of the batches seen), it
-also works out what the workers will hold there.
+also works out what the workers will hold there. For a running job short of free
+space, the /dev/shm files its process tree holds open (its batches in flight,
+unlinked as torch makes them) are counted as its own, not as space others hold.
 
 Why it matters: DataLoader workers hand every batch to the training process
 through shared memory files in /dev/shm; NCCL's intra-node transport uses it too.
@@ -24,8 +26,8 @@ What it judges (thresholds in [check."shm.size"]):
 - warn: size below recommended_bytes (default 1 GiB, what NVIDIA's NGC containers
   are started with) when the DataLoader settings are unknown, or below the workers'
   need times headroom (default 1.5) when they are known; free space below that
-  need (or below min_bytes) because other processes or crashed jobs' leftover
-  segments hold it.
+  need (or below min_bytes, less what the job itself already holds) because other
+  processes or crashed jobs' leftover segments hold it.
 - skip: no /dev/shm in the target, or it cannot be examined (permission, process gone).
 
 How to fix: give the container more: `docker run --shm-size=2g ...` or
@@ -66,6 +68,7 @@ class ShmFacts(NamedTuple):
     fstype: str | None = None  # of the mount holding /dev/shm in the target's view; None when unknown
     mount_point: str | None = None  # "/dev/shm" when it is a mount of its own
     live_loader: Mapping[str, Any] | None = None  # the attached job's busiest DataLoader (envdoctor.attach)
+    own_bytes: int | None = None  # held open by the --pid process and its workers (envdoctor.shm_held); None: not read
 
 
 def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:
@@ -111,7 +114,14 @@ def gather(ctx) -> ShmFacts:
         size = free = None  # tmpfs size=0 means no limit but memory itself; statvfs then says 0 and 0
     from envdoctor.attach_reader import live_facts
 
-    return ShmFacts(str(path), size, free, fstype, mount_point, live_facts(ctx).busiest_loader())
+    facts = ShmFacts(str(path), size, free, fstype, mount_point, live_facts(ctx).busiest_loader())
+    if ctx.target.pid is not None and free is not None and free < _free_wanted(with_live_loader(facts, ctx.settings)):
+        # a running job short of free space: how much of the used space is its own batches
+        # in flight (a walk of its processes' descriptors, so only when it can matter)
+        from envdoctor.shm_held import held_bytes
+
+        facts = facts._replace(own_bytes=held_bytes(ctx.roots.procfs, ctx.target.pid, os.stat(path).st_dev))
+    return facts
 
 
 def with_live_loader(facts: ShmFacts, settings: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -198,17 +208,26 @@ def _rule_size_below_recommended(facts: ShmFacts, settings: Mapping[str, Any]) -
                     "judge your loader)", _remediation(facts, settings))]
 
 
-def _rule_free_short(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
-    """Big enough, but other processes or crashed jobs' leftover segments hold the space."""
-    size, free = facts.size_bytes, facts.free_bytes
+def _free_wanted(settings: Mapping[str, Any]) -> int:
+    """The free space a job wants: its loader's batches in flight, else the floor."""
     need, _ = _need(settings)
-    short = need if need is not None else int(settings["min_bytes"])
-    if free is None or free >= short or (size is not None and size < short):
+    return need if need is not None else int(settings["min_bytes"])
+
+
+def _rule_free_short(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """Big enough, but other processes or crashed jobs' leftover segments hold the space.
+    A running job's own batches in flight already sit in what it needs, so they count
+    as room for it, not against it."""
+    size, free = facts.size_bytes, facts.free_bytes
+    short = _free_wanted(settings)
+    own = min(facts.own_bytes or 0, short)
+    if free is None or free + own >= short or (size is not None and size < short):
         return []
-    used = _used(facts)
-    held = f" ({format_bytes(used)} held by other processes or leftover segments)" if used else ""
-    return [Finding(Status.WARN, f"{_subject(facts)} has only {format_bytes(free)} free{held}, expected >= "
-                    f"{format_bytes(short)} free", _remediation(facts, settings))]
+    others = max(0, (_used(facts) or 0) - (facts.own_bytes or 0))
+    held = f" ({format_bytes(others)} held by other processes or leftover segments)" if others else ""
+    mine = f", besides the {format_bytes(facts.own_bytes)} this job holds" if facts.own_bytes else ""
+    return [Finding(Status.WARN, f"{_subject(facts)} has only {format_bytes(free)} free{held}{mine}, expected >= "
+                    f"{format_bytes(short - own)} free", _remediation(facts, settings, leftovers=True))]
 
 
 RULES = (_rule_size_below_min, _rule_size_below_need, _rule_size_below_recommended, _rule_free_short)
@@ -238,6 +257,7 @@ def judge(facts: ShmFacts, settings: Mapping[str, Any]) -> Result:
         "size_bytes": facts.size_bytes,
         "free_bytes": facts.free_bytes,
         "used_bytes": _used(facts),
+        "own_bytes": facts.own_bytes,
         "fstype": facts.fstype,
         "own_mount": facts.mount_point == "/dev/shm" if facts.mount_point is not None else None,
         "min_bytes": int(settings["min_bytes"]),
@@ -249,7 +269,7 @@ def judge(facts: ShmFacts, settings: Mapping[str, Any]) -> Result:
     return verdict(findings, result_facts, _ok_summary(facts, settings))
 
 
-def _remediation(facts: ShmFacts, settings: Mapping[str, Any]) -> str:
+def _remediation(facts: ShmFacts, settings: Mapping[str, Any], leftovers: bool = False) -> str:
     suggested, size = _suggested(settings), facts.size_bytes
     gib = -(-suggested // GIB)
     fixes = [
@@ -258,11 +278,15 @@ def _remediation(facts: ShmFacts, settings: Mapping[str, Any]) -> str:
         "with volumeMounts: [{name: dshm, mountPath: /dev/shm}]",
         f"host: mount -o remount,size={gib}G /dev/shm",
     ]
+    if leftovers:
+        fixes.append("or remove leftover /dev/shm/torch_* files of crashed jobs (`ls -la /dev/shm`; `fuser` shows who holds one)")
     workers, batch, prefetch = _loader(settings)
-    if workers > 0 and batch > 0 and size:
+    below_floor = size is not None and size < int(settings["min_bytes"])  # only num_workers=0 is safe there
+    if workers > 0 and batch > 0 and size and not below_floor:
         fit = max(0, math.floor((size / _headroom(settings) / batch - 1) / prefetch))
-        fixes.append(f"or lower DataLoader num_workers to {fit} (fewer batches in flight, slower loading"
-                     + ("; 0 loads in the training loop and the GPU waits" if fit == 0 else "") + ")")
+        if fit < workers:  # naming the job's own num_workers, or more, fixed nothing (helper-42)
+            fixes.append(f"or lower DataLoader num_workers to {fit} (fewer batches in flight, slower loading"
+                         + ("; 0 loads in the training loop and the GPU waits" if fit == 0 else "") + ")")
     else:
         fixes.append("or lower DataLoader num_workers (slower loading; num_workers=0 uses no shared memory but the GPU waits)")
     return "; ".join(fixes)
