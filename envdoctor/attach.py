@@ -114,7 +114,7 @@ def _seconds(name: str, value: Any) -> float:
     OverflowError traceback in the job's stderr, and the document never written again."""
     try:
         seconds = float(value)
-    except (TypeError, ValueError):  # 'abc' or None: float()'s own message named neither attach nor the argument
+    except (TypeError, ValueError, OverflowError):  # 'abc', None, 10**400: float()'s own message named neither attach nor the argument
         seconds = math.nan
     if not math.isfinite(seconds) or seconds > 86400:
         raise ValueError(f"envdoctor.attach: {name} must be a finite number of seconds up to a day, not {value!r}")
@@ -484,11 +484,30 @@ def startup_hook(directory: str | os.PathLike, env: Mapping[str, str], interval:
     directory.mkdir(parents=True, exist_ok=True)
     package_parent = str(Path(__file__).resolve().parent.parent)
     text = _HOOK.format(package_parent=package_parent, interval=float(interval), first_delay=1.0)
-    from envdoctor.atomicfile import write_atomic
+    hook = directory / "sitecustomize.py"
+    if not _holds(hook, text):  # every start after the first finds it written: no write, so a full disk costs nothing
+        from envdoctor.atomicfile import write_atomic
 
-    write_atomic(str(directory / "sitecustomize.py"), text)  # two starts at once never read half a hook
+        write_atomic(str(hook), text)  # two starts at once never read half a hook
     existing = env.get("PYTHONPATH", "")
     return {"PYTHONPATH": str(directory) + (os.pathsep + existing if existing else "")}
+
+
+def _holds(path: Path, text: str) -> bool:
+    """Whether `path` is a regular file holding exactly `text` (never opens a FIFO or device)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        want = text.encode("utf-8")
+        return os.read(fd, len(want) + 1) == want
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def __getattr__(name: str) -> Any:

@@ -176,12 +176,15 @@ def _attach_hook(env: Mapping[str, str]) -> dict[str, str]:
     envdoctor installation, reused by every start, under the user's cache directory;
     a fresh private one under $TMPDIR only when that cannot be used."""
     from envdoctor.attach import startup_hook
+    from envdoctor.errors import OutputError
 
     try:
         directory = _hook_directory()
         changes = startup_hook(directory, env)
-    except OSError as exc:  # no writable cache or temporary directory: the job still starts, unattached (as for --report)
-        log("error", f"--attach: cannot write the start-up hook: {exc.strerror or exc}; "
+    except (OSError, OutputError) as exc:  # no writable cache or temporary directory, a full disk: the job
+        # still starts, unattached (as for --report); an OutputError escaped as a traceback, and no job (helper-43)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        log("error", f"--attach: cannot write the start-up hook: {why}; "
                      "the command starts without publishing its live settings (set TMPDIR to a writable directory)")
         return {}
     log("info", f"--attach: the command publishes its live settings (hook in {directory})", hook=directory)

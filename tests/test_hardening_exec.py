@@ -253,3 +253,41 @@ def test_cache_directories_are_made_0700_whatever_the_umask(tmp_path):
     assert proc.returncode == 0, proc.stderr
     for d in (home / ".cache", home / ".cache" / "envdoctor"):
         assert oct(d.stat().st_mode & 0o777) == "0o700", (d, oct(d.stat().st_mode))
+
+
+@pytest.mark.parametrize("blocker", ["directory", "fifo"])
+def test_a_hook_that_cannot_be_written_starts_the_job_unattached_not_a_traceback(tmp_path, blocker):
+    """Helper-43: write_atomic's OutputError (a full disk, sitecustomize.py a directory or
+    a FIFO) is no OSError; it escaped _attach_hook as a traceback and the job never ran."""
+    import hashlib
+
+    import envdoctor.entrypoint
+    from envdoctor import __version__
+
+    installation = f"{os.path.dirname(os.path.abspath(envdoctor.entrypoint.__file__))}\0{__version__}"
+    hook_dir = tmp_path / "cache" / "envdoctor" / f"attach-hook-{hashlib.sha256(installation.encode()).hexdigest()[:16]}"
+    hook_dir.mkdir(parents=True, mode=0o700)
+    os.chmod(tmp_path / "cache", 0o700)
+    os.chmod(tmp_path / "cache" / "envdoctor", 0o700)
+    blocked = hook_dir / "sitecustomize.py"
+    blocked.mkdir() if blocker == "directory" else os.mkfifo(blocked)
+    env = {k: v for k, v in os.environ.items() if k != "ENVDOCTOR_CONFIG"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--attach", "--", "sh", "-c", "echo ran"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ran", proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "--attach: cannot write the start-up hook: cannot write" in proc.stderr, proc.stderr
+
+
+def test_a_hook_already_written_is_not_written_again(tmp_path):
+    """Every start rewrote the same sitecustomize.py: on a full disk, a good hook was lost
+    to the failed write. Now a start that finds it unchanged leaves the file alone."""
+    from envdoctor.attach import startup_hook
+
+    startup_hook(tmp_path, {})
+    hook = tmp_path / "sitecustomize.py"
+    before = os.stat(hook)
+    startup_hook(tmp_path, {})
+    after = os.stat(hook)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
