@@ -14,8 +14,10 @@ def parse_environ(data: bytes) -> dict[str, str]:
 
     Entries without '=' do occur (a program may scribble over its own environ
     block) and are dropped; bytes that are not UTF-8 are kept as U+FFFD so a
-    value can never make the reader fail. Later duplicates win, as getenv does
-    not guarantee either, and the last is what most shells export.
+    value can never make the reader fail. Of a name given twice the first entry
+    wins: glibc's getenv (so libgomp, MKL, the CUDA runtime) and Python's
+    os.environ both take the first, and judging the last passed a job running
+    64 threads as one running 1 (helper-43).
     """
     if not isinstance(data, (bytes, bytearray)):
         raise ParseError(f"environ must be bytes, got {type(data).__name__}")
@@ -25,7 +27,7 @@ def parse_environ(data: bytes) -> dict[str, str]:
     env: dict[str, str] = {}
     for entry in bytes(data).decode("utf-8", "replace").split("\0"):
         name, sep, value = entry.partition("=")
-        if sep and name:
+        if sep and name and name not in env:
             env[name] = value
     return env
 

@@ -72,7 +72,7 @@ def _environ_entry_by_entry(data: bytes) -> dict[str, str]:
     for entry in data.split(b"\0"):
         name, sep, value = entry.partition(b"=")
         if sep and name:
-            env[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+            env.setdefault(name.decode("utf-8", "replace"), value.decode("utf-8", "replace"))  # the first wins
     return env
 
 
@@ -82,3 +82,38 @@ def _environ_entry_by_entry(data: bytes) -> dict[str, str]:
 def test_parse_environ_decoding_once_reads_what_each_entry_decoded_alone_reads(data):
     """Broken UTF-8 next to a NUL or an '=' must not swallow them when the block is decoded whole."""
     assert parse_environ(data) == _environ_entry_by_entry(data)
+
+
+def test_a_name_given_twice_is_read_as_the_process_reads_it_the_first():
+    assert parse_environ(b"PATH=/bin\0OMP_NUM_THREADS=64\0OMP_NUM_THREADS=1\0") == {"PATH": "/bin", "OMP_NUM_THREADS": "64"}
+
+
+def test_a_running_process_with_a_duplicated_variable_is_judged_by_the_value_it_uses(tmp_path):
+    """A real process started with OMP_NUM_THREADS twice in its environment block: Python
+    (like glibc's getenv) sees the first; check --pid must judge that one too."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import cli
+
+    code = "import os, sys, time; print(os.environ['OMP_NUM_THREADS'], flush=True); sys.stdin.read()"
+    env = [b"PATH=/usr/bin:/bin", b"OMP_NUM_THREADS=64", b"OMP_NUM_THREADS=1"]
+    # os.execve takes a mapping, which cannot hold a name twice: the C library's execve can
+    launcher = ("import ctypes, sys\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                "def array(items):\n"
+                "    return (ctypes.c_char_p * (len(items) + 1))(*items, None)\n"
+                "argv = [a.encode() for a in (sys.argv[1], '-c', sys.argv[2])]\n"
+                f"libc.execve(argv[0], array(argv), array({env!r}))\n"
+                "sys.exit('execve failed: %d' % ctypes.get_errno())\n")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, sys.executable, code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "64"  # what the process itself uses
+        out = cli("check", "--pid", str(proc.pid), "--only", "cpu.threads", "-f", "json", timeout=60)
+        row = json.loads(out.stdout)["results"][0]
+        assert "OMP_NUM_THREADS=64" in row["summary"], row["summary"]
+    finally:
+        proc.communicate("", timeout=30)
