@@ -164,7 +164,8 @@ def _validate(options: ExecOptions, argv: list[str]) -> None:
             raise Stop(EXIT_USAGE, f"--report {options.report}: the working directory was removed; "
                                    "give an absolute path") from None
         if not os.path.isdir(directory):
-            raise Stop(EXIT_USAGE, f"--report {options.report}: directory {directory} does not exist")
+            what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+            raise Stop(EXIT_USAGE, f"--report {options.report}: {directory} {what}")
         if os.path.isdir(options.report):
             raise Stop(EXIT_USAGE, f"--report {options.report}: is a directory")
 
@@ -261,8 +262,33 @@ def _passable(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+# What Python's C locale coercion (PEP 538) sets when the invoker set no locale at all
+_COERCED_LOCALES = ("C.UTF-8", "C.utf8", "UTF-8")
+
+
+def _as_invoked(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """The environment without the LC_CTYPE that Python's own start added: with no locale
+    set (most slim images), the interpreter coerces the C locale and writes
+    LC_CTYPE=C.UTF-8 into os.environ, and every job started by exec inherited a variable
+    its invoker never set, which changes sorting and collation in non-Python programs
+    (helper-43). The kernel's copy of the block the process started with says whether
+    the invoker set it."""
+    if environ.get("LC_CTYPE") not in _COERCED_LOCALES:
+        return environ
+    from envdoctor.procfs import parse_environ
+
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            started_with = parse_environ(f.read())
+    except (OSError, ValueError):
+        return environ
+    if "LC_CTYPE" in started_with:
+        return environ
+    return {k: v for k, v in environ.items() if k != "LC_CTYPE"}
+
+
 def _run(options: ExecOptions, argv: list[str]) -> int:
-    env = _passable(os.environ)
+    env = _passable(_as_invoked(os.environ))
     options = dataclasses.replace(options, timeout=default_budget(options, env))
     _validate(options, argv)
     path = resolve_command(argv[0], env.get("PATH"))

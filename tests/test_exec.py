@@ -182,6 +182,7 @@ def test_a_command_is_found_on_the_path_it_will_get(tmp_path):
     (("--only", "onnx.opset", "--", "true"), "exec runs: cpu.threads, cuda.runtime, cuda.visible_devices"),
     (("--only", "torch.pin_memory", "--", "true"), "torch.pin_memory: does not run in exec"),
     (("--report", "/nonexistent-dir-xyz/report.json", "--", "true"), "does not exist"),
+    (("--report", "/etc/hostname/report.json", "--", "true"), "/etc/hostname is not a directory"),  # said "does not exist"
     (("--report", "", "--", "true"), "--report needs a file name"),  # wrote nothing, said nothing
     (("--report", "/tmp/report.json/", "--", "true"), "names a directory"),  # wrote /tmp/report.json
     (("--no-such-flag", "--", "true"), "No such option"),
@@ -572,3 +573,17 @@ def test_a_signal_during_the_preflight_leaves_no_probe_behind(tmp_path, sig, cod
             proc.kill()
             proc.wait()
         subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
+
+
+def test_the_job_gets_no_locale_its_invoker_did_not_set():
+    """Helper-43: with no locale in the environment (most slim images), Python's start
+    coerced the C locale and wrote LC_CTYPE=C.UTF-8 into os.environ; exec handed it on to
+    every job. One the invoker did set is handed on as given."""
+    bare = {"PATH": os.environ["PATH"]}
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--", "env"], env=bare,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "LC_CTYPE" not in proc.stdout, proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--", "env"], env={**bare, "LC_CTYPE": "C.UTF-8"},
+                          capture_output=True, text=True, timeout=120)
+    assert "LC_CTYPE=C.UTF-8" in proc.stdout.splitlines(), proc.stdout
