@@ -182,7 +182,7 @@ def test_a_command_is_found_on_the_path_it_will_get(tmp_path):
     (("--only", "onnx.opset", "--", "true"), "exec runs: cpu.threads, cuda.runtime, cuda.visible_devices"),
     (("--only", "torch.pin_memory", "--", "true"), "torch.pin_memory: does not run in exec"),
     (("--report", "/nonexistent-dir-xyz/report.json", "--", "true"), "does not exist"),
-    (("--report", "/etc/hostname/report.json", "--", "true"), "/etc/hostname is not a directory"),  # said "does not exist"
+    (("--report", "/proc/version/report.json", "--", "true"), "/proc/version is not a directory"),  # said "does not exist"
     (("--report", "", "--", "true"), "--report needs a file name"),  # wrote nothing, said nothing
     (("--report", "/tmp/report.json/", "--", "true"), "names a directory"),  # wrote /tmp/report.json
     (("--no-such-flag", "--", "true"), "No such option"),
