@@ -16,8 +16,9 @@ only, never in serve (which must not touch a running job's port) or exec (which
 runs right before the launcher binds it). dist.env judges everything else about
 the launch variables, everywhere.
 
-Statuses: `warn` when the port cannot be bound on rank 0 (the reason named, a
-free port suggested); `ok` when it could; `skip`, with the reason, when the test
+Statuses: `fail` when the port cannot be bound on rank 0 (the reason named, a
+free port suggested): the launch will break; `warn` when the launcher promised its
+own store there (TORCHELASTIC_USE_AGENT_STORE=True) and nothing listens; `ok` when it could; `skip`, with the reason, when the test
 does not apply: no MASTER_PORT or not a port number, not rank 0, the master is
 another host or does not resolve, or the target is another process (`--pid`:
 the running job itself holds the port).
@@ -147,7 +148,8 @@ def _rule_port_taken(facts: PortFacts) -> list[Finding]:
     if facts.error is None:
         return []
     other = facts.free_port or (facts.port + 1 if facts.port < 65535 else 29500)
-    return [Finding(Status.WARN, f"MASTER_PORT={facts.port} on {facts.address} cannot be bound ({facts.error}) and "
+    # fail, not warn (helper-42): init_process_group dies with EADDRINUSE, a launch that will break
+    return [Finding(Status.FAIL, f"MASTER_PORT={facts.port} on {facts.address} cannot be bound ({facts.error}) and "
                     "this is rank 0: the rendezvous store will fail to start",
                     f"export MASTER_PORT={other}  # a port that is free now")]
 

@@ -308,7 +308,7 @@ def test_master_port_takes_the_agent_store_on_master_port_as_expected():
         assert "held by the launcher's store (TORCHELASTIC_USE_AGENT_STORE=True), as expected" in r.summary
         # without the launcher's word, a listener there is still a port the job cannot bind
         r = dist_env_check(rank0_env(port))
-        assert r.status is Status.WARN and "cannot be bound" in r.summary
+        assert r.status is Status.FAIL and "cannot be bound" in r.summary
 
 
 def test_master_port_warns_when_the_agent_store_it_was_promised_is_not_there():

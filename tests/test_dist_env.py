@@ -138,13 +138,13 @@ def check_port(env, target=None):
 
 
 @pytest.mark.real
-def test_port_taken_on_rank_0_warns_and_suggests_a_free_one():
+def test_port_taken_on_rank_0_fails_and_suggests_a_free_one():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
         r = check_port(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)))
-        assert r.status is Status.WARN, r.summary
+        assert r.status is Status.FAIL, r.summary  # init_process_group dies with EADDRINUSE
         assert f"MASTER_PORT={port} on 127.0.0.1 cannot be bound (address already in use)" in r.summary
         assert r.remediation.startswith("export MASTER_PORT=") and str(port) not in r.remediation.split("#")[0]
         # dist.env itself never binds: it stays ok with the port taken
