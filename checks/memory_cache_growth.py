@@ -52,11 +52,17 @@ far above allocated, or allocation retries: `export
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (segments grow in place instead
 of fragmenting). /dev/shm filling: fewer DataLoader workers or a smaller
 prefetch_factor, and remove leftover /dev/shm/torch_* segments of crashed jobs.
+
+/dev/shm is one mount for every process in its mount namespace. When its use rises,
+the files a --pid process and its workers hold open there are counted: growth larger
+than all of them is another writer's (or leftovers), a `warn` for a process that uses
+/dev/shm itself (its workers die when it fills), only a note for one that holds none.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -77,6 +83,9 @@ ALLOC_CONF_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 SHM_FIX = ("lower DataLoader num_workers or prefetch_factor; remove leftover /dev/shm/torch_* segments "
            "of crashed jobs")
 
+SHM_NEIGHBOUR_FIX = ("find what fills /dev/shm: `ls -laSh /dev/shm | head`, and `ls -l /proc/*/fd | grep /dev/shm` "
+                     "for files that are open but unlinked; end that writer or remove its leftovers")
+
 DESCRIBE = {"rss": "resident memory", "cgroup": "cgroup working set", "shm": "/dev/shm usage"}
 
 
@@ -86,6 +95,7 @@ class GrowthFacts(NamedTuple):
     source: str  # "window" or "history"
     stopped: str | None = None  # why sampling ended early
     notes: tuple[str, ...] = ()
+    shm_own_bytes: int | None = None  # /dev/shm the process tree holds open, read when the mount's use rose
 
 
 def _live(ctx):
@@ -105,7 +115,8 @@ def gather(ctx) -> GrowthFacts:
         latest = history.latest(label)
         if latest is None:
             raise Unavailable(f"no memory samples of {label} yet (serve samples every interval)")
-        return GrowthFacts(history.series(label), dict(latest.limits), "history", None, tuple(latest.notes))
+        series = history.series(label)
+        return GrowthFacts(series, dict(latest.limits), "history", None, tuple(latest.notes), _shm_own(ctx, series))
     window = float(ctx.config.get("window_seconds", 0) or 0)
     if window <= 0:
         raise Unavailable("needs a sampling window: memory growth is only seen over time",
@@ -117,7 +128,26 @@ def gather(ctx) -> GrowthFacts:
     latest = history.latest(label)
     if latest is None:
         raise Unavailable(f"{label} exited before it could be sampled: {stopped}")
-    return GrowthFacts(history.series(label), dict(latest.limits), "window", stopped, tuple(latest.notes))
+    series = history.series(label)
+    return GrowthFacts(series, dict(latest.limits), "window", stopped, tuple(latest.notes), _shm_own(ctx, series))
+
+
+def _shm_own(ctx, series: Mapping[str, Any]) -> int | None:
+    """The /dev/shm a --pid process and its workers hold open (envdoctor.shm_held), read only
+    when the mount's use rose by min_rise_bytes: /dev/shm is shared by every process in its
+    mount namespace, and one writer's growth was every neighbour's fail (helper-42, -44)."""
+    times_bytes = series.get("shm")
+    if ctx.target.pid is None or not times_bytes or len(times_bytes[1]) < 2:
+        return None
+    if times_bytes[1][-1] - times_bytes[1][0] < float(ctx.config.get("min_rise_bytes", 32 * MIB)):
+        return None
+    from envdoctor.shm_held import held_bytes
+
+    try:
+        device = os.stat(ctx.target_path("/dev/shm")).st_dev
+    except OSError:
+        return None
+    return held_bytes(ctx.roots.procfs, ctx.target.pid, device)
 
 
 def duration(seconds: float) -> str:
@@ -202,7 +232,17 @@ def _rule_growth_to_limit(facts: GrowthFacts, g: Growth, settings: Mapping[str, 
         text = (f"{observed}: {against} runs out in {duration(seconds)}, "
                 f"{format_bytes(max(0, limit.headroom))} left; expected no sustained growth")
         fix, env = _fix(name)
-        timed.append((seconds, Finding(Status.FAIL if seconds <= fail_h else Status.WARN, text, fix, env)))
+        status = Status.FAIL if seconds <= fail_h else Status.WARN
+        if name == "shm" and facts.shm_own_bytes is not None and facts.shm_own_bytes < tr.slope * tr.window:
+            # the growth is more than all this process holds there: another writer's, or leftovers
+            if not facts.shm_own_bytes:  # and it uses none of it: nothing of this process's to judge
+                g.notes.append(f"{observed}: {against} runs out in {duration(seconds)}, in files this process "
+                               "does not hold (another process's, or leftovers): not judged as its own")
+                continue
+            text += (f"; not in files this process holds ({format_bytes(facts.shm_own_bytes)}): another process "
+                     "or leftover files fill it, and this job's DataLoader workers die with a bus error when it is full")
+            fix, status = SHM_NEIGHBOUR_FIX, Status.WARN
+        timed.append((seconds, Finding(status, text, fix, env)))
     return [f for _, f in sorted(timed, key=lambda item: item[0])]
 
 
@@ -245,6 +285,8 @@ def _facts_out(facts: GrowthFacts, g: Growth) -> dict[str, Any]:
         "trends": {k: t.to_dict() for k, t in g.trends.items()},
         "limits": {k: v.to_dict() for k, v in facts.limits.items()},
     }
+    if facts.shm_own_bytes is not None:
+        out["shm_own_bytes"] = facts.shm_own_bytes
     if facts.stopped:
         out["stopped"] = facts.stopped
     if facts.notes:

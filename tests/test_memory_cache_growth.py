@@ -126,3 +126,28 @@ def test_a_short_window_on_this_process_runs_end_to_end():
     assert r.status in (Status.OK, Status.SKIP), r.summary
     assert "rss" in r.facts["growth_bytes_per_second"]
     assert r.facts["source"] == "window"
+
+
+SHM_LIMIT = {"shm": Limit(512 * MIB, 300 * MIB, "/dev/shm size")}
+
+
+def test_shm_growth_in_files_the_process_holds_is_its_own_fail():
+    r = judge(facts({"shm": series(8 * MIB, n=20, base=0)}, SHM_LIMIT, shm_own_bytes=200 * MIB), DEFAULTS)
+    assert r.status is Status.FAIL and "num_workers" in r.remediation
+    assert r.facts["shm_own_bytes"] == 200 * MIB
+
+
+def test_shm_growth_another_process_makes_is_not_the_targets_fault():
+    """helper-42, helper-44: /dev/shm is one mount for every process in its namespace; a
+    shell filling a file there failed an idle python process with a DataLoader fix, and
+    in serve every process on the node alerted for one writer."""
+    grows = {"shm": series(8 * MIB, n=20, base=0)}  # 152 MiB over the window
+    r = judge(facts(grows, SHM_LIMIT, shm_own_bytes=0), DEFAULTS)  # holds nothing there
+    assert r.status is Status.OK, r.summary
+    assert "in files this process does not hold" in r.summary and "not judged as its own" in r.summary
+    r = judge(facts(grows, SHM_LIMIT, shm_own_bytes=10 * MIB), DEFAULTS)  # uses some: at risk, not the cause
+    assert r.status is Status.WARN
+    assert "not in files this process holds (10 MiB): another process or leftover files" in r.summary
+    assert "num_workers" not in r.remediation and "ls -laSh /dev/shm" in r.remediation
+    # not known (the self target, or /proc unreadable): judged as before
+    assert judge(facts(grows, SHM_LIMIT), DEFAULTS).status is Status.FAIL

@@ -84,3 +84,29 @@ def test_shm_size_of_a_running_job_counts_its_own_files_as_its_room(holder):
     assert row["facts"]["own_bytes"] == 5 * MIB, row
     if row["facts"]["used_bytes"] == row["facts"]["own_bytes"]:  # nobody else on this /dev/shm
         assert row["status"] == "ok", row
+
+
+def test_memory_growth_of_a_shared_dev_shm_is_judged_by_what_each_process_holds(holder):
+    """serve's history says /dev/shm (one mount for both) rose 8 MiB/s; the process that
+    holds only 5 MiB of it is warned as at risk, one that holds nothing is not judged."""
+    from envdoctor.checks import memory_cache_growth as mcg
+    from envdoctor.context import HostSession, Session, Target
+    from envdoctor.memsample import Limit, MemoryHistory, Sample
+    from envdoctor.runner import Plan, run_one
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        history = MemoryHistory()
+        for pid in (holder.pid, bystander.pid):
+            for i in range(30):
+                history.add(f"pid:{pid}", Sample(float(i), {"shm": 8 * MIB * i},
+                                                 {"shm": Limit(2048 * MIB, 1500 * MIB, "/dev/shm size")}))
+        host = HostSession()
+        host.fact(mcg.HISTORY_FACT, lambda: history)
+        plan = Plan(mcg.CHECK, dict(mcg.CHECK.config), 30.0)
+        r = run_one(plan, Session(target=Target(holder.pid), host=host))
+        assert r.status.value == "warn" and "not in files this process holds (5 MiB)" in r.summary, r.summary
+        r = run_one(plan, Session(target=Target(bystander.pid), host=host))
+        assert r.status.value == "ok" and "does not hold" in r.summary, r.summary
+    finally:
+        bystander.communicate(b"", timeout=30)
