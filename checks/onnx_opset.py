@@ -35,18 +35,21 @@ Why it matters (PITFALLS 7)
   "worked".
 
 Statuses
-  fail   a model with Resize/Upsample below opset 11 (`min_opset`); a model whose
+  fail   a model with a linear or cubic Resize/Upsample below opset 11 (`min_opset`); a model whose
          opset or IR version is beyond what the installed onnxruntime loads;
          ALLOW_RELEASED_ONNX_OPSET_ONLY set to something other than 0 or 1.
   error  a given file that does not exist, cannot be read or is not an ONNX model.
-  warn   torch's default export opset is below 11 or beyond what onnxruntime runs;
+  warn   a nearest Resize/Upsample below opset 11 (it matches PyTorch for whole-number
+         scale factors, measured through onnxruntime; other sizes may round otherwise);
+         torch's default export opset is below 11 or beyond what onnxruntime runs;
          a model above onnxruntime's released opset that loads only because
          ALLOW_RELEASED_ONNX_OPSET_ONLY=0.
   ok     otherwise; the facts list the versions and each model's opsets.
 
 How to fix
   Re-export with an explicit opset: torch.onnx.export(model, args, "model.onnx",
-  opset_version=17) (11 or later for Resize; no higher than the runtime's limit),
+  opset_version=17) (11 or later for Resize; no higher than the runtime's limit or
+  torch's own newest, ONNX_MAX_OPSET),
   or upgrade the runtime: pip install -U onnxruntime.
 """
 
@@ -82,6 +85,7 @@ class InterpolationNode(NamedTuple):
     op: str
     where: str  # node name, prefixed by the graph it sits in when that is a subgraph
     opset: int | None
+    mode: str = "nearest"  # its `mode` attribute (nearest, the default; linear/bilinear; cubic)
 
 
 class ModelInfo(NamedTuple):
@@ -127,6 +131,7 @@ class OnnxFacts(NamedTuple):
     torch_reason: str | None = None  # why torch_default_opset is None
     released_only: str | None = None  # ALLOW_RELEASED_ONNX_OPSET_ONLY in the target's env
     models: tuple[ModelFile, ...] = ()
+    torch_max_opset: int | None = None  # the newest opset torch.onnx.export writes (ONNX_MAX_OPSET)
 
 
 # -- parsing a model (untrusted bytes) ------------------------------------------------
@@ -136,6 +141,14 @@ def _clean(text: str, limit: int = 60) -> str:
     """A node or graph name from a file, safe to print on one line."""
     text = "".join(ch if ch.isprintable() else "?" for ch in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _mode(node: Any) -> str:
+    """A Resize/Upsample node's interpolation mode, as its attribute spells it."""
+    for attr in node.attribute:
+        if attr.name == "mode" and attr.s:
+            return _clean(attr.s.decode("utf-8", "replace"), 20).lower()
+    return "nearest"
 
 
 def parse_model(data: bytes) -> ModelInfo:
@@ -193,7 +206,7 @@ def _model_info(model: Any) -> ModelInfo:
             if node.domain in DEFAULT_DOMAINS:
                 uses_default = True
                 if node.op_type in INTERPOLATION_OPS:
-                    interpolation.append(InterpolationNode(node.op_type, _clean(name, 120), opset))
+                    interpolation.append(InterpolationNode(node.op_type, _clean(name, 120), opset, _mode(node)))
             for attr in node.attribute:
                 if attr.HasField("g"):
                     queue.append((attr.g.node, opset, f"{name}.{_clean(attr.name)}/"))
@@ -497,17 +510,19 @@ def _model_paths(ctx: Any) -> list[Path]:
     return list(seen.values())
 
 
-def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None]:
+def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None, int | None]:
+    """(torch.onnx.export's default opset or None, why None, the newest opset it writes or None)."""
     try:
         facts = ctx.torch
     except Unavailable as exc:
-        return None, f"torch facts unavailable: {exc}"
+        return None, f"torch facts unavailable: {exc}", None
     except Exception as exc:  # a broken or hung probe costs the torch part only, not the files and the runtime
-        return None, f"torch facts unavailable (the torch probe failed: {exc})"
-    value = facts.get("onnx_default_opset") if isinstance(facts, Mapping) else None
+        return None, f"torch facts unavailable (the torch probe failed: {exc})", None
+    value, newest = (facts.get("onnx_default_opset"), facts.get("onnx_max_opset")) if isinstance(facts, Mapping) else (None, None)
+    newest = newest if isinstance(newest, int) and not isinstance(newest, bool) else None
     if isinstance(value, bool) or not isinstance(value, int):
-        return None, "the torch probe did not report torch.onnx's default opset"
-    return value, None
+        return None, "the torch probe did not report torch.onnx's default opset", newest
+    return value, None, newest
 
 
 STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v1"
@@ -566,7 +581,7 @@ def stack_facts() -> dict[str, Any]:
 
 def gather(ctx: Any) -> OnnxFacts:
     released_only, _ = ctx.env_var(RELEASED_ONLY_VAR)
-    torch_opset, torch_reason = _torch_default_opset(ctx)
+    torch_opset, torch_reason, torch_max = _torch_default_opset(ctx)
     paths = _model_paths(ctx)
     stack = _stack_from_imports() if paths else stack_facts()  # reading models imports onnx anyway
     return OnnxFacts(
@@ -578,6 +593,7 @@ def gather(ctx: Any) -> OnnxFacts:
         torch_reason=torch_reason,
         released_only=released_only,
         models=tuple(read_model(p) for p in paths),
+        torch_max_opset=torch_max,
     )
 
 
@@ -589,6 +605,12 @@ def _suggested_opset(min_opset: int, runtime_max: int | None) -> int:
     if runtime_max is not None:
         target = min(target, runtime_max)
     return max(target, min_opset)
+
+
+def _exportable(facts: OnnxFacts, opset: int) -> int:
+    """`opset`, or torch's newest when it cannot write that one: a fix naming onnxruntime's
+    opset 28 failed with 'Unsupported onnx_opset_version: 28' on torch 2.13 (helper-42)."""
+    return min(opset, facts.torch_max_opset) if facts.torch_max_opset is not None else opset
 
 
 def _rule_model_unusable(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
@@ -616,18 +638,29 @@ def _rule_model_missing_data(model: ModelFile, facts: OnnxFacts, min_opset: int)
 
 
 def _rule_model_interpolation(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
-    """Resize/Upsample below opset 11 does not match PyTorch's interpolate (PITFALLS 7)."""
+    """Resize/Upsample below opset 11 does not match PyTorch's interpolate (PITFALLS 7): the
+    linear and cubic modes (no align_corners, other pixel centres) fail; nearest, which
+    picks the same pixels for whole-number scales (helper-42: max difference 0.0 through
+    onnxruntime), warns: a size that is no multiple of the input may round otherwise."""
     assert model.info is not None
     early = [n for n in model.info.interpolation if n.opset is not None and n.opset < min_opset]
     if not early:
         return []
-    kinds = "/".join(sorted({n.op for n in early}))
-    names = ", ".join(repr(n.where) for n in early[:EXAMPLES]) + (", ..." if len(early) > EXAMPLES else "")
-    opsets = "/".join(str(o) for o in sorted({n.opset for n in early if n.opset is not None}))
-    return [Finding(Status.FAIL, f"{model.path}: {len(early)} {kinds} node(s) at opset {opsets} ({names}); expected "
-                    f"opset >= {min_opset}: before opset 11 ONNX's Resize/Upsample does not match PyTorch's interpolate",
-                    f"torch.onnx.export(model, args, 'model.onnx', opset_version="
-                    f"{_suggested_opset(min_opset, facts.runtime.max_opset)})")]
+    smooth = [n for n in early if n.mode != "nearest"]
+    shown = smooth or early
+    kinds = "/".join(sorted({n.op for n in shown}))
+    modes = "/".join(sorted({n.mode for n in shown}))
+    names = ", ".join(repr(n.where) for n in shown[:EXAMPLES]) + (", ..." if len(shown) > EXAMPLES else "")
+    opsets = "/".join(str(o) for o in sorted({n.opset for n in shown if n.opset is not None}))
+    fix = (f"torch.onnx.export(model, args, 'model.onnx', opset_version="
+           f"{_exportable(facts, _suggested_opset(min_opset, facts.runtime.max_opset))})")
+    if smooth:
+        return [Finding(Status.FAIL, f"{model.path}: {len(smooth)} {kinds} node(s) in {modes} mode at opset {opsets} "
+                        f"({names}); expected opset >= {min_opset}: before opset 11 ONNX's {modes} Resize/Upsample does "
+                        "not match PyTorch's interpolate (no align_corners, other pixel centres)", fix)]
+    return [Finding(Status.WARN, f"{model.path}: {len(early)} {kinds} node(s) in nearest mode at opset {opsets} ({names}); "
+                    f"expected opset >= {min_opset}: nearest matches PyTorch for whole-number scale factors, but an "
+                    "output size that is no multiple of the input may pick other pixels before opset 11", fix)]
 
 
 def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
@@ -638,11 +671,11 @@ def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: in
         if facts.released_only == "0" and rt.dev_opset is not None and opset <= rt.dev_opset:
             found.append(Finding(Status.WARN, f"{model.path}: opset {opset} is beyond onnxruntime {rt.version}'s released "
                                  f"opset {rt.max_opset}; it loads only because {RELEASED_ONLY_VAR}=0 (an opset under "
-                                 "development)", f"torch.onnx.export(..., opset_version={rt.max_opset})"))
+                                 "development)", f"torch.onnx.export(..., opset_version={_exportable(facts, rt.max_opset)})"))
         else:
             found.append(Finding(Status.FAIL, f"{model.path}: opset {opset}; onnxruntime {rt.version} runs up to opset "
                                  f"{rt.max_opset} and will refuse it",
-                                 f"pip install -U onnxruntime, or torch.onnx.export(..., opset_version={rt.max_opset})"))
+                                 f"pip install -U onnxruntime, or torch.onnx.export(..., opset_version={_exportable(facts, rt.max_opset)})"))
     if rt.max_ir_version is not None and model.info.ir_version > rt.max_ir_version:
         found.append(Finding(Status.FAIL, f"{model.path}: IR version {model.info.ir_version}; onnxruntime {rt.version} "
                              f"loads up to IR version {rt.max_ir_version}", "pip install -U onnxruntime"))
@@ -708,10 +741,10 @@ def _rule_torch_default_opset(facts: OnnxFacts, min_opset: int) -> list[Finding]
     if t is not None and t < min_opset:
         found.append(Finding(Status.WARN, f"torch.onnx.export uses opset {t} by default; expected >= {min_opset}: "
                              "Resize/Upsample below opset 11 does not match PyTorch's interpolate",
-                             f"torch.onnx.export(..., opset_version={_suggested_opset(min_opset, rt.max_opset)})"))
+                             f"torch.onnx.export(..., opset_version={_exportable(facts, _suggested_opset(min_opset, rt.max_opset))})"))
     if t is not None and rt.max_opset is not None and t > rt.max_opset:
         found.append(Finding(Status.WARN, f"torch.onnx.export uses opset {t} by default; onnxruntime {rt.version} runs "
-                             f"up to opset {rt.max_opset}", f"torch.onnx.export(..., opset_version={rt.max_opset})"))
+                             f"up to opset {rt.max_opset}", f"torch.onnx.export(..., opset_version={_exportable(facts, rt.max_opset)})"))
     return found
 
 

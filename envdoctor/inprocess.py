@@ -143,6 +143,8 @@ def live_torch_facts(session, torch: Any = None) -> dict[str, Any]:
     onnx_constants = sys.modules.get("torch.onnx._constants")
     opset = getattr(onnx_constants, "ONNX_DEFAULT_OPSET", None) if onnx_constants else None
     facts["onnx_default_opset"] = opset if isinstance(opset, int) else torch_probe._onnx_default_opset(torch_dir)
+    newest = getattr(onnx_constants, "ONNX_MAX_OPSET", None) if onnx_constants else None
+    facts["onnx_max_opset"] = newest if isinstance(newest, int) else torch_probe._onnx_default_opset(torch_dir, ("ONNX_MAX_OPSET",))
     facts["errors"] = errors
     facts["warnings"] = []
     return facts

@@ -610,3 +610,67 @@ def test_onnxruntime_leaves_no_trace_in_the_users_home(tmp_path):
     assert isinstance(max_opset, int) and max_opset >= 17  # the limits are still found
     assert left is None, "the variable is ours only for the import"
     assert not home.exists() and "telemetry" not in proc.stderr
+
+
+
+_EXPORT_MODES = textwrap.dedent("""
+    import sys, warnings
+    import numpy as np, torch
+    out = sys.argv[1]
+    x = torch.arange(2 * 3 * 5 * 7, dtype=torch.float32).reshape(2, 3, 5, 7)
+    np.save(f"{out}/x.npy", x.numpy())
+    for mode in ("nearest", "bilinear"):
+        class Up(torch.nn.Module):
+            def forward(self, x):
+                return torch.nn.functional.interpolate(x, scale_factor=2, mode=mode)
+        np.save(f"{out}/{mode}.npy", Up()(x).numpy())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Up(), (x,), f"{out}/{mode}9.onnx", opset_version=9, dynamo=False)
+""")
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("mode, status", [("nearest", Status.WARN), ("bilinear", Status.FAIL)])
+def test_a_real_opset_9_export_is_judged_by_its_interpolation_mode(tmp_path, mode, status):
+    """Helper-42: a nearest x2 upsample exported at opset 9 matches PyTorch exactly through
+    onnxruntime, yet failed like bilinear, which does not match. Both exported by torch (in
+    its own interpreter) and run by onnxruntime here: the rule stands on what they compute."""
+    pytest.importorskip("torch", reason="torch is installed by scripts/test.sh")
+    proc = subprocess.run([sys.executable, "-c", _EXPORT_MODES, str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    path = tmp_path / f"{mode}9.onnx"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: np.load(tmp_path / "x.npy")})[0]
+    differs = float(np.abs(got - np.load(tmp_path / f"{mode}.npy")).max())
+    assert (differs == 0.0) == (mode == "nearest"), differs  # what the rule claims, measured
+    result = run_check([path])
+    assert result.status is status, result.summary
+    assert f"in {'nearest' if mode == 'nearest' else 'linear'} mode at opset 9" in result.summary
+    assert "opset_version=17" in result.remediation
+
+
+def test_an_export_fix_never_names_an_opset_torch_cannot_write(tmp_path):
+    """Helper-42: onnxruntime's newest opset (above torch 2.13's ONNX_MAX_OPSET, 23) was the
+    fix; torch.onnx.export refused it ('Unsupported onnx_opset_version')."""
+    top = runtime_facts().max_opset
+    path = save(identity_model(top + 1), tmp_path / "future.onnx")
+    torch_max = top - 3
+    result = run_check([path], torch={"onnx_default_opset": 17, "onnx_max_opset": torch_max})
+    assert result.status is Status.FAIL
+    assert f"opset_version={torch_max})" in result.remediation, result.remediation
+
+
+def test_torchs_newest_export_opset_is_read_from_its_files():
+    """Read from torch/onnx/_constants.py as torch itself has it (asked in its own interpreter)."""
+    import importlib.util
+
+    from envdoctor.torchfacts.metadata import onnx_max_opset
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        pytest.skip("torch is installed by scripts/test.sh")
+    proc = subprocess.run([sys.executable, "-c", "from torch.onnx import _constants; print(_constants.ONNX_MAX_OPSET)"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert onnx_max_opset(Path(spec.origin).parent) == int(proc.stdout)

@@ -79,9 +79,10 @@ def _stamp_files(torch_dir):
     return [f for f in files if os.path.exists(f)]
 
 
-def _onnx_default_opset(torch_dir):
-    """torch.onnx's default export opset, read from torch/onnx/_constants.py without
-    importing torch.onnx (which pulls in much more than the one number)."""
+def _onnx_default_opset(torch_dir, names=("ONNX_DEFAULT_OPSET", "onnx_default_opset")):
+    """torch.onnx's default export opset (or, with names=("ONNX_MAX_OPSET",), the newest it
+    can write), read from torch/onnx/_constants.py without importing torch.onnx (which
+    pulls in much more than the one number)."""
     import ast
 
     path = os.path.join(torch_dir, "onnx", "_constants.py")
@@ -98,7 +99,7 @@ def _onnx_default_opset(torch_dir):
                 found[node.targets[0].id] = value.value
     # ONNX_DEFAULT_OPSET is what torch.onnx.export uses when no opset_version is given
     # (torch 1.x .. 2.13 keep it in torch/onnx/_constants.py).
-    for name in ("ONNX_DEFAULT_OPSET", "onnx_default_opset"):
+    for name in names:
         if name in found:
             return found[name]
     return None
@@ -150,6 +151,7 @@ def _torch_facts(torch, out):
     out["num_threads"] = _try(errors, "num_threads", lambda: int(torch.get_num_threads()))
     out["num_interop_threads"] = _try(errors, "num_interop_threads", lambda: int(torch.get_num_interop_threads()))
     out["onnx_default_opset"] = _onnx_default_opset(torch_dir)
+    out["onnx_max_opset"] = _onnx_default_opset(torch_dir, ("ONNX_MAX_OPSET",))
     out["errors"] = errors
 
 

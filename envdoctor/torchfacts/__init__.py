@@ -133,6 +133,7 @@ def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dic
         out.update(arch_list=[], arch_source=None, cudnn_version=None, cudnn_source=None, cudnn_required=None,
                    cudnn_available=False)
     out["onnx_default_opset"] = metadata.onnx_default_opset(td)
+    out["onnx_max_opset"] = metadata.onnx_max_opset(td)
     out["unknown"] = unknown
     out["read_seconds"] = round(time.perf_counter() - started, 4)
     return out

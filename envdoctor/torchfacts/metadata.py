@@ -70,6 +70,13 @@ def onnx_default_opset(torch_dir: Path) -> int | None:
     return None
 
 
+def onnx_max_opset(torch_dir: Path) -> int | None:
+    """The newest opset torch.onnx.export can write: ONNX_MAX_OPSET in torch/onnx/_constants.py
+    (23 in torch 2.13). A fix naming onnxruntime's newest opset above it cannot be followed."""
+    value = (assigned_constants(torch_dir / "onnx" / "_constants.py") or {}).get("ONNX_MAX_OPSET")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def read_metadata(dist_info: Path) -> dict[str, Any] | None:
     """Name, Version and Requires-Dist from a dist-info's METADATA header."""
     text = _read_text(dist_info / "METADATA", 64 * 1024)
