@@ -163,3 +163,19 @@ def test_epilog_never_fails_the_job_even_when_envdoctor_cannot_write(tmp_path):
     proc = _epilog(tmp_path, tmp_path / "envdoctor.prom", timeout="0.05")
     assert proc.returncode == 0 and "serve --once exited 124" in proc.stderr
     assert not (tmp_path / "envdoctor.prom").exists()
+
+
+def test_epilog_writes_the_node_only_so_no_exited_process_keeps_alerting(tmp_path):
+    """helper-44: the file is written once per job; a process's series in it outlived the
+    process until the next job ended, and its alerts never cleared."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                               env={**os.environ, "ENVDOCTOR_TEST_PICK_ME": "1"})
+    try:
+        os.environ["ENVDOCTOR_SERVE__SELECT_ENV"] = "ENVDOCTOR_TEST_PICK_ME"  # serve would examine it
+        proc = _epilog(tmp_path, tmp_path / "envdoctor.prom")
+    finally:
+        os.environ.pop("ENVDOCTOR_SERVE__SELECT_ENV", None)
+        sleeper.communicate(b"", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    body = (tmp_path / "envdoctor.prom").read_text()
+    assert 'target="node"' in body and 'target="pid:' not in body

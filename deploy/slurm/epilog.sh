@@ -13,7 +13,13 @@
 #
 # It always exits 0: a failing epilog drains the node in Slurm, and recording the
 # node's state is no reason to take it out of service (health.sh decides that).
+#
+# The node only (ENVDOCTOR_SERVE__MAX_TARGETS=1, the overflow counter says how many
+# processes were left out): the file is written once per job, so a process's series
+# in it would outlive the process until the next job ends, and its alerts would never
+# clear. Nodes that should report their processes run `envdoctor serve`.
 set -u
+export ENVDOCTOR_SERVE__MAX_TARGETS="${ENVDOCTOR_SERVE__MAX_TARGETS:-1}"
 envdoctor="${ENVDOCTOR:-envdoctor}"
 textfile="${ENVDOCTOR_TEXTFILE:-/var/lib/prometheus/node-exporter/envdoctor.prom}"
 # shellcheck disable=SC2086  # ENVDOCTOR_EPILOG_ARGS is a list of words on purpose

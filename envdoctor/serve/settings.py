@@ -6,15 +6,18 @@
     select_comm = ["train*"] # also examine processes whose comm matches
     select_env = ["SLURM_JOB_ID"]  # ... or whose environment sets one of these
 
-Checked whole at start and on SIGHUP; a mistake is a ConfigError naming file,
+Each key may also come from the environment, which beats the file (ENVDOCTOR_SERVE__INTERVAL,
+ENVDOCTOR_SERVE__MAX_TARGETS, ENVDOCTOR_SERVE__SELECT_COMM=train*,python3,
+ENVDOCTOR_SERVE__SELECT_ENV=SLURM_JOB_ID). Checked whole at start and on SIGHUP; a mistake is a ConfigError naming file,
 line and key (exit 2 at start; on SIGHUP the old settings stay and the log says why).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from envdoctor.config import Config
 from envdoctor.errors import ConfigError
@@ -55,24 +58,53 @@ def _strings(value: Any) -> tuple[str, ...] | None:
     return None
 
 
-def from_config(config: Config, interval_flag: float | None = None) -> Settings:
-    values: dict[str, Any] = {}
-    for key, (value, line) in config.serve.items():
-        full = f"serve.{key}"
+ENV_PREFIX = "ENVDOCTOR_SERVE__"  # ENVDOCTOR_SERVE__MAX_TARGETS=1: the environment beats the file, as for checks
+
+
+def _from_text(key: str, text: str) -> Any:
+    """An environment variable's text as the file's TOML value would be (a list: comma-separated)."""
+    text = text.strip()
+    if key.startswith("select_"):
+        return [part.strip() for part in text.split(",")] if text else []
+    try:
+        return int(text) if key == "max_targets" else float(text)
+    except ValueError:
+        return text  # refused below, with the rule
+
+
+def _environment(environ: Mapping[str, str]) -> dict[str, tuple[Any, None, str]]:
+    found: dict[str, tuple[Any, None, str]] = {}
+    for var, text in environ.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        key = var[len(ENV_PREFIX):].lower()
         if key not in KEYS:
-            raise ConfigError(f"unknown setting; known: {', '.join(KEYS)}", file=config.source, line=line, key=full)
+            raise ConfigError(f"unknown setting; known: {', '.join(ENV_PREFIX + k.upper() for k in KEYS)}",
+                              file="environment", key=var)
+        found[key] = (_from_text(key, text), None, var)
+    return found
+
+
+def from_config(config: Config, interval_flag: float | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    values: dict[str, Any] = {}
+    given = {key: (value, line, None) for key, (value, line) in config.serve.items()}
+    given.update(_environment(os.environ if environ is None else environ))
+    for key, (value, line, var) in given.items():
+        source = {"file": "environment", "key": var} if var else {"file": config.source, "line": line, "key": f"serve.{key}"}
+        if key not in KEYS:
+            raise ConfigError(f"unknown setting; known: {', '.join(KEYS)}", **source)
         if key == "interval":
             if not valid_interval(value):
-                raise ConfigError(f"expected {INTERVAL_RULE}", file=config.source, line=line, key=full)
+                raise ConfigError(f"expected {INTERVAL_RULE}", **source)
             values[key] = float(value)
         elif key == "max_targets":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError("expected a whole number >= 1 (the node counts as one)", file=config.source, line=line, key=full)
+                raise ConfigError("expected a whole number >= 1 (the node counts as one)", **source)
             values[key] = value
         else:
             strings = _strings(value)
             if strings is None:
-                raise ConfigError("expected a list of non-empty strings", file=config.source, line=line, key=full)
+                raise ConfigError("expected a list of non-empty strings" + (" (comma-separated)" if var else ""), **source)
             values[key] = strings
     interval = interval_flag if interval_flag is not None else values.get("interval", DEFAULT_INTERVAL)
     return Settings(interval=interval, max_targets=values.get("max_targets", DEFAULT_MAX_TARGETS),
