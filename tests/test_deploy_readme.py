@@ -2,7 +2,7 @@
 platform's section in order in a sandbox: a mount namespace with /etc, /opt and
 /usr/local overlaid (so installs land in a scratch layer, never on this machine);
 from the unit's start on, a network namespace with only a loopback (so the unit's
-0.0.0.0:10061 is private).
+:10061, every address, is private).
 The few that need a cluster or systemd as PID 1 are named in NOT_HERE with what
 runs in their place; a command added to the README without either fails the test."""
 

@@ -76,6 +76,9 @@ def test_serve_exits_2_naming_the_key(tmp_path):
     out = cli("serve", "--web.config.file", str(path), timeout=60)
     assert out.returncode == 2
     assert "tls_server_config.ciphers" in out.stderr and "Traceback" not in out.stderr
+    # the keys it offers are ones it takes: inline cert/key/client_ca are refused (helper-44)
+    known = out.stderr.split("known: ", 1)[1].split(", ")
+    assert "cert_file" in known and not {"cert", "key", "client_ca"} & {k.strip() for k in known}, out.stderr
 
 
 @pytest.mark.real

@@ -25,8 +25,8 @@ PROC = 'instance=~"$instance",target=~"$target"'
 # (row title, [(panel type, title, query, legend or table columns, width, description)])
 ROWS = [
     ("Fleet", [
-        ("stat", "Nodes reporting", "count(envdoctor_last_run_timestamp_seconds)", "", 4,
-         "envdoctor serve instances Prometheus scrapes."),
+        ("stat", "Nodes reporting", "count(count by (instance) (envdoctor_last_run_timestamp_seconds))", "", 4,
+         "Nodes with an envdoctor run, counted once each (serve, or an epilog's textfile through node_exporter)."),
         ("stat", "Nodes with a failing check", 'count(count by (instance) (envdoctor_check_status{status="fail"} == 1)) or vector(0)', "", 4,
          "Nodes where any target has a check at fail."),
         ("stat", "Targets up", 'sum(up{job="envdoctor"}) / count(up{job="envdoctor"})', "", 4,
@@ -43,8 +43,8 @@ ROWS = [
     ("Node $instance", [
         ("table", "Checks not ok", f'envdoctor_check_status{{{NODE},status=~"fail|warn|error"}} == 1', "instance,check,target,status", 12,
          "Every target's checks at fail, warn or error on the chosen nodes; /report on the node has the fix."),
-        ("table", "Processes watched", f"envdoctor_target_info{{{NODE}}}", "instance,target,pid,comm", 12,
-         "One row per target (envdoctor_target_info) to join on."),
+        ("table", "Processes watched", f'envdoctor_target_info{{{NODE}, target=~"pid:.+"}}', "instance,target,pid,comm", 12,
+         "One row per process examined (envdoctor_target_info without the node's own row), to join on."),
         ("timeseries", "Check duration", f"max by (instance, check) (envdoctor_check_duration_seconds{{{NODE}}})", "{{instance}} {{check}}", 12,
          "Slowest target per check; a check near its timeout is about to end in error."),
         ("stat", "Seconds since the last completed run", f"time() - envdoctor_last_run_timestamp_seconds{{{NODE}}}", "{{instance}}", 6,

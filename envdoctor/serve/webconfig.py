@@ -286,8 +286,9 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
         full = f"tls_server_config.{key}"
         if full in NOT_IMPLEMENTED:
             raise WebConfigError(name, full, f"{NOT_IMPLEMENTED[full]} is not supported by envdoctor serve")
-        if key not in TLS_KEYS:
-            raise WebConfigError(name, full, f"unknown key; known: {', '.join(sorted(TLS_KEYS))}")
+        if key not in TLS_KEYS:  # the known ones envdoctor takes: the inline PEM keys are refused below
+            supported = sorted(TLS_KEYS - {"cert", "key", "client_ca"})
+            raise WebConfigError(name, full, f"unknown key; known: {', '.join(supported)}")
     for inline in ("cert", "key", "client_ca"):
         if tls.get(inline):
             raise WebConfigError(name, f"tls_server_config.{inline}", f"inline PEM is not supported; use {inline}_file")
