@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Slurm prolog: refuse to start jobs on a node that envdoctor finds broken.
-# A non-zero exit makes Slurm drain the node; the first failing row becomes the reason.
+# A non-zero exit makes Slurm drain the node (with a reason of its own) and requeue the
+# job; the failing rows, joined and cut at 200 characters, go to stderr, which slurmd
+# writes to its log. health.sh is what gives a drain envdoctor's one-line reason.
+# slurmd runs it with its own environment, not the job's: it judges the node
+# (/dev/shm, CPU quota, GPUs, driver); a job's variables are judged in the job, by
+# `envdoctor exec` in its batch script.
 # Settings: ENVDOCTOR (path to the binary), ENVDOCTOR_PROLOG_ARGS (extra arguments).
 set -u
 envdoctor="${ENVDOCTOR:-envdoctor}"
