@@ -38,7 +38,9 @@ What it judges:
 How to fix: export the number the check prints for all five variables, before
 Python starts (`export OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 ...`, `docker run -e
 OMP_NUM_THREADS=4 ...`, or `env:` in a Kubernetes pod); if the script calls
-torch.set_num_threads(os.cpu_count()), give it the same number instead.
+torch.set_num_threads(os.cpu_count()), give it the same number instead. More
+processes per node than CPUs: fewer ranks per node (torchrun --nproc-per-node) or
+more CPUs for the job; no thread setting clears that.
 """
 
 from __future__ import annotations
@@ -267,8 +269,12 @@ def _rule_too_many_processes(facts: ThreadFacts, budget: Budget) -> list[Finding
     """More ranks per node than CPUs: oversubscribed even at one thread each."""
     if budget.effective is None or budget.processes <= 1 or budget.processes <= budget.effective + 1e-9:
         return []
-    return [_finding(Status.WARN, f"{budget.processes} processes per node on {_fmt_cpus(budget.effective)} effective "
-                     "CPUs oversubscribe even at one thread each; expected at most one process per CPU", budget)]
+    fix, env = _fix(budget)  # one thread each is still right; alone it cannot clear this (helper-42)
+    most = max(1, int(budget.effective + 1e-9))
+    fix = (f"run at most {most} process{'es' if most > 1 else ''} per node (torchrun --nproc-per-node={most}) or give "
+           f"the job more CPUs (cgroup quota, affinity); and {fix}")
+    return [Finding(Status.WARN, f"{budget.processes} processes per node on {_fmt_cpus(budget.effective)} effective "
+                    "CPUs oversubscribe even at one thread each; expected at most one process per CPU", fix, env=env)]
 
 
 def _rule_live_threads(facts: ThreadFacts, budget: Budget) -> list[Finding]:
