@@ -22,8 +22,8 @@ Why it matters (PITFALLS 4)
   pin_memory=True page-locks each batch so the copy to the GPU can use DMA: faster
   copies, but a CPU cost (copying into the locked buffer, in one thread of the
   training process) and locked RAM. One of the source notes saw the CPU pinned at
-  99% at each epoch boundary; turning pin_memory off fixed it. Without a GPU it
-  buys nothing at all. The trade is worth it when the measured pinned bandwidth is
+  99% at each epoch boundary; turning pin_memory off fixed it. Without a GPU
+  torch's DataLoader does not pin at all (pin_memory=True is ignored, with a warning). The trade is worth it when the measured pinned bandwidth is
   clearly higher and the process has CPU to spare.
 
 Statuses
@@ -406,15 +406,13 @@ def _measurement_facts(m: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _rule_live_pin_without_gpu(facts: PinFacts) -> list[Finding]:
-    """The attached job pins memory on a node where NVML sees no GPU: CPU and locked RAM for nothing."""
-    if facts.gpu_count != 0 or not facts.live_pin_memory:
-        return []
-    return [Finding(Status.WARN, "the running job's DataLoader has pin_memory=True (live) but there is no GPU: it only "
-                    "costs CPU and locked RAM; expected pin_memory=False", "DataLoader(..., pin_memory=False)")]
-
-
 def _live_note(facts: PinFacts, out: dict[str, Any]) -> list[str]:
+    """What the attached job's DataLoaders ask for. Without a GPU, pin_memory=True is no
+    finding: torch's DataLoader pins only when CUDA is available (its iterator's
+    _pin_memory is False otherwise, and torch warns), so it costs nothing (helper-42)."""
+    if facts.live_pin_memory and facts.gpu_count == 0:
+        out["live_pin_memory"] = True
+        return ["the running job's DataLoaders ask for pin_memory=True (live), which torch ignores without a GPU"]
     if facts.live_pin_memory is None:
         return []
     out["live_pin_memory"] = facts.live_pin_memory
@@ -425,11 +423,10 @@ def _live_note(facts: PinFacts, out: dict[str, Any]) -> list[str]:
 def _judge_unmeasured(facts: PinFacts, cpu_findings: list[Finding], out: dict[str, Any]) -> Result:
     """No figures: no GPU (pinning has no effect), or a GPU that was not measured."""
     notes = [n for n in [_cpu_note(facts.cpu)] if n and not cpu_findings] + _live_note(facts, out)
-    cpu_findings = cpu_findings + _rule_live_pin_without_gpu(facts)
     if facts.gpu_count == 0:
         out["nvml_unavailable"] = facts.nvml_reason
-        no_gpu = (f"pinning has no effect without a GPU ({short_reason(facts.nvml_reason)}): pin_memory=True only costs "
-                  "CPU and locked RAM here")
+        no_gpu = (f"pinning has no effect without a GPU ({short_reason(facts.nvml_reason)}): torch's DataLoader does not "
+                  "pin then, whatever pin_memory says")
         return verdict(cpu_findings, out, "", note=no_gpu) if cpu_findings else skip("; ".join([no_gpu] + notes), **out)
     reason = facts.not_measured or "not measured"
     if cpu_findings:

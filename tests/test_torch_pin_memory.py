@@ -420,3 +420,12 @@ def test_a_zero_measurement_timeout_is_not_tried_and_says_so(monkeypatch):
     calls = counting_measurement(monkeypatch)
     r = run_one(Plan(CHECK, dict(CONFIG, measure_timeout_seconds=0.0), 90), gpu_session(FakeNvml(devices=[FakeDevice()])))
     assert calls == [] and r.status is Status.SKIP and "measure_timeout_seconds = 0" in r.summary
+
+
+def test_a_live_pin_memory_without_a_gpu_is_no_finding_torch_ignores_it():
+    """Helper-42: 'pin_memory=True only costs CPU and locked RAM' was false: without CUDA
+    torch's DataLoader iterator does not pin (its _pin_memory is False; torch warns)."""
+    r = judge(PinFacts(None, 0, "no NVIDIA driver here", None, None, live_pin_memory=True), CONFIG)
+    assert r.status is Status.SKIP, r.summary
+    assert "ask for pin_memory=True (live), which torch ignores without a GPU" in r.summary
+    assert "locked RAM" not in r.summary and r.facts["live_pin_memory"] is True
