@@ -49,7 +49,8 @@ Statuses
   warn   driver older than the build within the same major (minor version
          compatibility: works, with limits); a GPU reachable only by JIT from
          PTX; torch.cuda.is_available() False although NVML sees GPUs; a CUDA
-         build without cuDNN; CUDA_LAUNCH_BLOCKING=1; torch's files replaced on
+         build without cuDNN; CUDA_LAUNCH_BLOCKING=1 (not for a CPU-only torch, which
+         launches no kernels); torch's files replaced on
          disk after the process loaded them (a pip install over a running job:
          its maps names them "(deleted)", or in pip's ~orch stash), GPU or not.
   skip   no NVIDIA GPU visible here (NVML's reason is given) and nothing else
@@ -245,8 +246,12 @@ def _rule_build_unreadable(facts: RuntimeFacts, b: Build) -> list[Finding]:
 
 
 def _rule_launch_blocking(facts: RuntimeFacts, b: Build) -> list[Finding]:
-    """CUDA_LAUNCH_BLOCKING=1, a debugging switch, serialises every kernel launch."""
+    """CUDA_LAUNCH_BLOCKING=1, a debugging switch, serialises every kernel launch. A CPU-only
+    torch launches no kernels, so there it changes nothing (helper-42: a warning whose
+    own summary said "CPU-only: nothing to match"); the facts still show it."""
     if (facts.launch_blocking or "").strip() != "1":
+        return []
+    if b.version and not b.cuda_text and not b.hip_text:
         return []
     return [Finding(Status.WARN, "CUDA_LAUNCH_BLOCKING=1 makes every kernel launch synchronous (a debugging setting); "
                     "expected unset", "unset CUDA_LAUNCH_BLOCKING", env={"CUDA_LAUNCH_BLOCKING": None})]

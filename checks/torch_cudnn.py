@@ -27,7 +27,8 @@ Statuses
   fail   deterministic algorithms are required (without warn_only) on CUDA and
          CUBLAS_WORKSPACE_CONFIG is not ":4096:8" or ":16:8".
   warn   benchmark and deterministic both on; cudnn.enabled=False on CUDA;
-         CUBLAS_WORKSPACE_CONFIG malformed (not ":SIZE:COUNT" pairs of integers);
+         CUBLAS_WORKSPACE_CONFIG malformed (not ":SIZE:COUNT" pairs of integers;
+         for a CPU-only torch, which has no cuBLAS, said in the skip instead);
          deterministic algorithms in warn_only mode without the workspace config.
   skip   torch cannot use CUDA here (CPU-only build, or no GPU): the settings do
          nothing; the facts still list them.
@@ -200,8 +201,12 @@ def judge(facts: CudnnFacts, settings: Mapping[str, Any]) -> Result:
     out = _facts_out(facts)
     findings = _rule_workspace_malformed(facts)
     if not out["applies"]:
-        state = "is CPU-only" if not t.get("torch_cuda_version") else "cannot use CUDA here (no GPU visible)"
+        cpu_only = not t.get("torch_cuda_version")
+        state = "is CPU-only" if cpu_only else "cannot use CUDA here (no GPU visible)"
         why = f"torch {t.get('torch_version')} {state}: cuDNN and cuBLAS settings have no effect"
+        if cpu_only and findings:  # no cuBLAS at all: a malformed setting is said, not warned (helper-42)
+            why += "; " + "; ".join(f.message for f in findings)
+            findings = []
         return verdict(findings, out, "", note=why) if findings else skip(why, **out)
     findings += (_rule_cudnn_disabled(t) + _rule_benchmark_and_deterministic(t)
                  + _rule_deterministic_without_workspace(t, cfg))

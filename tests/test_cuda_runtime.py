@@ -201,13 +201,20 @@ def test_cudnn_mismatch_fails_and_missing_cudnn_warns():
     assert r.status is Status.WARN and "no cuDNN" in r.summary
 
 
-def test_launch_blocking_warns_on_a_gpu_node_and_without_one():
+def test_launch_blocking_warns_a_cuda_torch_on_a_gpu_node_and_without_one():
     r = judge(facts(launch_blocking="1"), {})
     assert r.status is Status.WARN and r.remediation == "unset CUDA_LAUNCH_BLOCKING"
     assert r.facts["CUDA_LAUNCH_BLOCKING"] == "1"
-    r = judge(facts(CPU_ONLY, gpus=(), nvml_reason="no NVIDIA driver here", launch_blocking="1"), {})
+    r = judge(facts(gpus=(), nvml_reason="no NVIDIA driver here", launch_blocking="1"), {})  # an image built off-GPU
     assert r.status is Status.WARN and "no NVIDIA GPU visible" in r.summary
     assert judge(facts(launch_blocking="0"), {}).status is Status.OK
+
+
+def test_launch_blocking_changes_nothing_for_a_cpu_only_torch():
+    """Helper-42: a warning whose own summary said "CPU-only: nothing to match"."""
+    r = judge(facts(CPU_ONLY, gpus=(), nvml_reason="no NVIDIA driver here", launch_blocking="1"), {})
+    assert r.status is Status.SKIP and "CPU-only" in r.summary
+    assert r.facts["CUDA_LAUNCH_BLOCKING"] == "1"
 
 
 def test_no_gpu_skips_with_nvml_reason_and_keeps_versions():

@@ -115,9 +115,11 @@ def test_cuda_build_without_gpu_skips_but_with_nvml_gpus_applies():
     assert r.status is Status.FAIL
 
 
-def test_malformed_config_warns_even_without_cuda():
-    r = judge(CudnnFacts(CPU, ":4096"), {})
-    assert r.status is Status.WARN and "CPU-only" in r.summary
+def test_malformed_config_warns_a_cuda_torch_even_without_a_gpu_and_is_said_for_a_cpu_only_one():
+    r = judge(CudnnFacts(dict(CUDA, cuda_available=False), ":4096"), {})  # a CUDA build, no GPU visible here
+    assert r.status is Status.WARN and "no GPU visible" in r.summary
+    r = judge(CudnnFacts(CPU, ":4096"), {})  # no cuBLAS at all (helper-42: warned, "settings have no effect")
+    assert r.status is Status.SKIP and "CPU-only" in r.summary and ":4096" in r.summary
 
 
 def test_live_settings_are_labelled():
