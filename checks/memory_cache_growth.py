@@ -54,9 +54,11 @@ of fragmenting). /dev/shm filling: fewer DataLoader workers or a smaller
 prefetch_factor, and remove leftover /dev/shm/torch_* segments of crashed jobs.
 
 /dev/shm is one mount for every process in its mount namespace. When its use rises,
-the files a --pid process and its workers hold open there are counted: growth larger
-than all of them is another writer's (or leftovers), a `warn` for a process that uses
-/dev/shm itself (its workers die when it fills), only a note for one that holds none.
+who holds which files open there is read (once per run for the node): a rise that other
+processes hold open, while the --pid process tree holds less than it, is theirs: a
+`warn` for a process that uses /dev/shm itself (its workers die when it fills), only a
+note for one that holds none. Files no process holds open (written and closed) are
+judged as the target's, as before.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class GrowthFacts(NamedTuple):
     stopped: str | None = None  # why sampling ended early
     notes: tuple[str, ...] = ()
     shm_own_bytes: int | None = None  # /dev/shm the process tree holds open, read when the mount's use rose
+    shm_others_bytes: int | None = None  # ... and what only processes outside the tree hold open there
 
 
 def _live(ctx):
@@ -116,7 +119,7 @@ def gather(ctx) -> GrowthFacts:
         if latest is None:
             raise Unavailable(f"no memory samples of {label} yet (serve samples every interval)")
         series = history.series(label)
-        return GrowthFacts(series, dict(latest.limits), "history", None, tuple(latest.notes), _shm_own(ctx, series))
+        return GrowthFacts(series, dict(latest.limits), "history", None, tuple(latest.notes), *_shm_holders(ctx, series))
     window = float(ctx.config.get("window_seconds", 0) or 0)
     if window <= 0:
         raise Unavailable("needs a sampling window: memory growth is only seen over time",
@@ -129,25 +132,28 @@ def gather(ctx) -> GrowthFacts:
     if latest is None:
         raise Unavailable(f"{label} exited before it could be sampled: {stopped}")
     series = history.series(label)
-    return GrowthFacts(series, dict(latest.limits), "window", stopped, tuple(latest.notes), _shm_own(ctx, series))
+    return GrowthFacts(series, dict(latest.limits), "window", stopped, tuple(latest.notes), *_shm_holders(ctx, series))
 
 
-def _shm_own(ctx, series: Mapping[str, Any]) -> int | None:
-    """The /dev/shm a --pid process and its workers hold open (envdoctor.shm_held), read only
-    when the mount's use rose by min_rise_bytes: /dev/shm is shared by every process in its
-    mount namespace, and one writer's growth was every neighbour's fail (helper-42, -44)."""
+def _shm_holders(ctx, series: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(what a --pid process tree holds open on its /dev/shm, what only other processes
+    hold open there), read only when the mount's use rose by min_rise_bytes. /dev/shm is
+    shared by every process in its mount namespace, and one writer's growth failed every
+    neighbour (helper-42, -44). Who holds what is read once per run for the node."""
     times_bytes = series.get("shm")
     if ctx.target.pid is None or not times_bytes or len(times_bytes[1]) < 2:
-        return None
+        return None, None
     if times_bytes[1][-1] - times_bytes[1][0] < float(ctx.config.get("min_rise_bytes", 32 * MIB)):
-        return None
-    from envdoctor.shm_held import held_bytes
+        return None, None
+    from envdoctor.shm_held import holders, process_tree
 
     try:
         device = os.stat(ctx.target_path("/dev/shm")).st_dev
     except OSError:
-        return None
-    return held_bytes(ctx.roots.procfs, ctx.target.pid, device)
+        return None, None
+    procfs = ctx.roots.procfs
+    table = ctx.host.fact(f"shm.holders:{device}", lambda: holders(procfs, device))
+    return table.split(process_tree(procfs, ctx.target.pid))
 
 
 def duration(seconds: float) -> str:
@@ -207,6 +213,14 @@ def _assess(facts: GrowthFacts, settings: Mapping[str, Any]) -> Growth:
     return Growth(trends, max((t.window for t in trends.values()), default=0.0))
 
 
+def _neighbours_growth(facts: GrowthFacts, rise: float) -> bool:
+    """Whether /dev/shm's rise is in files other processes hold open, not this one's. Only
+    then: files written and closed (torch's file_system strategy, a cache) belong to no
+    one, and a job filling the mount so was its own fail (helper-45)."""
+    own, others = facts.shm_own_bytes, facts.shm_others_bytes
+    return own is not None and others is not None and own < rise <= others
+
+
 def _rule_growth_to_limit(facts: GrowthFacts, g: Growth, settings: Mapping[str, Any]) -> list[Finding]:
     """A significant rise that reaches its limit within a horizon; the soonest first (it kills the job)."""
     warn_h = float(settings.get("warn_horizon_seconds", 86400.0))
@@ -233,14 +247,16 @@ def _rule_growth_to_limit(facts: GrowthFacts, g: Growth, settings: Mapping[str, 
                 f"{format_bytes(max(0, limit.headroom))} left; expected no sustained growth")
         fix, env = _fix(name)
         status = Status.FAIL if seconds <= fail_h else Status.WARN
-        if name == "shm" and facts.shm_own_bytes is not None and facts.shm_own_bytes < tr.slope * tr.window:
-            # the growth is more than all this process holds there: another writer's, or leftovers
-            if not facts.shm_own_bytes:  # and it uses none of it: nothing of this process's to judge
-                g.notes.append(f"{observed}: {against} runs out in {duration(seconds)}, in files this process "
-                               "does not hold (another process's, or leftovers): not judged as its own")
+        if name == "shm" and _neighbours_growth(facts, tr.slope * tr.window):
+            # other processes hold open more than the rise, this one less: the growth is theirs
+            if not facts.shm_own_bytes:  # and it uses none of /dev/shm: nothing of this process's to judge
+                g.notes.append(f"{observed}: {against} runs out in {duration(seconds)}, in files other processes "
+                               f"hold open ({format_bytes(facts.shm_others_bytes or 0)}), none of them this one's: "
+                               "not judged as its own")
                 continue
-            text += (f"; not in files this process holds ({format_bytes(facts.shm_own_bytes)}): another process "
-                     "or leftover files fill it, and this job's DataLoader workers die with a bus error when it is full")
+            text += (f"; in files other processes hold open ({format_bytes(facts.shm_others_bytes or 0)}; this one "
+                     f"holds {format_bytes(facts.shm_own_bytes)}): they fill it, and this job's DataLoader workers "
+                     "die with a bus error when it is full")
             fix, status = SHM_NEIGHBOUR_FIX, Status.WARN
         timed.append((seconds, Finding(status, text, fix, env)))
     return [f for _, f in sorted(timed, key=lambda item: item[0])]
@@ -287,6 +303,7 @@ def _facts_out(facts: GrowthFacts, g: Growth) -> dict[str, Any]:
     }
     if facts.shm_own_bytes is not None:
         out["shm_own_bytes"] = facts.shm_own_bytes
+        out["shm_others_bytes"] = facts.shm_others_bytes
     if facts.stopped:
         out["stopped"] = facts.stopped
     if facts.notes:

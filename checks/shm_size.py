@@ -92,7 +92,8 @@ def gather(ctx) -> ShmFacts:
     path = ctx.target_path("/dev/shm")
     who = "the target" if ctx.target.pid is None else f"process {ctx.target.pid}"
     try:
-        mode = os.stat(path).st_mode
+        seen = os.stat(path)
+        mode = seen.st_mode
         if not stat.S_ISDIR(mode):
             raise Unavailable(f"{path} is not a directory: {who} has no usable /dev/shm")
         st = os.statvfs(path)
@@ -120,7 +121,7 @@ def gather(ctx) -> ShmFacts:
         # in flight (a walk of its processes' descriptors, so only when it can matter)
         from envdoctor.shm_held import held_bytes
 
-        facts = facts._replace(own_bytes=held_bytes(ctx.roots.procfs, ctx.target.pid, os.stat(path).st_dev))
+        facts = facts._replace(own_bytes=held_bytes(ctx.roots.procfs, ctx.target.pid, seen.st_dev))
     return facts
 
 

@@ -488,6 +488,8 @@ def startup_hook(directory: str | os.PathLike, env: Mapping[str, str], interval:
     if not _holds(hook, text):  # every start after the first finds it written: no write, so a full disk costs nothing
         from envdoctor.atomicfile import write_atomic
 
+        if os.path.islink(hook):  # replaced, never written through: write_atomic follows a link (helper-45)
+            os.unlink(hook)
         write_atomic(str(hook), text)  # two starts at once never read half a hook
     existing = env.get("PYTHONPATH", "")
     return {"PYTHONPATH": str(directory) + (os.pathsep + existing if existing else "")}

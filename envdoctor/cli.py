@@ -198,7 +198,8 @@ def check(
     registry = pipeline.load_registry()
     try:
         config = load_config(registry.checks, explicit_file=config_file, known_ids=registry.unloaded_ids, left_out=registry.left_out)
-        if config.serve:  # checked here too: a file CI passes with `check` must not stop the node's daemon
+        if config.serve or any(k.startswith("ENVDOCTOR_SERVE__") for k in os.environ):
+            # checked here too: a file (or environment) CI passes with `check` must not stop the node's daemon
             from envdoctor.serve.settings import from_config as serve_settings
 
             serve_settings(config)

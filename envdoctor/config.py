@@ -145,6 +145,8 @@ def find_file(explicit: str | None, cwd: Path | None = None, environ: Mapping[st
         try:
             data = _parse_toml(_read_text(pyproject))
         except (ValueError, OSError, RecursionError):  # TOMLDecodeError, undecodable or huge text, a too long integer, too deep
+            if _huge_with_our_table(pyproject):  # ours, but too big to read: said, not silently dropped (helper-45)
+                raise ConfigError(f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not read as a config file", file=str(pyproject))
             return None  # someone else's broken pyproject is not our config error
         tool = data.get("tool")
         if isinstance(tool, dict) and "envdoctor" in tool:  # a `tool` that is not a table is not ours to judge
@@ -297,6 +299,17 @@ def _read_text(path: Path) -> str:
     if len(data) > MAX_CONFIG_BYTES:
         raise ValueError(f"larger than {MAX_CONFIG_BYTES // (1 << 20)} MiB: not a config file")
     return data.decode("utf-8")
+
+
+def _huge_with_our_table(path: Path) -> bool:
+    """A pyproject.toml over MAX_CONFIG_BYTES that names tool.envdoctor (a byte search; no parse)."""
+    try:
+        if os.stat(path).st_size <= MAX_CONFIG_BYTES:
+            return False
+        with open(path, "rb") as f:
+            return b"tool.envdoctor" in f.read(64 * MAX_CONFIG_BYTES)
+    except OSError:
+        return False
 
 
 def _parse_toml(text: str) -> dict[str, Any]:

@@ -282,9 +282,12 @@ def _as_invoked(environ: Mapping[str, str]) -> Mapping[str, str]:
             started_with = parse_environ(f.read())
     except (OSError, ValueError):
         return environ
-    if "LC_CTYPE" in started_with:
+    given = started_with.get("LC_CTYPE")
+    if given == environ["LC_CTYPE"]:
         return environ
-    return {k: v for k, v in environ.items() if k != "LC_CTYPE"}
+    if given is None:
+        return {k: v for k, v in environ.items() if k != "LC_CTYPE"}
+    return {**environ, "LC_CTYPE": given}  # LC_CTYPE=C (or POSIX, or empty) was overwritten by the coercion (helper-45)
 
 
 def _run(options: ExecOptions, argv: list[str]) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 MAX_PROCESSES = 256  # a training process, its DataLoader workers, their helpers
 MAX_DESCRIPTORS = 65536  # over the whole tree
+MAX_NODE_PROCESSES = 4096  # holders(): every process of a node, read once per run
 
 
 def _children(proc: Path, pid: int) -> list[int]:
@@ -70,3 +71,46 @@ def held_bytes(proc: Path, pid: int, shm_device: int) -> int | None:
         if budget == 0:
             break
     return total if readable else None
+
+
+class Holders:
+    """Every regular file on one /dev/shm device that some process holds open: its bytes
+    and who holds it. Read once per run for the whole node (a host fact), only when a
+    /dev/shm's use is rising, to say whose files the growth is in."""
+
+    def __init__(self, files: dict[int, tuple[int, frozenset[int]]]):
+        self.files = files  # inode -> (bytes, pids holding it)
+
+    def split(self, tree: list[int]) -> tuple[int, int]:
+        """(bytes the tree holds, bytes only processes outside it hold)."""
+        members, own, others = set(tree), 0, 0
+        for size, pids in self.files.values():
+            if pids & members:
+                own += size
+            else:
+                others += size
+        return own, others
+
+
+def holders(proc: Path, shm_device: int) -> Holders:
+    """Who holds what open on the /dev/shm of device `shm_device`, over every process
+    (at most MAX_NODE_PROCESSES, and MAX_DESCRIPTORS per process); unreadable ones are skipped."""
+    found: dict[int, tuple[int, set[int]]] = {}
+    try:
+        pids = [int(name) for name in os.listdir(proc) if name.isascii() and name.isdigit()]
+    except OSError:
+        pids = []
+    for pid in pids[:MAX_NODE_PROCESSES]:
+        fd_dir = proc / str(pid) / "fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds[:MAX_DESCRIPTORS]:
+            try:
+                st = os.stat(fd_dir / fd)
+            except (OSError, ValueError):
+                continue
+            if st.st_dev == shm_device and stat.S_ISREG(st.st_mode):
+                found.setdefault(st.st_ino, (st.st_blocks * 512, set()))[1].add(pid)
+    return Holders({ino: (size, frozenset(who)) for ino, (size, who) in found.items()})

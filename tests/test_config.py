@@ -216,6 +216,17 @@ def test_a_config_over_a_mebibyte_is_refused_unread_not_parsed_past_the_timeout(
     assert cli("check", "--config", str(path), "--only", "shm.size", timeout=60).returncode in (0, 1)
 
 
+def test_a_pyproject_over_a_mebibyte_with_our_table_is_refused_not_silently_ignored(tmp_path):
+    """Helper-45: the size limit made a [tool.envdoctor] in a large pyproject.toml vanish
+    without a word; someone else's large pyproject is still not our business."""
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.envdoctor.check."shm.size"]\nmin_bytes = "1g"\n' + "#" * (1 << 20) + "\n")
+    out = cli("check", "--only", "shm.size", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and "pyproject.toml: larger than 1 MiB: not read as a config file" in out.stderr, out.stderr
+    path.write_text('[tool.other]\nx = 1\n' + "#" * (1 << 20) + "\n")
+    assert cli("check", "--only", "shm.size", cwd=tmp_path, timeout=60).returncode in (0, 1)
+
+
 @pytest.mark.parametrize("check_id, key, value, said", [
     ("memory.cache_growth", "alpha", "-1", "expected a number >= 0"),
     ("memory.cache_growth", "alpha", "2", "expected a fraction from 0 to 1"),

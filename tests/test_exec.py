@@ -530,10 +530,17 @@ def test_attach_reuses_one_hook_directory_instead_of_leaving_one_per_start(tmp_p
     assert hooks[0].stat().st_mode & 0o077 == 0
 
 
-def test_fix_unsets_a_variable_for_the_job_when_that_is_the_fix():
+def test_fix_unsets_a_variable_for_the_job_when_that_is_the_fix(tmp_path):
+    # a CUDA build's files (CUDA_LAUNCH_BLOCKING changes nothing for the CPU-only torch here)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "version.py").write_text("__version__ = '2.99.0+cu128'\ncuda = '12.8'\nhip = None\n")
+    (site / "torch" / "__init__.py").write_text("raise ImportError('stub torch: read its files')\n")
     proc = envdoctor_exec("--fix", "--only", "cuda.runtime", "--", sys.executable, "-c",
                           "import os; print(repr(os.environ.get('CUDA_LAUNCH_BLOCKING')))",
-                          env={"CUDA_LAUNCH_BLOCKING": "1"}, timeout=120)
+                          env={"CUDA_LAUNCH_BLOCKING": "1", "ENVDOCTOR_PYTHON": str(tmp_path / "venv" / "bin" / "python")},
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "None", proc.stdout  # unset, not the string 'None'
     (change,) = [e for e in events(proc.stderr) if e.get("var") == "CUDA_LAUNCH_BLOCKING"]
@@ -584,6 +591,7 @@ def test_the_job_gets_no_locale_its_invoker_did_not_set():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "LC_CTYPE" not in proc.stdout, proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--", "env"], env={**bare, "LC_CTYPE": "C.UTF-8"},
-                          capture_output=True, text=True, timeout=120)
-    assert "LC_CTYPE=C.UTF-8" in proc.stdout.splitlines(), proc.stdout
+    for given in ("C.UTF-8", "C", "POSIX", ""):  # C, POSIX and '' were overwritten by the coercion (helper-45)
+        proc = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--", "env"], env={**bare, "LC_CTYPE": given},
+                              capture_output=True, text=True, timeout=120)
+        assert f"LC_CTYPE={given}" in proc.stdout.splitlines(), (given, proc.stdout)

@@ -291,3 +291,19 @@ def test_a_hook_already_written_is_not_written_again(tmp_path):
     startup_hook(tmp_path, {})
     after = os.stat(hook)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_link_planted_as_the_hook_is_replaced_not_written_through(tmp_path):
+    """Helper-45: a symlink in the hook's place made every start rewrite the file it
+    pointed to (write_atomic follows a link, as `-o` does)."""
+    from envdoctor.attach import startup_hook
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir()
+    (hook_dir / "sitecustomize.py").symlink_to(victim)
+    startup_hook(hook_dir, {})
+    assert victim.read_text() == "mine\n"
+    assert not (hook_dir / "sitecustomize.py").is_symlink()
+    assert "envdoctor" in (hook_dir / "sitecustomize.py").read_text()

@@ -36,6 +36,8 @@ def test_the_environment_beats_the_file(tmp_path):
     ("ENVDOCTOR_SERVE__INTERVAL", "nan", "expected a finite number of seconds"),
     ("ENVDOCTOR_SERVE__SELECT_COMM", "train*,,x", "expected a list of non-empty strings (comma-separated)"),
     ("ENVDOCTOR_SERVE__MAXTARGETS", "1", "unknown setting; known: ENVDOCTOR_SERVE__INTERVAL"),
+    ("ENVDOCTOR_SERVE__max_targets", "1", "unknown setting"),  # names are upper case, as every other variable's
+    ("ENVDOCTOR_SERVE__MAX_TARGETS", "\u0661", "expected a whole number >= 1"),  # int() reads Arabic-Indic digits
 ])
 def test_a_bad_variable_is_named(tmp_path, var, value, said):
     with pytest.raises(ConfigError) as caught:
@@ -62,3 +64,20 @@ def test_serve_once_with_max_targets_1_reports_the_node_only(tmp_path):
             assert 'target="node"' in body
     finally:
         sleeper.communicate(b"", timeout=30)
+
+
+def test_a_bad_file_value_is_refused_even_where_the_environment_overrides_it(tmp_path):
+    """Helper-45: with the key in the environment, `max_targets = 0` in the file was never
+    checked, and waited for the day the variable was gone."""
+    config = _config(tmp_path, "[serve]\nmax_targets = 0\n")
+    with pytest.raises(ConfigError) as caught:
+        from_config(config, environ={"ENVDOCTOR_SERVE__MAX_TARGETS": "8"})
+    assert "serve.max_targets: expected a whole number >= 1" in str(caught.value)
+
+
+def test_check_refuses_what_serve_would_refuse_in_the_environment_too(tmp_path):
+    env = {**os.environ, "ENVDOCTOR_SERVE__INTERVAL": "abc"}
+    env.pop("ENVDOCTOR_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--only", "shm.size"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "ENVDOCTOR_SERVE__INTERVAL: expected a finite number" in proc.stderr, proc.stderr

@@ -66,6 +66,8 @@ def _from_text(key: str, text: str) -> Any:
     text = text.strip()
     if key.startswith("select_"):
         return [part.strip() for part in text.split(",")] if text else []
+    if not text.isascii():  # int() takes other scripts' digits ('١' is 1)
+        return text
     try:
         return int(text) if key == "max_targets" else float(text)
     except ValueError:
@@ -78,7 +80,7 @@ def _environment(environ: Mapping[str, str]) -> dict[str, tuple[Any, None, str]]
         if not var.startswith(ENV_PREFIX):
             continue
         key = var[len(ENV_PREFIX):].lower()
-        if key not in KEYS:
+        if key not in KEYS or var != var.upper():
             raise ConfigError(f"unknown setting; known: {', '.join(ENV_PREFIX + k.upper() for k in KEYS)}",
                               file="environment", key=var)
         found[key] = (_from_text(key, text), None, var)
@@ -87,9 +89,11 @@ def _environment(environ: Mapping[str, str]) -> dict[str, tuple[Any, None, str]]
 
 def from_config(config: Config, interval_flag: float | None = None, environ: Mapping[str, str] | None = None) -> Settings:
     values: dict[str, Any] = {}
-    given = {key: (value, line, None) for key, (value, line) in config.serve.items()}
-    given.update(_environment(os.environ if environ is None else environ))
-    for key, (value, line, var) in given.items():
+    # every value is checked, the file's too where the environment overrides it: a bad
+    # line must not wait for the day the variable is gone (helper-45)
+    given = [(key, value, line, None) for key, (value, line) in config.serve.items()]
+    given += [(key, value, line, var) for key, (value, line, var) in _environment(os.environ if environ is None else environ).items()]
+    for key, value, line, var in given:
         source = {"file": "environment", "key": var} if var else {"file": config.source, "line": line, "key": f"serve.{key}"}
         if key not in KEYS:
             raise ConfigError(f"unknown setting; known: {', '.join(KEYS)}", **source)
