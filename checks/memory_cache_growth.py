@@ -145,15 +145,13 @@ def _shm_holders(ctx, series: Mapping[str, Any]) -> tuple[int | None, int | None
         return None, None
     if times_bytes[1][-1] - times_bytes[1][0] < float(ctx.config.get("min_rise_bytes", 32 * MIB)):
         return None, None
-    from envdoctor.shm_held import holders, process_tree
+    from envdoctor.shm_held import of_target
 
     try:
         device = os.stat(ctx.target_path("/dev/shm")).st_dev
     except OSError:
         return None, None
-    procfs = ctx.roots.procfs
-    table = ctx.host.fact(f"shm.holders:{device}", lambda: holders(procfs, device))
-    return table.split(process_tree(procfs, ctx.target.pid))
+    return of_target(ctx, device)
 
 
 def duration(seconds: float) -> str:

@@ -119,9 +119,9 @@ def gather(ctx) -> ShmFacts:
     if ctx.target.pid is not None and free is not None and free < _free_wanted(with_live_loader(facts, ctx.settings)):
         # a running job short of free space: how much of the used space is its own batches
         # in flight (a walk of its processes' descriptors, so only when it can matter)
-        from envdoctor.shm_held import held_bytes
+        from envdoctor.shm_held import of_target
 
-        facts = facts._replace(own_bytes=held_bytes(ctx.roots.procfs, ctx.target.pid, seen.st_dev))
+        facts = facts._replace(own_bytes=of_target(ctx, seen.st_dev)[0])
     return facts
 
 

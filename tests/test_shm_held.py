@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envdoctor.shm_held import held_bytes, process_tree
+from envdoctor.shm_held import holders, process_tree
 
 MIB = 1 << 20
 PROC = Path("/proc")
@@ -54,18 +54,22 @@ def holder():
 
 
 def test_a_process_tree_holds_its_unlinked_files_counted_once(holder):
-    device = os.stat("/dev/shm").st_dev
-    assert held_bytes(PROC, holder.pid, device) == 5 * MIB  # 3 MiB shared by both, 2 MiB the child's
+    table = holders(PROC, os.stat("/dev/shm").st_dev)
+    own, others = table.split(process_tree(PROC, holder.pid))
+    assert own == 5 * MIB  # 3 MiB shared by both, 2 MiB the child's
+    # the child alone holds the shared file and its own; the parent's 3 MiB is no one else's
+    child = process_tree(PROC, holder.pid)[1]
+    assert table.split([child])[0] == 5 * MIB
 
 
 def test_another_device_is_not_counted(holder):
-    assert held_bytes(PROC, holder.pid, os.stat("/proc").st_dev) == 0
+    assert holders(PROC, os.stat("/proc").st_dev).split(process_tree(PROC, holder.pid)) == (0, 0)
 
 
 def test_a_process_that_is_gone_is_unknown_not_zero():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(timeout=30)
-    assert held_bytes(PROC, proc.pid, os.stat("/dev/shm").st_dev) is None
+    assert holders(PROC, os.stat("/dev/shm").st_dev).split([proc.pid]) == (None, None)
 
 
 def test_shm_size_of_a_running_job_counts_its_own_files_as_its_room(holder):
