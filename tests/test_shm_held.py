@@ -54,22 +54,23 @@ def holder():
 
 
 def test_a_process_tree_holds_its_unlinked_files_counted_once(holder):
-    table = holders(PROC, os.stat("/dev/shm").st_dev)
-    own, others = table.split(process_tree(PROC, holder.pid))
+    device = os.stat("/dev/shm").st_dev
+    table = holders(PROC)
+    own, others = table.split(process_tree(PROC, holder.pid), device)
     assert own == 5 * MIB  # 3 MiB shared by both, 2 MiB the child's
     # the child alone holds the shared file and its own; the parent's 3 MiB is no one else's
     child = process_tree(PROC, holder.pid)[1]
-    assert table.split([child])[0] == 5 * MIB
+    assert table.split([child], device)[0] == 5 * MIB
 
 
 def test_another_device_is_not_counted(holder):
-    assert holders(PROC, os.stat("/proc").st_dev).split(process_tree(PROC, holder.pid)) == (0, 0)
+    assert holders(PROC).split(process_tree(PROC, holder.pid), os.stat("/proc").st_dev) == (0, 0)
 
 
 def test_a_process_that_is_gone_is_unknown_not_zero():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(timeout=30)
-    assert holders(PROC, os.stat("/dev/shm").st_dev).split([proc.pid]) == (None, None)
+    assert holders(PROC).split([proc.pid], os.stat("/dev/shm").st_dev) == (None, None)
 
 
 def test_shm_size_of_a_running_job_counts_its_own_files_as_its_room(holder):
