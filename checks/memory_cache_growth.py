@@ -52,19 +52,11 @@ far above allocated, or allocation retries: `export
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (segments grow in place instead
 of fragmenting). /dev/shm filling: fewer DataLoader workers or a smaller
 prefetch_factor, and remove leftover /dev/shm/torch_* segments of crashed jobs.
-
-/dev/shm is one mount for every process in its mount namespace. When its use rises,
-who holds which files open there is read (once per run for the node): a rise that other
-processes hold open, while the --pid process tree holds less than it, is theirs: a
-`warn` for a process that uses /dev/shm itself (its workers die when it fills), only a
-note for one that holds none. Files no process holds open (written and closed) are
-judged as the target's, as before.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -85,9 +77,6 @@ ALLOC_CONF_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 SHM_FIX = ("lower DataLoader num_workers or prefetch_factor; remove leftover /dev/shm/torch_* segments "
            "of crashed jobs")
 
-SHM_NEIGHBOUR_FIX = ("find what fills /dev/shm: `ls -laSh /dev/shm | head`, and `ls -l /proc/*/fd | grep /dev/shm` "
-                     "for files that are open but unlinked; end that writer or remove its leftovers")
-
 DESCRIBE = {"rss": "resident memory", "cgroup": "cgroup working set", "shm": "/dev/shm usage"}
 
 
@@ -97,8 +86,6 @@ class GrowthFacts(NamedTuple):
     source: str  # "window" or "history"
     stopped: str | None = None  # why sampling ended early
     notes: tuple[str, ...] = ()
-    shm_own_bytes: int | None = None  # /dev/shm the process tree holds open, read when the mount's use rose
-    shm_others_bytes: int | None = None  # ... and what only processes outside the tree hold open there
 
 
 def _live(ctx):
@@ -118,8 +105,7 @@ def gather(ctx) -> GrowthFacts:
         latest = history.latest(label)
         if latest is None:
             raise Unavailable(f"no memory samples of {label} yet (serve samples every interval)")
-        series = history.series(label)
-        return GrowthFacts(series, dict(latest.limits), "history", None, tuple(latest.notes), *_shm_holders(ctx, series))
+        return GrowthFacts(history.series(label), dict(latest.limits), "history", None, tuple(latest.notes))
     window = float(ctx.config.get("window_seconds", 0) or 0)
     if window <= 0:
         raise Unavailable("needs a sampling window: memory growth is only seen over time",
@@ -131,27 +117,7 @@ def gather(ctx) -> GrowthFacts:
     latest = history.latest(label)
     if latest is None:
         raise Unavailable(f"{label} exited before it could be sampled: {stopped}")
-    series = history.series(label)
-    return GrowthFacts(series, dict(latest.limits), "window", stopped, tuple(latest.notes), *_shm_holders(ctx, series))
-
-
-def _shm_holders(ctx, series: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """(what a --pid process tree holds open on its /dev/shm, what only other processes
-    hold open there), read only when the mount's use rose by min_rise_bytes. /dev/shm is
-    shared by every process in its mount namespace, and one writer's growth failed every
-    neighbour (helper-42, -44). Who holds what is read once per run for the node."""
-    times_bytes = series.get("shm")
-    if ctx.target.pid is None or not times_bytes or len(times_bytes[1]) < 2:
-        return None, None
-    if times_bytes[1][-1] - times_bytes[1][0] < float(ctx.config.get("min_rise_bytes", 32 * MIB)):
-        return None, None
-    from envdoctor.shm_held import of_target
-
-    try:
-        device = os.stat(ctx.target_path("/dev/shm")).st_dev
-    except OSError:
-        return None, None
-    return of_target(ctx, device)
+    return GrowthFacts(history.series(label), dict(latest.limits), "window", stopped, tuple(latest.notes))
 
 
 def duration(seconds: float) -> str:
@@ -211,14 +177,6 @@ def _assess(facts: GrowthFacts, settings: Mapping[str, Any]) -> Growth:
     return Growth(trends, max((t.window for t in trends.values()), default=0.0))
 
 
-def _neighbours_growth(facts: GrowthFacts, rise: float) -> bool:
-    """Whether /dev/shm's rise is in files other processes hold open, not this one's. Only
-    then: files written and closed (torch's file_system strategy, a cache) belong to no
-    one, and a job filling the mount so was its own fail (helper-45)."""
-    own, others = facts.shm_own_bytes, facts.shm_others_bytes
-    return own is not None and others is not None and own < rise <= others
-
-
 def _rule_growth_to_limit(facts: GrowthFacts, g: Growth, settings: Mapping[str, Any]) -> list[Finding]:
     """A significant rise that reaches its limit within a horizon; the soonest first (it kills the job)."""
     warn_h = float(settings.get("warn_horizon_seconds", 86400.0))
@@ -244,19 +202,7 @@ def _rule_growth_to_limit(facts: GrowthFacts, g: Growth, settings: Mapping[str, 
         text = (f"{observed}: {against} runs out in {duration(seconds)}, "
                 f"{format_bytes(max(0, limit.headroom))} left; expected no sustained growth")
         fix, env = _fix(name)
-        status = Status.FAIL if seconds <= fail_h else Status.WARN
-        if name == "shm" and _neighbours_growth(facts, tr.slope * tr.window):
-            # other processes hold open more than the rise, this one less: the growth is theirs
-            if not facts.shm_own_bytes:  # and it uses none of /dev/shm: nothing of this process's to judge
-                g.notes.append(f"{observed}: {against} runs out in {duration(seconds)}, in files other processes "
-                               f"hold open ({format_bytes(facts.shm_others_bytes or 0)}), none of them this one's: "
-                               "not judged as its own")
-                continue
-            text += (f"; in files other processes hold open ({format_bytes(facts.shm_others_bytes or 0)}; this one "
-                     f"holds {format_bytes(facts.shm_own_bytes)}): they fill it, and this job's DataLoader workers "
-                     "die with a bus error when it is full")
-            fix, status = SHM_NEIGHBOUR_FIX, Status.WARN
-        timed.append((seconds, Finding(status, text, fix, env)))
+        timed.append((seconds, Finding(Status.FAIL if seconds <= fail_h else Status.WARN, text, fix, env)))
     return [f for _, f in sorted(timed, key=lambda item: item[0])]
 
 
@@ -299,9 +245,6 @@ def _facts_out(facts: GrowthFacts, g: Growth) -> dict[str, Any]:
         "trends": {k: t.to_dict() for k, t in g.trends.items()},
         "limits": {k: v.to_dict() for k, v in facts.limits.items()},
     }
-    if facts.shm_own_bytes is not None:
-        out["shm_own_bytes"] = facts.shm_own_bytes
-        out["shm_others_bytes"] = facts.shm_others_bytes
     if facts.stopped:
         out["stopped"] = facts.stopped
     if facts.notes:

@@ -7,8 +7,9 @@ its own. When the DataLoader settings are given in config (num_workers,
 batch_bytes, prefetch_factor), or the job is attached (envdoctor.attach publishes
 its DataLoaders' workers, prefetch_factor and the bytes of the batches seen), it
 also works out what the workers will hold there. For a running job short of free
-space, the /dev/shm files its process tree holds open (its batches in flight,
-unlinked as torch makes them) are counted as its own, not as space others hold.
+space, the unlinked /dev/shm files its process tree holds open (its batches in
+flight, unlinked as torch makes them) are counted as its own, not as space others
+hold; a named file it has open (a dataset other jobs share too) is not.
 
 Why it matters: DataLoader workers hand every batch to the training process
 through shared memory files in /dev/shm; NCCL's intra-node transport uses it too.
@@ -30,9 +31,10 @@ What it judges (thresholds in [check."shm.size"]):
   processes or crashed jobs' leftover segments hold it.
 - skip: no /dev/shm in the target, or it cannot be examined (permission, process gone).
 
-How to fix: give the container more: `docker run --shm-size=2g ...` or
+How to fix: give the container more (the row names the size: 1g, or the loader's need
+with headroom): `docker run --shm-size=1g ...` or
 `--ipc=host`; in Kubernetes mount an emptyDir with `medium: Memory` and a
-`sizeLimit` at /dev/shm; on a host, `mount -o remount,size=2G /dev/shm`. The
+`sizeLimit` at /dev/shm; on a host, `mount -o remount,size=1G /dev/shm`. The
 workaround when none of those is possible is fewer DataLoader workers (fewer
 batches in flight), at the cost of slower loading; num_workers=0 loads in the
 training loop itself and uses no shared memory, at the cost of the GPU waiting.
@@ -68,7 +70,8 @@ class ShmFacts(NamedTuple):
     fstype: str | None = None  # of the mount holding /dev/shm in the target's view; None when unknown
     mount_point: str | None = None  # "/dev/shm" when it is a mount of its own
     live_loader: Mapping[str, Any] | None = None  # the attached job's busiest DataLoader (envdoctor.attach)
-    own_bytes: int | None = None  # held open by the --pid process and its workers (envdoctor.shm_held); None: not read
+    own_bytes: int | None = None  # unlinked files the --pid process tree holds open (envdoctor.shm_held); None: not read
+    own_complete: bool | None = None  # False: the tree was larger than envdoctor reads, own_bytes may be short
 
 
 def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:
@@ -119,9 +122,11 @@ def gather(ctx) -> ShmFacts:
     if ctx.target.pid is not None and free is not None and free < _free_wanted(with_live_loader(facts, ctx.settings)):
         # a running job short of free space: how much of the used space is its own batches
         # in flight (a walk of its processes' descriptors, so only when it can matter)
-        from envdoctor.shm_held import of_target
+        from envdoctor.shm_held import held_bytes
 
-        facts = facts._replace(own_bytes=of_target(ctx, seen.st_dev)[0])
+        held = held_bytes(ctx.roots.procfs, ctx.target.pid, seen.st_dev)
+        if held is not None:
+            facts = facts._replace(own_bytes=held.bytes, own_complete=held.complete)
     return facts
 
 
@@ -227,6 +232,8 @@ def _rule_free_short(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Findi
     others = max(0, (_used(facts) or 0) - (facts.own_bytes or 0))
     held = f" ({format_bytes(others)} held by other processes or leftover segments)" if others else ""
     mine = f", besides the {format_bytes(facts.own_bytes)} this job holds" if facts.own_bytes else ""
+    if facts.own_complete is False:
+        mine += " (its process tree is larger than envdoctor reads: some of its own may be counted as others')"
     return [Finding(Status.WARN, f"{_subject(facts)} has only {format_bytes(free)} free{held}{mine}, expected >= "
                     f"{format_bytes(short - own)} free", _remediation(facts, settings, leftovers=True))]
 
@@ -259,6 +266,7 @@ def judge(facts: ShmFacts, settings: Mapping[str, Any]) -> Result:
         "free_bytes": facts.free_bytes,
         "used_bytes": _used(facts),
         "own_bytes": facts.own_bytes,
+        "own_complete": facts.own_complete,
         "fstype": facts.fstype,
         "own_mount": facts.mount_point == "/dev/shm" if facts.mount_point is not None else None,
         "min_bytes": int(settings["min_bytes"]),

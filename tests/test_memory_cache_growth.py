@@ -126,37 +126,3 @@ def test_a_short_window_on_this_process_runs_end_to_end():
     assert r.status in (Status.OK, Status.SKIP), r.summary
     assert "rss" in r.facts["growth_bytes_per_second"]
     assert r.facts["source"] == "window"
-
-
-SHM_LIMIT = {"shm": Limit(512 * MIB, 300 * MIB, "/dev/shm size")}
-
-
-def test_shm_growth_in_files_the_process_holds_is_its_own_fail():
-    r = judge(facts({"shm": series(8 * MIB, n=20, base=0)}, SHM_LIMIT, shm_own_bytes=200 * MIB, shm_others_bytes=0), DEFAULTS)
-    assert r.status is Status.FAIL and "num_workers" in r.remediation
-    assert r.facts["shm_own_bytes"] == 200 * MIB and r.facts["shm_others_bytes"] == 0
-
-
-def test_shm_growth_other_processes_hold_is_not_the_targets_fault():
-    """helper-42, helper-44: /dev/shm is one mount for every process in its namespace; one
-    writer's growth failed an idle neighbour with a DataLoader fix, and in serve every
-    process on the node alerted for one writer."""
-    grows = {"shm": series(8 * MIB, n=20, base=0)}  # 152 MiB over the window
-    r = judge(facts(grows, SHM_LIMIT, shm_own_bytes=0, shm_others_bytes=200 * MIB), DEFAULTS)  # holds nothing there
-    assert r.status is Status.OK, r.summary
-    assert "in files other processes hold open (200 MiB)" in r.summary and "not judged as its own" in r.summary
-    r = judge(facts(grows, SHM_LIMIT, shm_own_bytes=10 * MIB, shm_others_bytes=200 * MIB), DEFAULTS)  # at risk, not the cause
-    assert r.status is Status.WARN
-    assert "in files other processes hold open (200 MiB; this one holds 10 MiB)" in r.summary
-    assert "num_workers" not in r.remediation and "ls -laSh /dev/shm" in r.remediation
-
-
-def test_shm_growth_no_process_holds_is_judged_as_the_targets_own():
-    """helper-45: files written and closed (torch's file_system strategy, a cache) are held by
-    no one; the only writer holding 0 bytes got 'ok, not judged as its own' while it filled
-    the mount in 34 s. Without someone else holding the rise, the verdict is the target's."""
-    grows = {"shm": series(8 * MIB, n=20, base=0)}
-    assert judge(facts(grows, SHM_LIMIT, shm_own_bytes=0, shm_others_bytes=0), DEFAULTS).status is Status.FAIL
-    # a steady holder beside closed-file growth: no one to attribute it to either (a known limit)
-    assert judge(facts(grows, SHM_LIMIT, shm_own_bytes=200 * MIB, shm_others_bytes=0), DEFAULTS).status is Status.FAIL
-    assert judge(facts(grows, SHM_LIMIT), DEFAULTS).status is Status.FAIL  # not read (the self target)
