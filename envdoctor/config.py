@@ -297,7 +297,7 @@ def _read_text(path: Path) -> str:
     with open(path, "rb") as f:
         data = f.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
-        raise ValueError(f"larger than {MAX_CONFIG_BYTES // (1 << 20)} MiB: not a config file")
+        raise ValueError(f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not read as a config file")
     return data.decode("utf-8")
 
 

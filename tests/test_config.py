@@ -211,7 +211,7 @@ def test_a_config_over_a_mebibyte_is_refused_unread_not_parsed_past_the_timeout(
     path.write_text("# settings\n" * 200_000)  # 2.2 MB of comments: valid TOML
     out = cli("check", "--config", str(path), "--only", "shm.size", timeout=60)
     assert out.returncode == 2 and out.stdout == "", out.stderr
-    assert out.stderr.strip().splitlines() == [f"envdoctor: bad config: {path}: cannot read: larger than 1 MiB: not a config file"]
+    assert out.stderr.strip().splitlines() == [f"envdoctor: bad config: {path}: cannot read: larger than 1 MiB: not read as a config file"]
     path.write_text("# settings\n" * 90_000)  # under the limit: an ordinary config
     assert cli("check", "--config", str(path), "--only", "shm.size", timeout=60).returncode in (0, 1)
 
