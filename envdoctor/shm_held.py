@@ -37,27 +37,14 @@ class Held(NamedTuple):
     complete: bool  # False: the tree or its descriptors were more than the bounds
 
 
-def _children(proc: str, pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"{proc}/{pid}/task")
-    except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"{proc}/{pid}/task/{tid}/children") as f:
-                found.extend(int(p) for p in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def process_tree(proc: Path, pid: int) -> tuple[list[int], bool]:
     """`pid` and its live descendants, parents first; False when cut at MAX_TREE."""
+    from envdoctor.stopping import children_of
+
     root = os.fspath(proc)
     tree, level, seen = [pid], [pid], {pid}
     while level:
-        level = [child for parent in level for child in _children(root, parent) if child not in seen]
+        level = [child for parent in level for child in children_of(parent, root) if child not in seen]
         seen.update(level)
         if len(tree) + len(level) > MAX_TREE:
             tree.extend(level[:MAX_TREE - len(tree)])

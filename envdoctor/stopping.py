@@ -23,16 +23,16 @@ def kill_probes() -> None:
         probe.kill_running()
 
 
-def children_of(pid: int) -> list[int]:
-    """The live children of `pid`, from /proc/PID/task/*/children (empty when unreadable)."""
+def children_of(pid: int, proc: str = "/proc") -> list[int]:
+    """The live children of `pid`, from PROC/PID/task/*/children (empty when unreadable)."""
     found: list[int] = []
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        tasks = os.listdir(f"{proc}/{pid}/task")
     except OSError:
         return found
     for tid in tasks:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
+            with open(f"{proc}/{pid}/task/{tid}/children") as f:
                 found.extend(int(p) for p in f.read().split())
         except (OSError, ValueError):
             continue
