@@ -142,13 +142,15 @@ def test_ground_truth_processes_get_the_right_verdicts(tmp_path):
         leakers = [procs["autograd_leak"].pid, procs["noisy_growth"].pid]
         first = {pid: _rss(pid) for pid in leakers}
         started = time.monotonic()
-        # At least 16 s, and until each leaker has really grown by 64 MiB (twice the
+        # At least 20 s, and until each leaker has really grown by 96 MiB (three times the
         # detector's min_rise): on a loaded machine the leakers run slower, and a verdict
-        # on a process that has not yet leaked proves nothing. Bounded at 60 s.
+        # on a process that has not yet leaked proves nothing. 16 s and 64 MiB left the
+        # noisy leaker (up to 30 MiB of churn) judged "no sustained growth" in one fresh
+        # clone's run of the suite. Bounded at 60 s.
         while time.monotonic() - started < 60:  # what serve does every interval, faster
             gone = history.sample(targets)
             assert not gone, gone
-            if time.monotonic() - started >= 16 and all(_rss(p) - first[p] >= 64 * MIB for p in leakers):
+            if time.monotonic() - started >= 20 and all(_rss(p) - first[p] >= 96 * MIB for p in leakers):
                 break
             time.sleep(0.25)
         host = HostSession()
