@@ -636,7 +636,7 @@ def test_a_real_opset_9_export_is_judged_by_its_interpolation_mode(tmp_path, mod
     """Helper-42: a nearest x2 upsample exported at opset 9 matches PyTorch exactly through
     onnxruntime, yet failed like bilinear, which does not match. Both exported by torch (in
     its own interpreter) and run by onnxruntime here: the rule stands on what they compute."""
-    pytest.importorskip("torch", reason="torch is installed by scripts/test.sh")
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     proc = subprocess.run([sys.executable, "-c", _EXPORT_MODES, str(tmp_path)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     path = tmp_path / f"{mode}9.onnx"
@@ -669,7 +669,7 @@ def test_torchs_newest_export_opset_is_read_from_its_files():
 
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
-        pytest.skip("torch is installed by scripts/test.sh")
+        pytest.skip("needs torch (scripts/test.sh installs torch==2.13.0)")
     proc = subprocess.run([sys.executable, "-c", "from torch.onnx import _constants; print(_constants.ONNX_MAX_OPSET)"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
