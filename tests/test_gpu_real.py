@@ -277,3 +277,92 @@ def test_the_driver_level_copy_rates_agree_with_torchs_own(gpu):
     assert 0.67 < best_pinned / torch_pinned < 1.5, (ours, theirs)
     assert 0.67 < best_pageable / torch_pageable < 1.5, (ours, theirs)
     assert best_pinned > best_pageable and torch_pinned > torch_pageable
+
+
+TORCH_TRUTH = textwrap.dedent("""
+    import json, os, torch
+    from torch.onnx import _constants
+    print(json.dumps({"dir": os.path.dirname(torch.__file__), "version": torch.__version__,
+                      "cuda": torch.version.cuda, "arch": torch.cuda.get_arch_list(),
+                      "cudnn": torch.backends.cudnn.version(),
+                      "onnx_default": getattr(_constants, "ONNX_DEFAULT_OPSET", None),
+                      "onnx_max": getattr(_constants, "ONNX_MAX_OPSET", None)}))
+""")
+
+
+def test_every_fact_read_from_a_cuda_torchs_files_equals_import_torch(gpu):
+    """check and serve read torch's facts from its files, never importing it. On the real CUDA
+    build (another torch than the CPU one the suite has) each fact must be what torch says:
+    its version, CUDA, arch list, cuDNN (from the nvidia-cudnn package's files) and the ONNX
+    opsets that onnx.opset's fixes are capped by."""
+    _torch_cuda_or_skip()
+    from envdoctor.torchfacts import read_installation
+
+    truth = json.loads(subprocess.run([sys.executable, "-c", TORCH_TRUTH], capture_output=True, text=True,
+                                      check=True, timeout=300).stdout.strip().splitlines()[-1])
+    facts = read_installation(truth["dir"])
+    print("import torch:", {k: v for k, v in truth.items() if k != "arch"}, "arch", truth["arch"])
+    print("from files:", {k: facts[k] for k in ("torch_version", "torch_cuda_version", "cudnn_version",
+                                                 "onnx_default_opset", "onnx_max_opset", "read_seconds")},
+          "arch", facts["arch_list"])
+    assert facts["torch_version"] == truth["version"]
+    assert facts["torch_cuda_version"] == truth["cuda"]
+    assert sorted(facts["arch_list"]) == sorted(truth["arch"])
+    assert facts["cudnn_version"] == truth["cudnn"], (facts["cudnn_version"], facts.get("cudnn_source"))
+    assert facts["onnx_default_opset"] == truth["onnx_default"]
+    assert facts["onnx_max_opset"] == truth["onnx_max"]
+
+
+def test_cuda_settings_warn_on_a_cuda_torch_with_a_gpu(gpu):
+    """On a CPU-only torch these settings are a skip note (they change nothing there); on a
+    CUDA build with a GPU they serialise every kernel, or leave cuBLAS's workspace unset."""
+    _torch_cuda_or_skip()
+    rows = _rows(cli("check", "--only", "cuda.runtime,torch.cudnn", "-f", "json", timeout=300,
+                     env={"CUDA_LAUNCH_BLOCKING": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096"}))
+    for cid in ("cuda.runtime", "torch.cudnn"):
+        print(cid, rows[cid]["status"], rows[cid]["summary"])
+    assert rows["cuda.runtime"]["status"] == "warn" and "CUDA_LAUNCH_BLOCKING=1" in rows["cuda.runtime"]["summary"]
+    assert rows["torch.cudnn"]["status"] == "warn" and "CUBLAS_WORKSPACE_CONFIG" in rows["torch.cudnn"]["summary"]
+
+
+PINNING_JOB = textwrap.dedent("""
+    import os, sys, time
+    import envdoctor
+    envdoctor.attach(interval=0.5)
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(64, 1024)), batch_size=8, num_workers=2, pin_memory=True)
+    pinned = [batch[0].is_pinned() for batch in loader]
+    print("pinned", all(pinned), flush=True)
+    for _ in range(600):                    # bounded: at most 60 s
+        if os.path.exists(sys.argv[1]):
+            break
+        time.sleep(0.1)
+""")
+
+
+def test_a_job_that_pins_on_a_gpu_is_told_it_pins_not_that_torch_ignores_it(gpu, tmp_path):
+    """With a GPU torch's DataLoader really pins (the batches are page-locked): check --pid
+    reports the live pin_memory=True as in effect, not the CPU-only note."""
+    _torch_cuda_or_skip()
+    stop = tmp_path / "stop"
+    job = subprocess.Popen([sys.executable, "-c", PINNING_JOB, str(stop)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = job.stdout.readline().strip()
+        print("job:", line)
+        assert line == "pinned True", line
+        time.sleep(1.5)  # the hook's next publication names the DataLoader
+        row = _rows(cli("check", "--pid", str(job.pid), "--only", "torch.pin_memory", "-f", "json",
+                        timeout=300))["torch.pin_memory"]
+        print("torch.pin_memory --pid:", row["status"], row["summary"])
+        assert row["facts"].get("live_pin_memory") is True, row
+        assert "pin memory (pin_memory=True, live)" in row["summary"]
+        assert "ignores without a GPU" not in row["summary"] and row["facts"]["gpu_count"] >= 1
+    finally:
+        stop.touch()
+        try:
+            job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
