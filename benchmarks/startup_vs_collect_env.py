@@ -47,8 +47,10 @@ WARM_TARGET = 0.05
 
 
 def envdoctor_command(python: str) -> list[str]:
-    script = Path(python).parent / "envdoctor"
-    if script.exists():
+    # The console script beside the interpreter (a bare "python3" is looked up on PATH first: its
+    # parent "." would find the repository's envdoctor/ package directory instead).
+    script = Path(shutil.which(python) or python).parent / "envdoctor"
+    if script.is_file():
         return [str(script)]
     return [python, "-m", "envdoctor"]
 
