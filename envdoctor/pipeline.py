@@ -44,7 +44,9 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
     """The checks to run, in id order; unknown ids are a usage error."""
     known = set(registry.checks) | registry.unloaded_ids
     only = list(selection.only) or list(config.only)
-    skip = set(selection.skip) | set(config.skip)
+    # The command line beats the file and the environment: a check named by --only runs even
+    # where their `skip` lists it (as it runs where they say `enabled = false`); --skip wins.
+    skip = set(selection.skip) | (set(config.skip) - set(selection.only))
     for check_id in [*only, *skip]:
         if check_id not in known:
             raise UsageError(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(sorted(known))}")

@@ -352,3 +352,23 @@ def test_check_refuses_a_serve_table_that_serve_would_refuse(tmp_path):
         assert proc.returncode == 2 and key in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     (tmp_path / "envdoctor.toml").write_text("[serve]\ninterval = 2\n")
     assert cli("check", "--only", "shm.size", cwd=tmp_path).returncode in (0, 1)
+
+
+def test_only_on_the_command_line_beats_the_files_and_the_environments_skip(tmp_path):
+    """Helper-47: with the README's `skip = ["onnx.opset"]` in the file, `--only onnx.opset`
+    was exit 2 ("leave no check to run"), although the command line beats the file
+    elsewhere (`--only` already overrides `enabled = false`). --skip still wins."""
+    import json
+
+    def ran(proc):
+        assert proc.returncode in (0, 1), proc.stderr
+        return sorted(r["check"] for r in json.loads(proc.stdout)["results"])
+
+    _write(tmp_path, "envdoctor.toml", 'skip = ["onnx.opset", "shm.size"]\n')
+    assert ran(cli("check", "--only", "onnx.opset", "-f", "json", cwd=tmp_path)) == ["onnx.opset"]
+    assert ran(cli("check", "--only", "cpu.threads", "-f", "json", cwd=tmp_path,
+                   env={"ENVDOCTOR_SKIP": "cpu.threads"})) == ["cpu.threads"]
+    plain = ran(cli("check", "-f", "json", cwd=tmp_path))
+    assert "onnx.opset" not in plain and "shm.size" not in plain and "cpu.threads" in plain
+    refused = cli("check", "--only", "onnx.opset", "--skip", "onnx.opset", cwd=tmp_path)
+    assert refused.returncode == 2 and "leave no check to run" in refused.stderr
