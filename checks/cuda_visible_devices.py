@@ -17,7 +17,9 @@ initialises CUDA (before `import torch` touches the GPU); set later it is ignore
 
 Statuses: `fail` for a duplicate, an invalid entry that hides the ones after it,
 an index or UUID that matches no GPU (checked with NVML), LOCAL_RANK at or beyond
-the number of visible GPUs. `warn` for a value that hides every GPU (empty, `-1`),
+the number of visible GPUs (not where the value hides every GPU on purpose, `''` or
+`-1`, or the node has none: a CPU job never calls set_device). `warn` for a value that
+hides every GPU (empty, `-1`) on a node that has some,
 an entry read leniently (`1gpu2` is read as 1), indices on a node with different
 GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID, and (without NVML) indices or
 UUIDs that NVIDIA_VISIBLE_DEVICES shows this container does not have. `ok` when
@@ -90,8 +92,8 @@ def _clean_entries(p: vd.VisibleDevices) -> list[str]:
         if p.mode == vd.INDEX:
             match = re.match(r"[0-9]+", text)
             text = match.group(0) if match else ""
-        elif not text.startswith(("GPU-", "MIG-")):
-            text = ""
+        elif not text.startswith("MIG-" if p.mode == vd.MIG_UUID else "GPU-"):
+            text = ""  # a list is of one kind, the first entry's: CUDA stops at a GPU- in a MIG- list
         if text:
             out.setdefault(text)
     return list(out)
@@ -162,7 +164,7 @@ def _clean_fix(p: vd.VisibleDevices, status: Status, message: str) -> Finding:
     """A finding fixed by writing the readable entries once each, as a command and as env."""
     clean = _clean_entries(p)
     if not clean:
-        return Finding(status, message, "unset CUDA_VISIBLE_DEVICES  # or list the GPUs: export CUDA_VISIBLE_DEVICES=0,1")
+        return Finding(status, message, "unset CUDA_VISIBLE_DEVICES  # all GPUs; or list the ones the job should use")
     return Finding(status, message, _export(clean), env={"CUDA_VISIBLE_DEVICES": ",".join(clean)})
 
 
@@ -187,8 +189,11 @@ def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
               "Dockerfile ENV or YAML)" if p.quoted else "")
     invalid = f"CUDA_VISIBLE_DEVICES={raw!r}: entry {bad!r} is invalid ({p.stop_reason})"
     if not p.visible and intentional and not after:
+        if _no_gpu_here(facts):
+            return []  # nothing to hide: said in the ok summary
+        listed = f"; or export CUDA_VISIBLE_DEVICES={','.join(str(g.index) for g in facts.gpus)}" if facts.gpus else ""
         return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU: CUDA sees none and the job "
-                        "runs on the CPU", "unset CUDA_VISIBLE_DEVICES  # all GPUs; or export CUDA_VISIBLE_DEVICES=0,1")]
+                        "runs on the CPU", f"unset CUDA_VISIBLE_DEVICES  # all GPUs{listed}")]
     if after:
         return [_clean_fix(p, Status.FAIL, f"{invalid}; CUDA stops reading there and ignores {', '.join(after)} "
                            f"after it{quoted}")]
@@ -283,17 +288,38 @@ def _local_rank(facts: VisibleFacts) -> int | None:
     return None
 
 
+def _hides_all_on_purpose(view: View) -> bool:
+    """CUDA_VISIBLE_DEVICES='' or '-1' alone: the usual way to run a job on the CPU."""
+    p = view.parsed
+    return (p is not None and not p.visible and p.stop is not None and p.duplicate is None
+            and p.bad_token.strip(" \t\n\r\f\v") in ("", "-1")
+            and not any(t.strip(" \t\n\r\f\v") for t in p.ignored))
+
+
+def _no_gpu_here(facts: VisibleFacts) -> bool:
+    """NVML lists no GPU, or there is no NVIDIA driver at all: CUDA has nothing to give."""
+    from envdoctor.nvml import NO_DRIVER_REASON
+
+    return facts.gpus == () or (facts.gpus is None and facts.nvml_reason == NO_DRIVER_REASON)
+
+
 def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
-    """LOCAL_RANK beyond the GPUs CUDA shows: set_device(LOCAL_RANK) fails."""
+    """LOCAL_RANK beyond the GPUs CUDA shows: set_device(LOCAL_RANK) fails. Not where the
+    list hides every GPU on purpose ('' or -1, said as its own warning) or the node has no
+    GPU: a CPU job (gloo) never calls set_device (helper-49: a CPU-only torchrun with
+    CUDA_VISIBLE_DEVICES='' failed here, and --strict refused to start it)."""
     rank, count, physical = _local_rank(facts), view.visible_count, view.physical
     if rank is None or count is None or rank < count:
+        return []
+    if count == 0 and (_hides_all_on_purpose(view) or _no_gpu_here(facts)):
         return []
     seen = "no GPU" if count == 0 else f"only {count} GPU{'s' if count != 1 else ''} ({_span(count)})"
     return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) fails "
                     "with 'invalid device ordinal'",
-                    (_export(range(physical)) if physical else "export CUDA_VISIBLE_DEVICES=0,1,2,3")
-                    + "  # every rank on a node sees the node's GPUs; or, when each rank gets one GPU, "
-                    "use cuda:0 instead of cuda:LOCAL_RANK")]
+                    (_export(range(physical)) + "  # every rank on a node sees the node's GPUs; or, when each "
+                     "rank gets one GPU, use cuda:0 instead of cuda:LOCAL_RANK") if physical else
+                    "unset CUDA_VISIBLE_DEVICES  # every rank on a node sees the node's GPUs; or, when each rank "
+                    "gets one GPU, use cuda:0 instead of cuda:LOCAL_RANK")]
 
 
 RULES = (_rule_listed_twice, _rule_bad_entry, _rule_lenient, _rule_no_such_device, _rule_same_gpu_twice,
@@ -306,6 +332,8 @@ def _ok_summary(facts: VisibleFacts, view: View) -> str:
         if physical is None:
             return "CUDA_VISIBLE_DEVICES is unset: CUDA will use every GPU"
         return f"CUDA_VISIBLE_DEVICES is unset: CUDA will use all {physical} GPU{'s' if physical != 1 else ''}"
+    if count == 0 and _hides_all_on_purpose(view) and _no_gpu_here(facts):
+        return f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU, and this node has none: the job runs on the CPU"
     shown = ", ".join(str(v) for v in view.visible_list) or "none"
     of = f" of {physical}" if physical is not None else ""
     return f"CUDA_VISIBLE_DEVICES={raw!r}: CUDA will use {count}{of} GPU{'s' if count != 1 else ''} ({shown})"

@@ -184,3 +184,40 @@ def test_check_with_a_lost_gpu_still_counts_it():
 def test_explain_and_metric_are_declared():
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in CHECK.explain and "before" in CHECK.explain
     assert CHECK.metrics[0].fact == "visible_count"
+
+
+@pytest.mark.parametrize("value", ["", "-1"])
+@pytest.mark.parametrize("node", ["no driver", "no GPU"])
+def test_a_cpu_job_that_hides_the_gpus_on_a_node_without_any_is_ok(value, node):
+    """Helper-49: a CPU-only torchrun (gloo) with CUDA_VISIBLE_DEVICES='' failed here
+    ("LOCAL_RANK=0 but CUDA sees no GPU"), and exec --strict refused to start it; '-1' on a
+    node without GPUs warned, so --fail-on warn refused it too. It never calls set_device."""
+    gpu_list, reason = (None, nvml.NO_DRIVER_REASON) if node == "no driver" else ((), None)
+    r = judge(VisibleFacts(value, None, None, "0", gpu_list, reason), {})
+    assert r.status is Status.OK, r.summary
+    assert "hides every GPU, and this node has none: the job runs on the CPU" in r.summary
+
+
+def test_hiding_every_gpu_on_a_gpu_node_warns_once_with_the_nodes_own_indices():
+    r = judge(facts("-1", gpus(2), local_rank="0"), {})
+    assert r.status is Status.WARN and "hides every GPU" in r.summary and "invalid device ordinal" not in r.summary
+    assert r.remediation == "unset CUDA_VISIBLE_DEVICES  # all GPUs; or export CUDA_VISIBLE_DEVICES=0,1"
+    one = judge(facts("-1", gpus(1)), {})
+    assert one.remediation == "unset CUDA_VISIBLE_DEVICES  # all GPUs; or export CUDA_VISIBLE_DEVICES=0"
+
+
+def test_a_mask_smaller_than_the_ranks_still_fails_without_a_driver():
+    r = judge(facts("0", None, local_rank="1", reason=nvml.NO_DRIVER_REASON), {})
+    assert r.status is Status.FAIL and "invalid device ordinal" in r.summary
+    assert "0,1,2,3" not in r.remediation  # no GPU list made up where NVML gave none
+
+
+def test_a_gpu_uuid_in_a_mig_list_is_dropped_by_the_fix():
+    """Helper-49: 'MIG-a,GPU-b' was told to 'export CUDA_VISIBLE_DEVICES=MIG-a,GPU-b', its own
+    value. CUDA stops at the GPU- entry; the fix keeps what it reads."""
+    r = judge(facts("MIG-aaaa,GPU-bbbb"), {})
+    assert r.status is Status.WARN and "'GPU-bbbb' is invalid" in r.summary
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=MIG-aaaa"
+    assert r.fix_env == {"CUDA_VISIBLE_DEVICES": "MIG-aaaa"}
+    gpu_first = judge(facts("GPU-aaaa,MIG-bbbb,GPU-cccc"), {})
+    assert gpu_first.fix_env == {"CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-cccc"}

@@ -243,3 +243,18 @@ def test_exec_killed_mid_exchange_takes_the_exchange_and_its_port_with_it(tmp_pa
         if proc.poll() is None:
             proc.kill()
     assert freed_after < 5, f"MASTER_PORT still held {freed_after:.1f} s after exec was killed"
+
+
+def test_a_cpu_launch_that_hides_the_gpus_starts_under_strict(tmp_path):
+    """Helper-49: CUDA_VISIBLE_DEVICES='' (the usual way to force a gloo job onto the CPU)
+    made every rank's cuda.visible_devices fail ("LOCAL_RANK=0 but CUDA sees no GPU"), and
+    --strict refused to start a job that runs fine: it never calls set_device."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**launch_env(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    proc = torchrun(tmp_path, 2, "--no-python", "bash", "-c", _exec_script(out, "--strict"), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert (out / f"job{rank}").read_text() == "unset"
+        row = rows(json.loads((out / f"r{rank}.json").read_text()))["cuda.visible_devices"]
+        assert row["status"] != "fail", row
