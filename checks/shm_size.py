@@ -197,8 +197,9 @@ def _rule_size_below_need(facts: ShmFacts, settings: Mapping[str, Any]) -> list[
     if size is None or need is None or size >= need * headroom:
         return []
     if size < need:
-        return [Finding(Status.FAIL, f"{_subject(facts)} is {format_bytes(size)}; {how} need {format_bytes(need)}",
-                        _remediation(facts, settings))]
+        # below the floor too, that row already says the size: this one adds only the loader's need
+        said = "" if size < int(settings["min_bytes"]) else f"{_subject(facts)} is {format_bytes(size)}; "
+        return [Finding(Status.FAIL, f"{said}{how} need {format_bytes(need)}", _remediation(facts, settings))]
     return [Finding(Status.WARN, f"{_subject(facts)} is {format_bytes(size)}; {how} need {format_bytes(need)}, "
                     f"expected x{headroom:g} headroom = {format_bytes(math.ceil(need * headroom))}",
                     _remediation(facts, settings))]
@@ -290,13 +291,15 @@ def _remediation(facts: ShmFacts, settings: Mapping[str, Any], leftovers: bool =
     if leftovers:
         fixes.append("or remove leftover /dev/shm/torch_* files of crashed jobs (`ls -la /dev/shm`; `fuser` shows who holds one)")
     workers, batch, prefetch = _loader(settings)
-    below_floor = size is not None and size < int(settings["min_bytes"])  # only num_workers=0 is safe there
-    if workers > 0 and batch > 0 and size and not below_floor:
-        fit = max(0, math.floor((size / _headroom(settings) / batch - 1) / prefetch))
-        if fit < workers:  # naming the job's own num_workers, or more, fixed nothing (helper-42)
-            fixes.append(f"or lower DataLoader num_workers to {fit} (fewer batches in flight, slower loading"
-                         + ("; 0 loads in the training loop and the GPU waits" if fit == 0 else "") + ")")
-    else:
+    below_floor = size is not None and size < int(settings["min_bytes"])
+    # With the loader known, the workers that fit are named, below the floor too (helper-49: a
+    # 192 MiB /dev/shm ran 2 and 3 workers of 32 MiB batches, and was told only "lower num_workers").
+    fit = (max(0, math.floor((size / _headroom(settings) / batch - 1) / prefetch))
+           if workers > 0 and batch > 0 and size else None)
+    if fit is not None and fit < workers:  # naming the job's own num_workers, or more, fixed nothing (helper-42)
+        fixes.append(f"or lower DataLoader num_workers to {fit} (fewer batches in flight, slower loading"
+                     + ("; 0 loads in the training loop and the GPU waits" if fit == 0 else "") + ")")
+    elif fit is None or below_floor:
         fixes.append("or lower DataLoader num_workers (slower loading; num_workers=0 uses no shared memory but the GPU waits)")
     return "; ".join(fixes)
 

@@ -255,3 +255,16 @@ def test_the_num_workers_fix_never_names_the_jobs_own_count_or_more():
     assert "num_workers to" not in r.remediation and "leftover" in r.remediation
     r = judge(shm(512 * MIB), loader(8, 60 * MIB, 2))  # 17 batches of 60 MiB do not fit
     assert "num_workers to 2 " in r.remediation
+
+
+def test_below_the_floor_with_the_loader_known_the_fix_names_the_workers_that_fit():
+    """Helper-49: a 192 MiB /dev/shm with 4 workers of 32 MiB batches was told only "lower
+    DataLoader num_workers" (it ran 2 and 3 workers there), and the summary said the size twice."""
+    mib = 1024 * 1024
+    r = judge(ShmFacts("/dev/shm", 192 * mib, 192 * mib, "tmpfs", "/dev/shm"), loader(4, 32 * mib, 2))
+    assert r.status is Status.FAIL
+    assert r.summary.count("/dev/shm is 192 MiB") == 1, r.summary
+    fit = int(r.remediation.split("num_workers to ")[1].split()[0])
+    assert 0 < fit < 4, r.remediation
+    # what it names fits: (fit x prefetch + 1) batches with the headroom
+    assert (fit * 2 + 1) * 32 * mib * DEFAULTS["headroom"] <= 192 * mib
