@@ -125,9 +125,11 @@ def check(
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL",
                                           help="Exit 1 when any result is at or above this level: warn or fail (default fail; error counts as fail)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
-                                            help="Per-check timeout for every check (default 15 s, and the checks that "
-                                                 "declare their own keep it: 90 s for those that may import torch, "
-                                                 "300 s for dist.consistency; `envdoctor explain ID` shows it)."),
+                                            help="Per-check timeout for every check. Unset, it is 15 s and the checks that "
+                                                 "declare their own keep theirs (90 s for those that may import torch, "
+                                                 "300 s for dist.consistency; `envdoctor explain ID` shows it); given "
+                                                 "(or in the config or ENVDOCTOR_TIMEOUT), it bounds those too. Only a "
+                                                 "[check.\"ID\"] timeout in the config beats it."),
     output_text: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output ('-': standard output)."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
