@@ -35,7 +35,8 @@ Why it matters (PITFALLS 7)
   "worked".
 
 Statuses
-  fail   a model with a linear or cubic Resize/Upsample below opset 11 (`min_opset`); a model whose
+  fail   a model with a linear or cubic Resize/Upsample below opset 11 (`min_opset`); a Resize/Upsample
+         whose mode onnxruntime refuses (anything but 'nearest', 'linear', 'cubic'); a model whose
          opset or IR version is beyond what the installed onnxruntime loads;
          ALLOW_RELEASED_ONNX_OPSET_ONLY set to something other than 0 or 1.
   error  a given file that does not exist, cannot be read or is not an ONNX model.
@@ -143,11 +144,21 @@ def _clean(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# onnxruntime's Resize/Upsample take these modes, spelled so (case counts), or none (nearest);
+# it refuses to load a model with any other (seen with onnxruntime 1.32: 'NEAREST', 'bilinear',
+# '' and an integer-typed mode each fail the session's creation).
+LOADABLE_MODES = ("nearest", "linear", "cubic")
+_STRING_ATTRIBUTE = 3  # onnx.AttributeProto.STRING
+
+
 def _mode(node: Any) -> str:
-    """A Resize/Upsample node's interpolation mode, as its attribute spells it."""
+    """A Resize/Upsample node's interpolation mode, as its attribute spells it ("nearest"
+    when it has none; "<not text>" when the attribute is not a string)."""
     for attr in node.attribute:
-        if attr.name == "mode" and attr.s:
-            return _clean(attr.s.decode("utf-8", "replace"), 20).lower()
+        if attr.name == "mode":
+            if attr.type != _STRING_ATTRIBUTE:
+                return "<not text>"
+            return _clean(attr.s.decode("utf-8", "replace"), 20)
     return "nearest"
 
 
@@ -637,13 +648,29 @@ def _rule_model_missing_data(model: ModelFile, facts: OnnxFacts, min_opset: int)
                     "with onnx.save_model(model, path, save_as_external_data=False) when it fits in 2 GiB")]
 
 
+def _rule_model_mode_refused(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """A Resize/Upsample whose mode onnxruntime does not know: the model does not load at all."""
+    assert model.info is not None
+    bad = [n for n in model.info.interpolation if n.mode not in LOADABLE_MODES]
+    if not bad:
+        return []
+    kinds = "/".join(sorted({n.op for n in bad}))
+    modes = ", ".join(sorted({repr(n.mode) if n.mode != "<not text>" else "not text" for n in bad}))
+    names = ", ".join(repr(n.where) for n in bad[:EXAMPLES]) + (", ..." if len(bad) > EXAMPLES else "")
+    return [Finding(Status.FAIL, f"{model.path}: {len(bad)} {kinds} node(s) with mode {modes} ({names}): onnxruntime "
+                    "refuses to load the model; it takes 'nearest', 'linear' or 'cubic', in lower case",
+                    "re-export with torch.onnx.export (it writes a valid mode), or set each node's mode attribute to "
+                    "'nearest', 'linear' or 'cubic' with onnx.helper and save the model again")]
+
+
 def _rule_model_interpolation(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
     """Resize/Upsample below opset 11 does not match PyTorch's interpolate (PITFALLS 7): the
     linear and cubic modes (no align_corners, other pixel centres) fail; nearest, which
     picks the same pixels for whole-number scales (helper-42: max difference 0.0 through
     onnxruntime), warns: a size that is no multiple of the input may round otherwise."""
     assert model.info is not None
-    early = [n for n in model.info.interpolation if n.opset is not None and n.opset < min_opset]
+    early = [n for n in model.info.interpolation
+             if n.opset is not None and n.opset < min_opset and n.mode in LOADABLE_MODES]
     if not early:
         return []
     smooth = [n for n in early if n.mode != "nearest"]
@@ -696,7 +723,8 @@ def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Fin
     """The findings for one model file; with several models each fix says which one it is for."""
     findings = _rule_model_unusable(model, facts, min_opset)
     if not findings:
-        findings = (_rule_model_missing_data(model, facts, min_opset) + _rule_model_interpolation(model, facts, min_opset)
+        findings = (_rule_model_missing_data(model, facts, min_opset) + _rule_model_mode_refused(model, facts, min_opset)
+                    + _rule_model_interpolation(model, facts, min_opset)
                     + _rule_model_beyond_runtime(model, facts, min_opset))
     if len(facts.models) > 1:
         name = Path(model.path).name
