@@ -157,12 +157,15 @@ def plan(results: Sequence[Mapping[str, Any]], env: Mapping[str, str], keep: Seq
             change = Change(name, env.get(name), value, reason(result, name), str(result.get("check", "")))
             (kept if name in protected else changes).append(change)
     if any(c.name == "OMP_NUM_THREADS" for c in kept):
-        # `--keep OMP_NUM_THREADS`: the thread variables the job did not set follow the kept
-        # one (MKL and OpenBLAS read OMP_NUM_THREADS when theirs is unset). Set to the fix,
-        # they disagreed with it, and the re-judged row blamed that on the job.
-        follow = [c for c in changes if c.name in THREAD_VARS and c.old is None]
+        # `--keep OMP_NUM_THREADS`: the thread counts are the job's decision. Those it did not
+        # set follow the kept one (MKL and OpenBLAS read OMP_NUM_THREADS when theirs is unset);
+        # those it set stay as set. Set to the fix, they disagreed with the kept one, and the
+        # re-judged row blamed on the job a disagreement --fix had made (helper-38, helper-49).
+        follow = [c for c in changes if c.name in THREAD_VARS]
         changes = [c for c in changes if c not in follow]
-        kept += [Change(c.name, c.old, c.new, f"{c.reason}; left unset to follow the kept OMP_NUM_THREADS", c.check)
+        kept += [Change(c.name, c.old, c.new, f"{c.reason}; " + ("left unset to follow the kept OMP_NUM_THREADS"
+                                                                 if c.old is None else "left as the job set it, "
+                                                                 "beside the kept OMP_NUM_THREADS"), c.check)
                  for c in follow]
     return FixPlan(changes, kept)
 

@@ -128,6 +128,20 @@ def test_keep_leaves_a_variable_as_it_was(half_cpu):
     assert "disagree" not in warn["msg"], warn
 
 
+def test_keep_omp_leaves_the_thread_variables_the_job_set_as_they_were(half_cpu):
+    """Helper-49: with OMP_NUM_THREADS=16 and MKL_NUM_THREADS=16, `--keep OMP_NUM_THREADS` gave
+    the job MKL=1, and the row judged again said "thread variables disagree: OMP_NUM_THREADS=16,
+    MKL_NUM_THREADS=1", a disagreement --fix had made."""
+    proc = _in_cgroup(half_cpu, ["--fix", "--keep", "OMP_NUM_THREADS", "--", PY, "-c", SHOW_THREADS],
+                      OMP_NUM_THREADS="16", MKL_NUM_THREADS="16")
+    got = json.loads(proc.stdout)
+    assert got["OMP_NUM_THREADS"] == "16" and got["MKL_NUM_THREADS"] == "16", got
+    assert one(proc.stderr, "kept MKL_NUM_THREADS=16 (--keep)")["msg"].endswith("left as the job set it, beside the kept "
+                                                                              "OMP_NUM_THREADS)")
+    warn = one(proc.stderr, "warn cpu.threads:")  # still oversubscribed, of the job's own making
+    assert "disagree" not in warn["msg"], warn
+
+
 # ----------------------------------------------------------------------------- PID 1
 def _pid1(args: list[str], **env: str) -> subprocess.CompletedProcess:
     _need_root_and("unshare")
