@@ -88,7 +88,7 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
                          f"container start; it runs in `envdoctor check`). exec runs: {', '.join(runnable)}")
     selected = only or skip or config.only or config.skip
     if selected and not chosen and not registry.failures_selected(
-            set(only) | set(config.only), set(skip) | set(config.skip), pipeline.disabled_in(config)):
+            set(only) | set(config.only), pipeline.skipped(only, skip, config), pipeline.disabled_in(config)):
         # `--skip` of every check exec runs started the job "verified" by nothing, --strict too
         runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
         raise UsageError(f"--only/--skip (or the config's only/skip) leave no check that runs in exec; "
@@ -417,7 +417,10 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     only = set(_split(options.only)) | set(config.only)
     from envdoctor.pipeline import disabled_in
 
-    failures = registry.failures_selected(only, set(_split(options.skip)) | set(config.skip), disabled_in(config))
+    from envdoctor.pipeline import skipped
+
+    failures = registry.failures_selected(only, skipped(_split(options.only), _split(options.skip), config),
+                                          disabled_in(config))
     send({"plan": [p.check.id for p in plans] + [f.row or f.name for f in failures], "fail_on": fail_on})
     try:  # the config's python when one is set (as `check` reads it), else the command's
         python = configured_python(config) or job_python(argv, env)

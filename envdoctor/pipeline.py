@@ -40,13 +40,21 @@ def disabled_in(config: Config) -> Callable[[str], bool]:
     return lambda check_id: not config.checks.get(check_id, {}).get("enabled", True)
 
 
+def skipped(only: Iterable[str], skip: Iterable[str], config: Config) -> set[str]:
+    """The ids a run leaves out: --skip, and the config's skip (the file's or the environment's)
+    less what --only names, since the command line beats them. Every place that selects
+    checks or their failure rows uses this one set (helper-51: a broken plug-in named by
+    --only and skipped in the file lost its error row, and the run passed with no rows)."""
+    return set(skip) | (set(config.skip) - set(only))
+
+
 def plan(registry: Registry, config: Config, selection: Selection) -> list[runner.Plan]:
     """The checks to run, in id order; unknown ids are a usage error."""
     known = set(registry.checks) | registry.unloaded_ids
     only = list(selection.only) or list(config.only)
     # The command line beats the file and the environment: a check named by --only runs even
     # where their `skip` lists it (as it runs where they say `enabled = false`); --skip wins.
-    skip = set(selection.skip) | (set(config.skip) - set(selection.only))
+    skip = skipped(selection.only, selection.skip, config)
     for check_id in [*only, *skip]:
         if check_id not in known:
             raise UsageError(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(sorted(known))}")
@@ -101,7 +109,7 @@ def run_checks(registry: Registry, config: Config, session: Session, selection: 
     planned = plan(registry, config, selection)
     plans = [p for p in planned if p.check.runs_in(mode)]
     only = set(selection.only) | set(config.only)
-    failures = registry.failures_selected(only, set(selection.skip) | set(config.skip), disabled_in(config))
+    failures = registry.failures_selected(only, skipped(selection.only, selection.skip, config), disabled_in(config))
     elsewhere = _elsewhere([p.check for p in planned if p.check.id in only and not p.check.runs_in(mode)], mode, session)
     if mode == "check" and elsewhere and not plans and not failures:
         # one skip row and exit 0 read as a pass in CI; exec refuses the same selection

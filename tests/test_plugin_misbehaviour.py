@@ -857,3 +857,21 @@ def test_facts_no_reader_can_take_are_that_checks_error_row(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     rows = {r["check"]: r for r in json.loads(report.read_text())["results"]}
     assert rows["odd.surrogate"]["status"] == "error" and rows["shm.size"]["status"] != "error", rows
+
+
+def test_a_broken_plugin_named_by_only_keeps_its_error_row_where_the_file_skips_it(tmp_path):
+    """Helper-51: after --only began to beat the config's skip (0b99d52), a broken plug-in
+    named by --only and skipped in envdoctor.toml lost its error row in `check` (an empty
+    report, exit 0) and exec refused the selection: the failure rows were still chosen with
+    the old skip set. Both now run it and show the plug-in's error."""
+    site = _site(tmp_path, "hwb", "", "[envdoctor.checks]\nhwb.broken = hwb_missing_module:CHECK\n")
+    (tmp_path / "envdoctor.toml").write_text('skip = ["hwb.broken"]\n')
+    env = {"PYTHONPATH": str(site)}
+    proc = cli("check", "--only", "hwb.broken", "-f", "json", env=env, cwd=tmp_path)
+    rows = json.loads(proc.stdout)["results"]
+    assert proc.returncode == 1 and [r["status"] for r in rows] == ["error"], (proc.returncode, proc.stdout, proc.stderr)
+    started = cli("exec", "--only", "hwb.broken", "--", sys.executable, "-c", "print('started')", env=env, cwd=tmp_path)
+    assert started.returncode == 0 and started.stdout.strip() == "started", started.stderr
+    assert "error" in started.stderr and "hwb" in started.stderr, started.stderr
+    skipped = cli("check", "--only", "hwb.broken", "--skip", "hwb.broken", env=env, cwd=tmp_path)
+    assert skipped.returncode == 2, skipped.stderr  # the command line's own --skip still wins
