@@ -186,9 +186,20 @@ def _rule_size_below_min(facts: ShmFacts, settings: Mapping[str, Any]) -> list[F
     size, min_bytes = facts.size_bytes, int(settings["min_bytes"])
     if size is None or size >= min_bytes:
         return []
+    need, how = _need(settings)
+    if need is not None and size >= need:
+        # the loader is known and its batches fit: the floor stands for NCCL and for loaders
+        # other than the one configured, not for this one (helper-51: 4 workers of 0.5 MiB in
+        # 128 MiB were told that workers die, and to lower num_workers)
+        headroom = _headroom(settings)
+        short = (f", but not with x{headroom:g} headroom = {format_bytes(math.ceil(need * headroom))}"
+                 if size < need * headroom else "")
+        why = (f"NCCL fails there, as does a DataLoader with more in flight; this job's {how} need "
+               f"{format_bytes(need)}, which fits{short}")
+    else:
+        why = "DataLoader workers die with a bus error ('insufficient shared memory') and NCCL fails"
     return [Finding(Status.FAIL, f"{_subject(facts)} is {format_bytes(size)}{_docker(size)}, expected >= "
-                    f"{format_bytes(min_bytes)}: DataLoader workers die with a bus error ('insufficient shared "
-                    "memory') and NCCL fails", _remediation(facts, settings))]
+                    f"{format_bytes(min_bytes)}: {why}", _remediation(facts, settings))]
 
 
 def _rule_size_below_need(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
@@ -196,6 +207,8 @@ def _rule_size_below_need(facts: ShmFacts, settings: Mapping[str, Any]) -> list[
     size, (need, how), headroom = facts.size_bytes, _need(settings), _headroom(settings)
     if size is None or need is None or size >= need * headroom:
         return []
+    if need <= size < int(settings["min_bytes"]):
+        return []  # below the floor, whose row already says the loader's need and headroom
     if size < need:
         # below the floor too, that row already says the size: this one adds only the loader's need
         said = "" if size < int(settings["min_bytes"]) else f"{_subject(facts)} is {format_bytes(size)}; "
@@ -291,7 +304,6 @@ def _remediation(facts: ShmFacts, settings: Mapping[str, Any], leftovers: bool =
     if leftovers:
         fixes.append("or remove leftover /dev/shm/torch_* files of crashed jobs (`ls -la /dev/shm`; `fuser` shows who holds one)")
     workers, batch, prefetch = _loader(settings)
-    below_floor = size is not None and size < int(settings["min_bytes"])
     # With the loader known, the workers that fit are named, below the floor too (helper-49: a
     # 192 MiB /dev/shm ran 2 and 3 workers of 32 MiB batches, and was told only "lower num_workers").
     fit = (max(0, math.floor((size / _headroom(settings) / batch - 1) / prefetch))
@@ -299,8 +311,9 @@ def _remediation(facts: ShmFacts, settings: Mapping[str, Any], leftovers: bool =
     if fit is not None and fit < workers:  # naming the job's own num_workers, or more, fixed nothing (helper-42)
         fixes.append(f"or lower DataLoader num_workers to {fit} (fewer batches in flight, slower loading"
                      + ("; 0 loads in the training loop and the GPU waits" if fit == 0 else "") + ")")
-    elif fit is None or below_floor:
+    elif fit is None:  # the loader unknown: the workaround in general
         fixes.append("or lower DataLoader num_workers (slower loading; num_workers=0 uses no shared memory but the GPU waits)")
+    # a known loader that fits gets no num_workers advice: fewer workers fix nothing for it
     return "; ".join(fixes)
 
 

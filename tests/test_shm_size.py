@@ -222,8 +222,11 @@ def test_judge_always_gives_a_result_with_a_fix_when_not_ok(size, free, workers,
     assert r.summary
     if r.status is not Status.OK:
         assert "--shm-size=" in r.remediation
-        # a workaround the job can apply itself: fewer workers, or others' leftovers removed
-        assert "num_workers" in r.remediation or "leftover /dev/shm/torch_*" in r.remediation
+        # a workaround the job can apply itself: fewer workers, or others' leftovers removed;
+        # none for a known loader that fits (below the floor: fewer workers fix nothing for it)
+        fits = "which fits" in r.summary and "which fits, but not" not in r.summary
+        assert "num_workers" in r.remediation or "leftover /dev/shm/torch_*" in r.remediation or fits
+        assert not (fits and "num_workers" in r.remediation), r.remediation
         if workers and batch and "num_workers to " in r.remediation:  # never the job's own number, or more
             assert int(r.remediation.split("num_workers to ")[1].split()[0]) < workers
     if size is not None and size < DEFAULTS["min_bytes"]:
@@ -268,3 +271,17 @@ def test_below_the_floor_with_the_loader_known_the_fix_names_the_workers_that_fi
     assert 0 < fit < 4, r.remediation
     # what it names fits: (fit x prefetch + 1) batches with the headroom
     assert (fit * 2 + 1) * 32 * mib * DEFAULTS["headroom"] <= 192 * mib
+
+
+def test_below_the_floor_a_known_loader_that_fits_is_not_told_workers_die():
+    """Helper-51: 4 workers of 0.5 MiB batches in a 128 MiB /dev/shm (which run: they hold
+    4.5 MiB) were told "DataLoader workers die" and to lower num_workers; and at 192 MiB with
+    2 workers of 32 MiB the headroom warning said the size a second time. The floor still
+    fails (NCCL), saying the loader fits, with only the size fixes."""
+    mib = 1024 * 1024
+    r = judge(ShmFacts("/dev/shm", 128 * mib, 128 * mib, "tmpfs", "/dev/shm"), loader(4, mib // 2, 2))
+    assert r.status is Status.FAIL and "die" not in r.summary and "which fits" in r.summary, r.summary
+    assert "num_workers" not in r.remediation and "--shm-size=" in r.remediation
+    tight = judge(ShmFacts("/dev/shm", 192 * mib, 192 * mib, "tmpfs", "/dev/shm"), loader(2, 32 * mib, 2))
+    assert tight.summary.count("192 MiB") == 1 and tight.summary.count("need 160 MiB") == 1, tight.summary
+    assert "which fits, but not with x1.5 headroom = 240 MiB" in tight.summary and "die" not in tight.summary
