@@ -18,8 +18,9 @@ initialises CUDA (before `import torch` touches the GPU); set later it is ignore
 Statuses: `fail` for a duplicate, an invalid entry that hides the ones after it,
 an index or UUID that matches no GPU (checked with NVML), LOCAL_RANK at or beyond
 the number of visible GPUs (not where the value hides every GPU on purpose, `''` or
-`-1`, or the node has none: a CPU job never calls set_device). `warn` for a value that
-hides every GPU (empty, `-1`) on a node that has some,
+`-1`; on a node without a driver it is a note: a CPU job never calls set_device). `warn`
+for a value that hides every GPU on a node that has some (empty, `-1`, quoted or not, or a
+list that starts with `-1`, which --fix leaves as it is: CUDA runs that job on the CPU),
 an entry read leniently (`1gpu2` is read as 1), indices on a node with different
 GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID, and (without NVML) indices or
 UUIDs that NVIDIA_VISIBLE_DEVICES shows this container does not have. `ok` when
@@ -178,28 +179,36 @@ def _rule_listed_twice(facts: VisibleFacts, view: View) -> list[Finding]:
 
 
 def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
-    """An entry CUDA cannot read ends the list: it hides itself and every entry after it."""
+    """An entry CUDA cannot read ends the list: it hides itself and every entry after it.
+    A leading -1 (or an empty value) is the usual way to say "no GPU": it warns where the
+    node has GPUs to hide, quoted or not, and --fix does not turn it into a GPU list."""
     p = view.parsed
     if p is None or p.duplicate is not None or p.stop is None:
         return []
     bad, raw = p.bad_token, p.raw
-    after = [t for t in p.ignored if t.strip(" \t\n\r\f\v")]
-    intentional = bad.strip(" \t\n\r\f\v") in ("", "-1")
+    after = [t for t in p.ignored if not _names_no_gpu(t)]  # entries that would have named a GPU
     quoted = (" (the value holds quote characters: they are part of the value, kept by an env file, "
               "Dockerfile ENV or YAML)" if p.quoted else "")
     invalid = f"CUDA_VISIBLE_DEVICES={raw!r}: entry {bad!r} is invalid ({p.stop_reason})"
-    if not p.visible and intentional and not after:
+    if _hides_all_on_purpose(view):
         if _no_gpu_here(facts):
             return []  # nothing to hide: said in the ok summary
         listed = f"; or export CUDA_VISIBLE_DEVICES={','.join(str(g.index) for g in facts.gpus)}" if facts.gpus else ""
+        if after:  # '-1,0': CUDA runs the job on the CPU; --fix does not make it a GPU job
+            return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU: CUDA stops at {bad!r} and "
+                            f"ignores {', '.join(after)} after it, so the job runs on the CPU{quoted}",
+                            "export CUDA_VISIBLE_DEVICES=-1  # no GPU, as now; or list only the GPUs the job should "
+                            f"use{listed}")]
+        fix = ("export CUDA_VISIBLE_DEVICES=-1  # as meant, without the quotes; or unset CUDA_VISIBLE_DEVICES for all GPUs"
+               if p.quoted else f"unset CUDA_VISIBLE_DEVICES  # all GPUs{listed}")
         return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU: CUDA sees none and the job "
-                        "runs on the CPU", f"unset CUDA_VISIBLE_DEVICES  # all GPUs{listed}")]
+                        f"runs on the CPU{quoted}", fix)]
     if after:
         return [_clean_fix(p, Status.FAIL, f"{invalid}; CUDA stops reading there and ignores {', '.join(after)} "
                            f"after it{quoted}")]
     if not p.visible:
         return [_clean_fix(p, Status.FAIL, f"{invalid}, so CUDA sees no GPU{quoted}")]
-    if not intentional:
+    if not _names_no_gpu(bad):
         return [_clean_fix(p, Status.WARN, f"{invalid} and ignored{quoted}")]
     return []
 
@@ -288,12 +297,22 @@ def _local_rank(facts: VisibleFacts) -> int | None:
     return None
 
 
+_QUIET = " \t\n\r\f\v\"'"  # blanks, and the quotes an env file or YAML keeps
+
+
+def _names_no_gpu(token: str) -> bool:
+    """An entry that asks for no GPU: empty, or -1 (blanks and kept quotes aside)."""
+    return token.strip(_QUIET) in ("", "-1")
+
+
 def _hides_all_on_purpose(view: View) -> bool:
-    """CUDA_VISIBLE_DEVICES='' or '-1' alone: the usual way to run a job on the CPU."""
+    """CUDA_VISIBLE_DEVICES='' or '-1' (quoted or not, repeated or not), or a list that starts
+    with -1: the usual way to run a job on the CPU. Not ',0,1', whose empty first entry is a
+    typo that hides the GPUs after it."""
     p = view.parsed
-    return (p is not None and not p.visible and p.stop is not None and p.duplicate is None
-            and p.bad_token.strip(" \t\n\r\f\v") in ("", "-1")
-            and not any(t.strip(" \t\n\r\f\v") for t in p.ignored))
+    if p is None or p.visible or p.stop is None or p.duplicate is not None or not _names_no_gpu(p.bad_token):
+        return False
+    return p.bad_token.strip(_QUIET) == "-1" or all(_names_no_gpu(t) for t in p.ignored)
 
 
 def _no_gpu_here(facts: VisibleFacts) -> bool:
@@ -311,8 +330,11 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
     rank, count, physical = _local_rank(facts), view.visible_count, view.physical
     if rank is None or count is None or rank < count:
         return []
-    if count == 0 and (_hides_all_on_purpose(view) or _no_gpu_here(facts)):
-        return []
+    if _hides_all_on_purpose(view) or _no_gpu_here(facts):
+        return []  # a CPU job; on a node without GPUs the judge's note says what a GPU node would do
+    p = view.parsed
+    if p is not None and p.stop is not None and len(_clean_entries(p)) > rank:
+        return []  # the bad entry's own fix (which --fix applies) gives this rank its GPU: one fix, not two
     seen = "no GPU" if count == 0 else f"only {count} GPU{'s' if count != 1 else ''} ({_span(count)})"
     return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) fails "
                     "with 'invalid device ordinal'",
@@ -346,6 +368,13 @@ def judge(facts: VisibleFacts, settings) -> Result:
     if facts.gpus is None:
         what = "GPU count unknown" if facts.cuda_visible_devices is None else "indices and UUIDs not checked against the GPUs"
         unverified = f"{what}: {facts.nvml_reason or 'NVML is not available'}"
+    rank = _local_rank(facts)
+    if (rank is not None and view.visible_count is not None and rank >= view.visible_count and view.visible_count
+            and _no_gpu_here(facts)):
+        beyond = (f"LOCAL_RANK={rank} is beyond the {view.visible_count} GPU{'s' if view.visible_count != 1 else ''} "
+                  f"CUDA_VISIBLE_DEVICES shows: not judged, since this node has no GPU (on a GPU node "
+                  "torch.cuda.set_device(LOCAL_RANK) would fail)")
+        unverified = f"{unverified}; {beyond}" if unverified else beyond
     facts_out = {
         "cuda_visible_devices": facts.cuda_visible_devices,
         "visible": view.visible_list,

@@ -206,10 +206,52 @@ def test_hiding_every_gpu_on_a_gpu_node_warns_once_with_the_nodes_own_indices():
     assert one.remediation == "unset CUDA_VISIBLE_DEVICES  # all GPUs; or export CUDA_VISIBLE_DEVICES=0"
 
 
-def test_a_mask_smaller_than_the_ranks_still_fails_without_a_driver():
-    r = judge(facts("0", None, local_rank="1", reason=nvml.NO_DRIVER_REASON), {})
-    assert r.status is Status.FAIL and "invalid device ordinal" in r.summary
-    assert "0,1,2,3" not in r.remediation  # no GPU list made up where NVML gave none
+def test_a_mask_smaller_than_the_ranks_fails_on_a_gpu_node_and_is_a_note_without_gpus():
+    """Helper-51: on a node without a driver, CUDA_VISIBLE_DEVICES=0 with LOCAL_RANK=1 still
+    failed (exec --strict refused a CPU gloo job); the explain text said it would not."""
+    on_gpus = judge(facts("0", gpus(2), local_rank="1"), {})
+    assert on_gpus.status is Status.FAIL and "invalid device ordinal" in on_gpus.summary
+    assert on_gpus.remediation.startswith("export CUDA_VISIBLE_DEVICES=0,1")
+    r = judge(VisibleFacts("0", None, None, "1", None, nvml.NO_DRIVER_REASON), {})
+    assert r.status is Status.OK, r.summary
+    assert "LOCAL_RANK=1 is beyond the 1 GPU CUDA_VISIBLE_DEVICES shows: not judged, since this node has no GPU" \
+        in r.summary
+    # a driver that lists no GPU is a node whose GPUs are gone: index 0 names none, as before
+    assert judge(VisibleFacts("0", None, None, "1", (), None), {}).status is Status.FAIL
+
+
+@pytest.mark.parametrize("value", ['""', "'-1'", "-1,-1", ",-1", '"-1"'])
+def test_quoted_or_repeated_no_gpu_values_are_a_cpu_job_too(value):
+    """Helper-51: '""' and "'-1'" (quotes an env file keeps) failed where '' and -1 pass; on a
+    GPU node the fix reversed the intent (unset: all GPUs) instead of dropping the quotes."""
+    none_here = judge(VisibleFacts(value, None, None, "0", None, nvml.NO_DRIVER_REASON), {})
+    assert none_here.status is Status.OK, none_here.summary
+    on_gpus = judge(facts(value, gpus(2), local_rank="0"), {})
+    assert on_gpus.status is Status.WARN and "hides every GPU" in on_gpus.summary, on_gpus.summary
+    assert "invalid device ordinal" not in on_gpus.summary and not on_gpus.fix_env
+    if "'" in value or '"' in value:
+        assert on_gpus.remediation.startswith("export CUDA_VISIBLE_DEVICES=-1  # as meant, without the quotes")
+
+
+def test_a_list_starting_with_minus_one_is_not_made_a_gpu_list_by_fix():
+    """Helper-51: exec --fix turned '-1,0' (CUDA: no GPU) into '0', making a CPU job a GPU job,
+    and on a node with no GPU into a value the check itself fails."""
+    r = judge(facts("-1,0", gpus(2), local_rank="0"), {})
+    assert r.status is Status.WARN and "ignores 0 after it, so the job runs on the CPU" in r.summary, r.summary
+    assert not r.fix_env and r.remediation.startswith("export CUDA_VISIBLE_DEVICES=-1  # no GPU, as now")
+    assert judge(VisibleFacts("-1,0", None, None, None, (), None), {}).status is Status.OK
+    typo = judge(facts(",0,1", gpus(2)), {})  # an empty first entry is a typo: fixed as before
+    assert typo.status is Status.FAIL and typo.fix_env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_a_bad_entry_whose_fix_serves_the_rank_gives_one_fix_not_two():
+    """Helper-51: '0,x,1' with LOCAL_RANK=1 printed the entry's fix (0,1) and the LOCAL_RANK
+    fix (0,1,2,3...) one after the other; the first already gives rank 1 its GPU."""
+    r = judge(facts("0,x,1", gpus(4), local_rank="1"), {})
+    assert r.status is Status.FAIL and "invalid device ordinal" not in r.summary, r.summary
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,1"
+    still = judge(facts("0,x", gpus(4), local_rank="1"), {})  # the clean list (0) does not serve rank 1
+    assert "invalid device ordinal" in still.summary
 
 
 def test_a_gpu_uuid_in_a_mig_list_is_dropped_by_the_fix():
