@@ -495,6 +495,10 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
                 raise ConfigError(str(exc), file="environment", key=var) from None
             if key == "python":
                 config.python_from = f"environment: {var}"
+    if ENV_PREFIX + "ONLY" in environ and ENV_PREFIX + "SKIP" not in environ:
+        # the environment beats the file: a check ENVDOCTOR_ONLY names runs even where the
+        # file's skip lists it, as --only beats both (helper-51); the environment's own skip wins
+        config.skip = [check_id for check_id in config.skip if check_id not in config.only]
     if environ.get(PROBE_TIMEOUT_VAR, "").strip():  # read by the probe itself; a typo was silently 60 s
         try:
             check_timeout(coerce(environ[PROBE_TIMEOUT_VAR], 1.0, "timeout", from_text=True))

@@ -372,3 +372,15 @@ def test_only_on_the_command_line_beats_the_files_and_the_environments_skip(tmp_
     assert "onnx.opset" not in plain and "shm.size" not in plain and "cpu.threads" in plain
     refused = cli("check", "--only", "onnx.opset", "--skip", "onnx.opset", cwd=tmp_path)
     assert refused.returncode == 2 and "leave no check to run" in refused.stderr
+
+
+def test_envdoctor_only_beats_the_files_skip_and_the_environments_skip_still_wins(tmp_path):
+    """Helper-51: with skip = ["shm.size"] in the file, ENVDOCTOR_ONLY=shm.size was exit 2
+    ("leave no check to run"), although the environment beats the file."""
+    _write(tmp_path, "envdoctor.toml", 'skip = ["shm.size", "onnx.opset"]\n')
+    config = cfg.load(CATALOG, environ={"ENVDOCTOR_ONLY": "shm.size"}, cwd=tmp_path)
+    assert config.only == ["shm.size"] and "shm.size" not in config.skip
+    both = cfg.load(CATALOG, environ={"ENVDOCTOR_ONLY": "shm.size", "ENVDOCTOR_SKIP": "shm.size"}, cwd=tmp_path)
+    assert both.skip == ["shm.size"]
+    proc = cli("check", "-f", "json", cwd=tmp_path, env={"ENVDOCTOR_ONLY": "shm.size"})
+    assert proc.returncode in (0, 1), proc.stderr
