@@ -4,7 +4,9 @@ What it reads, sampled over a window (`envdoctor check --window 60`, on the
 target of --pid or on itself) or continuously (`envdoctor serve` keeps a bounded
 history per process): the process's resident set (`rss`); its memory cgroup's
 working set, usage less inactive file cache (`cgroup`, v1 and v2); bytes used in
-its /dev/shm (`shm`); its memory on each GPU from NVML's per-process accounting
+its /dev/shm (`shm`: the whole mount's, which every process in a mount namespace
+shares, so serve keeps it on one process per mount, the first it samples there);
+its memory on each GPU from NVML's per-process accounting
 (`gpuN`; absent where NVML cannot say: a container with its own PID namespace,
 MIG); and, when the job is attached (envdoctor.attach), the caching allocator's
 reserved and allocated bytes, inactive split bytes and allocation retries per
@@ -74,10 +76,12 @@ LOSS_ITEM_FIX = ("accumulate total_loss += loss.item() (a float), not loss (a te
                  "iteration's graph); .detach() what you keep across iterations")
 ALLOC_CONF_FIX = "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 ALLOC_CONF_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-SHM_FIX = ("lower DataLoader num_workers or prefetch_factor; remove leftover /dev/shm/torch_* segments "
+SHM_FIX = ("find what fills the mount (ls -la /dev/shm; fuser -v /dev/shm/*: it may be another process on it); "
+           "lower that job's DataLoader num_workers or prefetch_factor; remove leftover /dev/shm/torch_* segments "
            "of crashed jobs")
 
-DESCRIBE = {"rss": "resident memory", "cgroup": "cgroup working set", "shm": "/dev/shm usage"}
+DESCRIBE = {"rss": "resident memory", "cgroup": "cgroup working set",
+            "shm": "/dev/shm usage (the whole mount's, shared by every process on it)"}
 
 
 class GrowthFacts(NamedTuple):

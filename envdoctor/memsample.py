@@ -8,7 +8,9 @@ What one sample holds, for a target process (`pid`, or this process):
   reads its data set fills the page cache up to the limit, and that cache is
   reclaimed, not fatal. Only where the cgroup path sets a limit: an unlimited
   cgroup may be a whole slice (other processes' growth is not the target's);
-- `shm`: bytes used in its /dev/shm (its own mount, through /proc/N/root);
+- `shm`: bytes used in its /dev/shm (its own mount, through /proc/N/root); in serve, on
+  one process per mount each run (the first sampled there), since every process on the
+  mount would show the same series;
 - `gpuN`: its memory on NVIDIA GPU N, from NVML's per-process accounting. NVML
   cannot say inside a container that has its own PID namespace (it reports host
   pids) or on MIG: that is "not available" and the series is simply absent,
@@ -269,21 +271,28 @@ class Sampler:
             if cg_tight is not None:
                 limits["cgroup"] = cg_tight
 
-        self._shm(values, limits, notes)
+        self._shm(values, limits, notes, share)
         self._gpu(values, limits, notes)
         self._attached(values, limits, counters, notes)
         return Sample(t, values, limits, counters, tuple(notes))
 
-    def _shm(self, values: dict, limits: dict, notes: list[str]) -> None:
+    def _shm(self, values: dict, limits: dict, notes: list[str], share: Shared) -> None:
         path = self.roots.seen_by(self.pid, "/dev/shm")
         try:
             st = os.statvfs(path)
+            mount = os.stat(path).st_dev
         except OSError as exc:
             notes.append(f"/dev/shm: {exc.strerror or exc}")
             return
         size = st.f_blocks * st.f_frsize
         if size == 0:
             return  # an unlimited tmpfs: statvfs says 0; nothing to run into but memory
+        if share(f"memsample.shm_judged_on:{mount}", lambda: self.pid) != self.pid:
+            # /dev/shm is one mount for every process in a mount namespace, and its usage is the
+            # mount's: serve keeps its series on the first process sampled there each run (targets
+            # go in discovery order), not on all of them, where one writer's growth warned every
+            # process and paged once per process (helper-42, -44, -50). Alone (check), always.
+            return
         values["shm"] = (st.f_blocks - st.f_bfree) * st.f_frsize
         limits["shm"] = Limit(size, st.f_bavail * st.f_frsize, "/dev/shm")
 

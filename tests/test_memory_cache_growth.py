@@ -50,7 +50,7 @@ def test_warn_between_the_horizons_ok_beyond():
 def test_the_soonest_exhaustion_is_named_first():
     limits = {"rss": Limit(None, 10 * GIB, "host memory"), "shm": Limit(GIB, 200 * MIB, "/dev/shm size")}
     r = judge(facts({"rss": series(2 * MIB), "shm": series(1 * MIB, base=0)}, limits), DEFAULTS)
-    assert r.summary.startswith("/dev/shm usage grows")
+    assert r.summary.startswith("/dev/shm usage (the whole mount's, shared by every process on it) grows")
     assert "num_workers" in r.remediation and "loss.item()" in r.remediation
 
 
