@@ -5,7 +5,7 @@ target of --pid or on itself) or continuously (`envdoctor serve` keeps a bounded
 history per process): the process's resident set (`rss`); its memory cgroup's
 working set, usage less inactive file cache (`cgroup`, v1 and v2); bytes used in
 its /dev/shm (`shm`: the whole mount's, which every process in a mount namespace
-shares, so serve keeps it on one process per mount, the first it samples there);
+shares, so serve keeps one series per mount, shown on one process there while it lives);
 its memory on each GPU from NVML's per-process accounting
 (`gpuN`; absent where NVML cannot say: a container with its own PID namespace,
 MIG); and, when the job is attached (envdoctor.attach), the caching allocator's

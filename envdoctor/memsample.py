@@ -8,9 +8,9 @@ What one sample holds, for a target process (`pid`, or this process):
   reads its data set fills the page cache up to the limit, and that cache is
   reclaimed, not fatal. Only where the cgroup path sets a limit: an unlimited
   cgroup may be a whole slice (other processes' growth is not the target's);
-- `shm`: bytes used in its /dev/shm (its own mount, through /proc/N/root); in serve, on
-  one process per mount each run (the first sampled there), since every process on the
-  mount would show the same series;
+- `shm`: bytes used in its /dev/shm (its own mount, through /proc/N/root). Every process
+  in a mount namespace shares that mount, so MemoryHistory.sample (serve) keeps one series
+  per mount and shows it on one process of those on it (see MemoryHistory);
 - `gpuN`: its memory on NVIDIA GPU N, from NVML's per-process accounting. NVML
   cannot say inside a container that has its own PID namespace (it reports host
   pids) or on MIG: that is "not available" and the series is simply absent,
@@ -218,6 +218,7 @@ class Sampler:
         self._cgroup: _CgroupFiles | None = None
         self._cgroup_notes: list[str] = []
         self._cgroup_resolved = False
+        self.shm_mount: int | None = None  # st_dev of the /dev/shm it sees, once sampled
 
     def _host_pid(self) -> int:
         return os.getpid() if self.pid is None else self.pid
@@ -271,12 +272,12 @@ class Sampler:
             if cg_tight is not None:
                 limits["cgroup"] = cg_tight
 
-        self._shm(values, limits, notes, share)
+        self._shm(values, limits, notes)
         self._gpu(values, limits, notes)
         self._attached(values, limits, counters, notes)
         return Sample(t, values, limits, counters, tuple(notes))
 
-    def _shm(self, values: dict, limits: dict, notes: list[str], share: Shared) -> None:
+    def _shm(self, values: dict, limits: dict, notes: list[str]) -> None:
         path = self.roots.seen_by(self.pid, "/dev/shm")
         try:
             st = os.statvfs(path)
@@ -287,12 +288,7 @@ class Sampler:
         size = st.f_blocks * st.f_frsize
         if size == 0:
             return  # an unlimited tmpfs: statvfs says 0; nothing to run into but memory
-        if share(f"memsample.shm_judged_on:{mount}", lambda: self.pid) != self.pid:
-            # /dev/shm is one mount for every process in a mount namespace, and its usage is the
-            # mount's: serve keeps its series on the first process sampled there each run (targets
-            # go in discovery order), not on all of them, where one writer's growth warned every
-            # process and paged once per process (helper-42, -44, -50). Alone (check), always.
-            return
+        self.shm_mount = mount  # MemoryHistory keeps one series per mount (serve), not one per process
         values["shm"] = (st.f_blocks - st.f_bfree) * st.f_frsize
         limits["shm"] = Limit(size, st.f_bavail * st.f_frsize, "/dev/shm")
 
@@ -439,6 +435,14 @@ class MemoryHistory:
         self.maxlen, self.max_targets = maxlen, max_targets
         self._tracks: dict[str, _Track] = {}
         self._lock = threading.Lock()
+        # /dev/shm usage is the mount's: one series per mount (st_dev), shown on one process of
+        # those on it, its "owner", who keeps it while it lives; then the next one sampled there
+        # takes it over, series and all. Per process, one writer's growth warned every process on
+        # the mount and paged once for each (helper-42, -44, -50); shown on the first sampled in
+        # each run, it hopped between processes and left a frozen copy behind (helper-52).
+        self._shm_tracks: dict[int, _Track] = {}
+        self._shm_owner: dict[int, str] = {}
+        self._mount_of: dict[str, int] = {}
 
     def add(self, label: str, sample: Sample, sampler: Sampler | None = None) -> None:
         with self._lock:
@@ -446,7 +450,7 @@ class MemoryHistory:
             if track is None:
                 if len(self._tracks) >= self.max_targets:
                     oldest = min(self._tracks, key=lambda k: self._tracks[k].last_time())
-                    del self._tracks[oldest]
+                    self._drop(oldest)
                 track = self._tracks[label] = _Track(sampler, self.maxlen)
             track.append(sample)
 
@@ -475,18 +479,54 @@ class MemoryHistory:
                 # ...and holds neither between runs: serve's reader closes over the run's node
                 # facts, which a kept sampler would keep alive after the run (gc.freeze: for good)
                 sampler.nvml = sampler.live = None
-            self.add(label, sample, sampler)
+            self.add(label, self._take_shm(label, sample, sampler.shm_mount), sampler)
         return gone
+
+    def _take_shm(self, label: str, sample: Sample, mount: int | None) -> Sample:
+        """The sample without its shm figure, which goes to its mount's series when this target
+        owns the mount (the first sampled there while no owner lives)."""
+        if "shm" not in sample.values or mount is None:
+            return sample
+        with self._lock:
+            self._mount_of[label] = mount
+            owner = self._shm_owner.get(mount)
+            if owner is None or (owner not in self._tracks and owner != label):
+                owner = self._shm_owner[mount] = label
+            if owner == label:
+                track = self._shm_tracks.get(mount)
+                if track is None:
+                    track = self._shm_tracks[mount] = _Track(None, self.maxlen)
+                track.append(Sample(sample.t, {"shm": sample.values["shm"]},
+                                    {"shm": sample.limits["shm"]} if "shm" in sample.limits else {}))
+        return sample._replace(values={k: v for k, v in sample.values.items() if k != "shm"},
+                               limits={k: v for k, v in sample.limits.items() if k != "shm"})
+
+    def _owned_shm(self, label: str) -> "_Track | None":
+        """The mount series this target shows, when it owns its mount (call under the lock)."""
+        mount = self._mount_of.get(label)
+        if mount is None or self._shm_owner.get(mount) != label:
+            return None
+        return self._shm_tracks.get(mount)
+
+    def _drop(self, label: str) -> None:
+        """Forget a target and what it owned (call under the lock); a mount no target is on
+        any more takes its series with it."""
+        self._tracks.pop(label, None)
+        mount = self._mount_of.pop(label, None)
+        if mount is not None and self._shm_owner.get(mount) == label:
+            del self._shm_owner[mount]
+        if mount is not None and mount not in self._mount_of.values():
+            self._shm_tracks.pop(mount, None)
 
     def forget(self, label: str) -> None:
         with self._lock:
-            self._tracks.pop(label, None)
+            self._drop(label)
 
     def prune(self, alive: Iterable[str]) -> None:
         keep = set(alive)
         with self._lock:
-            for label in [k for k in self._tracks if k not in keep]:
-                del self._tracks[label]
+            for label in [k for k in (*self._tracks, *self._mount_of) if k not in keep]:
+                self._drop(label)
 
     def labels(self) -> list[str]:
         with self._lock:
@@ -495,14 +535,23 @@ class MemoryHistory:
     def latest(self, label: str) -> Sample | None:
         with self._lock:
             track = self._tracks.get(label)
-            return track.latest if track else None
+            latest = track.latest if track else None
+            shm = self._owned_shm(label)
+            if latest is None or shm is None or shm.latest is None:
+                return latest
+            return latest._replace(values={**latest.values, **shm.latest.values},
+                                   limits={**latest.limits, **shm.latest.limits})
 
     def series(self, label: str) -> dict[str, tuple[Sequence[float], Sequence[float]]]:
         """{memory name: (times, values)} over the kept window; counters under their own names.
         Each is an array('d'), a copy: later samples do not change it."""
         with self._lock:
             track = self._tracks.get(label)
-            return track.series() if track else {}
+            out = track.series() if track else {}
+            shm = self._owned_shm(label)
+            if shm is not None and track is not None:
+                out.update(shm.series())
+            return out
 
 
 def sample_window(sampler: Sampler, window: float, interval: float, history: MemoryHistory, label: str,

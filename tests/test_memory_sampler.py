@@ -233,30 +233,32 @@ def test_processes_of_one_cgroup_share_its_reading_within_a_run(tmp_path):
     assert Sampler(roots, other).sample(HostSession(roots=roots).fact).values["cgroup"] == 450 * MIB  # next run
 
 
-def test_serve_keeps_the_shm_series_on_one_process_per_mount_each_run(tmp_path):
+def test_serve_keeps_one_shm_series_per_mount_on_one_process_while_it_lives(tmp_path):
     """Helper-42, -44, -50: /dev/shm usage is the mount's, so one writer's growth gave every
-    process on the mount the same series, a warning and its own alert. Within a run (serve's
-    node memo) only the first process sampled on a mount gets it; alone (check), it always does."""
-    from envdoctor.context import HostSession
-
+    process on the mount the same series, a warning and its own alert. Helper-52: shown on the
+    first process sampled in each run, it hopped between processes and left a frozen copy on
+    the one it left. MemoryHistory keeps one series per mount, shown on its owner while the
+    owner lives, then on the next, series and all; check's own window is unchanged."""
     roots = make_tree(tmp_path, "v2")
     other = PID + 1
     shutil.copytree(roots.procfs / str(PID), roots.procfs / str(other), symlinks=True)
-    run = HostSession(roots=roots)
-    first, second = Sampler(roots, PID).sample(run.fact), Sampler(roots, other).sample(run.fact)
-    assert "shm" in first.values and "shm" not in second.values
-    assert "rss" in second.values and "cgroup" in second.values  # only the mount's series moves
-    assert "shm" in Sampler(roots, other).sample().values  # alone: its own series, as before
-    later = HostSession(roots=roots)  # the next run: the same first process keeps it
-    assert "shm" in Sampler(roots, PID).sample(later.fact).values
-    assert "shm" not in Sampler(roots, other).sample(later.fact).values
+    history = MemoryHistory(maxlen=100)
+    for order in ([("a", PID), ("b", other)], [("b", other), ("a", PID)], [("a", PID), ("b", other)]):
+        assert history.sample(order, roots) == {}
+    assert len(history.series("a")["shm"][1]) == 3 and "shm" not in history.series("b")  # sticky, in any order
+    assert "shm" in history.latest("a").limits and "shm" not in history.latest("b").values
+    assert "rss" in history.series("b") and "cgroup" in history.series("b")  # only the mount's series moves
+    history.prune(["b"])  # the owner exits: the next process on the mount takes the series over, whole
+    history.sample([("b", other)], roots)
+    assert len(history.series("b")["shm"][1]) == 4 and len(history.series("b")["rss"][1]) == 4
+    window = MemoryHistory()
+    sample_window(Sampler(roots, other), 0.0, 0.0, window, "b")  # check --window: its own series, as before
+    assert "shm" in window.series("b")
 
 
 def test_a_process_on_another_mount_keeps_its_own_shm_series(tmp_path):
     """A job in its own mount namespace (a pod's /dev/shm) is a mount of its own: its series stays."""
     import subprocess
-
-    from envdoctor.context import HostSession
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare to give a process its own /dev/shm")
@@ -264,13 +266,11 @@ def test_a_process_on_another_mount_keeps_its_own_shm_series(tmp_path):
                               "exec sleep 30"], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        run = HostSession(roots=Roots())  # unshare and sh exec in place: child.pid is the sleeper in its namespace
-        mine = Sampler(Roots(), os.getpid()).sample(run.fact)
-        theirs = Sampler(Roots(), child.pid).sample(run.fact)
-        assert "shm" in theirs.values and theirs.limits["shm"].limit == 8 * MIB, theirs
-        host_shm = os.statvfs("/dev/shm")
-        if host_shm.f_blocks:
-            assert "shm" in mine.values
+        history = MemoryHistory()  # unshare and sh exec in place: child.pid is the sleeper in its namespace
+        assert history.sample([("me", os.getpid()), ("them", child.pid)]) == {}
+        assert "shm" in history.series("them") and history.latest("them").limits["shm"].limit == 8 * MIB
+        if os.statvfs("/dev/shm").f_blocks:  # the host's mount, when it has a size: mine, on this one
+            assert "shm" in history.series("me")
     finally:
         child.kill()
         child.wait()
