@@ -85,16 +85,24 @@ def _export(entries) -> str:
     return "export CUDA_VISIBLE_DEVICES=" + ",".join(str(e) for e in entries)
 
 
-def _clean_entries(p: vd.VisibleDevices) -> list[str]:
-    """What the user most likely meant: every readable entry, once, without quotes or blanks."""
+def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) -> list[str]:
+    """What the user most likely meant: every readable entry, once, without quotes or blanks;
+    where NVML lists the GPUs, only entries that name one of them (helper-52: '0,x,5' on four
+    GPUs was fixed to '0,5', which fails again: GPU 5 does not exist)."""
     out: dict[str, None] = {}  # ordered and O(1) to test: linear however many entries
+    mig = p.mode == vd.MIG_UUID
+    known = None if gpus is None else [u for g in gpus for u in ((*g.mig_devices,) if mig else (g.uuid or "",)) if u]
     for token in p.tokens:
         text = token.strip(" \t\n\r\f\v\"'")
         if p.mode == vd.INDEX:
             match = re.match(r"[0-9]+", text)
             text = match.group(0) if match else ""
-        elif not text.startswith("MIG-" if p.mode == vd.MIG_UUID else "GPU-"):
+            if text and gpus is not None and int(text) >= len(gpus):
+                text = ""
+        elif not text.startswith("MIG-" if mig else "GPU-"):
             text = ""  # a list is of one kind, the first entry's: CUDA stops at a GPU- in a MIG- list
+        elif known is not None and sum(u.startswith(text) for u in known) != 1:
+            text = ""
         if text:
             out.setdefault(text)
     return list(out)
@@ -161,9 +169,9 @@ def _view(facts: VisibleFacts) -> View:
     return View(parsed, None, nvd_count if parsed.visible else None, nvd_res, physical, visible_list, count)
 
 
-def _clean_fix(p: vd.VisibleDevices, status: Status, message: str) -> Finding:
+def _clean_fix(p: vd.VisibleDevices, status: Status, message: str, gpus: "tuple[Gpu, ...] | None" = None) -> Finding:
     """A finding fixed by writing the readable entries once each, as a command and as env."""
-    clean = _clean_entries(p)
+    clean = _clean_entries(p, gpus)
     if not clean:
         return Finding(status, message, "unset CUDA_VISIBLE_DEVICES  # all GPUs; or list the ones the job should use")
     return Finding(status, message, _export(clean), env={"CUDA_VISIBLE_DEVICES": ",".join(clean)})
@@ -175,7 +183,7 @@ def _rule_listed_twice(facts: VisibleFacts, view: View) -> list[Finding]:
     if p is None or p.duplicate is None:
         return []
     return [_clean_fix(p, Status.FAIL, f"CUDA_VISIBLE_DEVICES={p.raw!r} lists {p.duplicate} twice: "
-                       "CUDA then exposes no GPU at all")]
+                       "CUDA then exposes no GPU at all", facts.gpus)]
 
 
 def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
@@ -205,11 +213,11 @@ def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
                         f"runs on the CPU{quoted}", fix)]
     if after:
         return [_clean_fix(p, Status.FAIL, f"{invalid}; CUDA stops reading there and ignores {', '.join(after)} "
-                           f"after it{quoted}")]
+                           f"after it{quoted}", facts.gpus)]
     if not p.visible:
-        return [_clean_fix(p, Status.FAIL, f"{invalid}, so CUDA sees no GPU{quoted}")]
+        return [_clean_fix(p, Status.FAIL, f"{invalid}, so CUDA sees no GPU{quoted}", facts.gpus)]
     if not _names_no_gpu(bad):
-        return [_clean_fix(p, Status.WARN, f"{invalid} and ignored{quoted}")]
+        return [_clean_fix(p, Status.WARN, f"{invalid} and ignored{quoted}", facts.gpus)]
     return []
 
 
@@ -224,7 +232,7 @@ def _rule_lenient(facts: VisibleFacts, view: View) -> list[Finding]:
     more = f", and {len(p.lenient) - 3} more" if len(p.lenient) > 3 else ""
     entry = "entry" if len(p.lenient) == 1 else "entries"
     return [_clean_fix(p, Status.WARN, f"CUDA_VISIBLE_DEVICES {entry} {', '.join(read)}{more} (CUDA ignores what "
-                       "follows the number)")]  # one finding, one clean list: linear in the entries
+                       "follows the number)", facts.gpus)]  # one finding, one clean list: linear in the entries
 
 
 def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
@@ -333,9 +341,13 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
     if _hides_all_on_purpose(view) or _no_gpu_here(facts):
         return []  # a CPU job; on a node without GPUs the judge's note says what a GPU node would do
     p = view.parsed
-    if p is not None and p.stop is not None and len(_clean_entries(p)) > rank:
+    if p is not None and p.stop is not None and len(_clean_entries(p, facts.gpus)) > rank:
         return []  # the bad entry's own fix (which --fix applies) gives this rank its GPU: one fix, not two
     seen = "no GPU" if count == 0 else f"only {count} GPU{'s' if count != 1 else ''} ({_span(count)})"
+    if physical is not None and rank >= physical:  # no list can serve it: the node has too few GPUs
+        return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen} and this node has {physical}: "
+                        "torch.cuda.set_device(LOCAL_RANK) fails with 'invalid device ordinal'",
+                        f"torchrun --nproc-per-node={physical} ...  # at most one rank per GPU on this node")]
     return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) fails "
                     "with 'invalid device ordinal'",
                     (_export(range(physical)) + "  # every rank on a node sees the node's GPUs; or, when each "

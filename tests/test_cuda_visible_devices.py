@@ -131,7 +131,9 @@ def test_local_rank_against_the_visible_count(cvd, n, rank, status):
     r = judge(facts(cvd, gpus(n) if n else None, local_rank=rank), {})
     assert r.status is status, r.summary
     if status is Status.FAIL:
-        assert "invalid device ordinal" in r.summary and "cuda:0 instead of cuda:LOCAL_RANK" in r.remediation
+        assert "invalid device ordinal" in r.summary
+        beyond_node = n is not None and int(rank) >= n  # no list serves it: fewer ranks per node
+        assert ("torchrun --nproc-per-node=" if beyond_node else "cuda:0 instead of cuda:LOCAL_RANK") in r.remediation
 
 
 def test_without_nvml_nvidia_visible_devices_shows_what_the_container_has():
@@ -263,3 +265,27 @@ def test_a_gpu_uuid_in_a_mig_list_is_dropped_by_the_fix():
     assert r.fix_env == {"CUDA_VISIBLE_DEVICES": "MIG-aaaa"}
     gpu_first = judge(facts("GPU-aaaa,MIG-bbbb,GPU-cccc"), {})
     assert gpu_first.fix_env == {"CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-cccc"}
+
+
+def test_a_fix_names_only_gpus_the_node_has():
+    """Helper-52: '0,x,5' on four GPUs was fixed to '0,5', which fails again (GPU 5 does not
+    exist) and hid the LOCAL_RANK failure; on a node whose driver lists no GPU, '0,x,1' was
+    fixed to '0,1'. Where NVML lists the GPUs, the fix keeps only entries naming one."""
+    r = judge(facts("0,x,5", gpus(4), local_rank="1"), {})
+    assert r.fix_env == {"CUDA_VISIBLE_DEVICES": "0"} and "invalid device ordinal" in r.summary, r
+    again = judge(facts(r.fix_env["CUDA_VISIBLE_DEVICES"], gpus(4)), {})
+    assert again.status is Status.OK, again.summary
+    gone = judge(VisibleFacts("0,x,1", None, None, None, (), None), {})
+    assert "CUDA_VISIBLE_DEVICES" not in gone.fix_env and "unset CUDA_VISIBLE_DEVICES" in gone.remediation
+    g = gpus(2)
+    uuid = judge(facts(f"{g[0].uuid},x,GPU-nosuch", g), {})
+    assert uuid.fix_env == {"CUDA_VISIBLE_DEVICES": g[0].uuid}
+    assert judge(facts("0,x,5"), {}).fix_env == {"CUDA_VISIBLE_DEVICES": "0,5"}  # without NVML: as written
+
+
+def test_a_rank_beyond_the_nodes_gpus_is_told_to_launch_fewer_ranks():
+    """Helper-52: '0,x,1' with LOCAL_RANK=2 on two GPUs gave the same export twice, and no
+    CUDA_VISIBLE_DEVICES can give rank 2 a GPU there."""
+    r = judge(facts("0,x,1", gpus(2), local_rank="2"), {})
+    assert "this node has 2" in r.summary and "torchrun --nproc-per-node=2" in r.remediation, r.remediation
+    assert r.remediation.count("export CUDA_VISIBLE_DEVICES=0,1") == 1
