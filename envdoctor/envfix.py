@@ -156,16 +156,17 @@ def plan(results: Sequence[Mapping[str, Any]], env: Mapping[str, str], keep: Seq
                 continue
             change = Change(name, env.get(name), value, reason(result, name), str(result.get("check", "")))
             (kept if name in protected else changes).append(change)
-    if any(c.name == "OMP_NUM_THREADS" for c in kept):
-        # `--keep OMP_NUM_THREADS`: the thread counts are the job's decision. Those it did not
-        # set follow the kept one (MKL and OpenBLAS read OMP_NUM_THREADS when theirs is unset);
-        # those it set stay as set. Set to the fix, they disagreed with the kept one, and the
-        # re-judged row blamed on the job a disagreement --fix had made (helper-38, helper-49).
+    held = next((c.name for c in kept if c.name in THREAD_VARS), None)
+    if held is not None:
+        # `--keep` of a thread variable: the thread counts are the job's decision. Those it did
+        # not set stay unset (MKL and OpenBLAS follow OMP_NUM_THREADS then); those it set stay as
+        # set. Set to the fix, they disagreed with the kept one, and the re-judged row blamed on
+        # the job a disagreement --fix had made (helper-38, helper-49; helper-52 for MKL).
         follow = [c for c in changes if c.name in THREAD_VARS]
         changes = [c for c in changes if c not in follow]
-        kept += [Change(c.name, c.old, c.new, f"{c.reason}; " + ("left unset to follow the kept OMP_NUM_THREADS"
+        kept += [Change(c.name, c.old, c.new, f"{c.reason}; " + (f"left unset beside the kept {held}"
                                                                  if c.old is None else "left as the job set it, "
-                                                                 "beside the kept OMP_NUM_THREADS"), c.check)
+                                                                 f"beside the kept {held}"), c.check)
                  for c in follow]
     return FixPlan(changes, kept)
 

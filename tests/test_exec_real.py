@@ -123,9 +123,20 @@ def test_keep_leaves_a_variable_as_it_was(half_cpu):
     # the ones the job did not set follow the kept one (helper-38: set to 1, they "disagreed" with it)
     assert all(got[name] is None for name in THREAD_VARS if name != "OMP_NUM_THREADS"), got
     assert one(proc.stderr, "kept OMP_NUM_THREADS=16 (--keep)")["msg"].endswith("wanted 1 (0.5 CPUs of cgroup quota)")
-    assert one(proc.stderr, "kept MKL_NUM_THREADS=unset (--keep)")["msg"].endswith("left unset to follow the kept OMP_NUM_THREADS)")
+    assert one(proc.stderr, "kept MKL_NUM_THREADS=unset (--keep)")["msg"].endswith("left unset beside the kept OMP_NUM_THREADS)")
     warn = one(proc.stderr, "warn cpu.threads:")  # still oversubscribed, and the log says so, but of nothing --fix did
     assert "disagree" not in warn["msg"], warn
+
+
+def test_keep_of_any_thread_variable_leaves_the_others_as_the_job_gave_them(half_cpu):
+    """Helper-52: `--keep MKL_NUM_THREADS` with OMP=16 and MKL=16 gave the job OMP=2, and the
+    row judged again said the variables disagree, as --keep OMP_NUM_THREADS had until f13d6a6."""
+    proc = _in_cgroup(half_cpu, ["--fix", "--keep", "MKL_NUM_THREADS", "--", PY, "-c", SHOW_THREADS],
+                      OMP_NUM_THREADS="16", MKL_NUM_THREADS="16")
+    got = json.loads(proc.stdout)
+    assert got["OMP_NUM_THREADS"] == "16" and got["MKL_NUM_THREADS"] == "16" and got["OPENBLAS_NUM_THREADS"] is None, got
+    assert one(proc.stderr, "kept OMP_NUM_THREADS=16 (--keep)")["msg"].endswith("beside the kept MKL_NUM_THREADS)")
+    assert "disagree" not in one(proc.stderr, "warn cpu.threads:")["msg"]
 
 
 def test_keep_omp_leaves_the_thread_variables_the_job_set_as_they_were(half_cpu):
