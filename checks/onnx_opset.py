@@ -87,6 +87,7 @@ class InterpolationNode(NamedTuple):
     where: str  # node name, prefixed by the graph it sits in when that is a subgraph
     opset: int | None
     mode: str = "nearest"  # its `mode` attribute (nearest, the default; linear/bilinear; cubic)
+    function: str | None = None  # "domain:name" of the model-local function it sits in, if any
 
 
 class ModelInfo(NamedTuple):
@@ -97,6 +98,12 @@ class ModelInfo(NamedTuple):
     nodes: int
     interpolation: tuple[InterpolationNode, ...] = ()
     uses_default_domain: bool = True
+    called: frozenset[str] = frozenset()  # "domain:op_type" of every node: which local functions run
+
+    def live_interpolation(self) -> tuple[InterpolationNode, ...]:
+        """The interpolation nodes that can run: not those in a local function no node calls
+        (helper-52: onnxruntime loads a model whose unused function holds a mode it refuses)."""
+        return tuple(n for n in self.interpolation if n.function is None or n.function in self.called)
 
     @property
     def opset(self) -> int | None:
@@ -199,31 +206,33 @@ def _model_info(model: Any) -> ModelInfo:
     # Walk the main graph, every subgraph held in a node attribute (If branches,
     # Loop and Scan bodies) and model-local functions, without recursion so a
     # deeply nested file cannot exhaust the stack.
-    queue: deque[tuple[Any, int | None, str]] = deque([(model.graph.node, default, "")])
+    queue: deque[tuple[Any, int | None, str, str | None]] = deque([(model.graph.node, default, "", None)])
     for function in model.functions:
         fopset = default
         for entry in function.opset_import:
             if entry.domain in DEFAULT_DOMAINS:
                 fopset = entry.version
-        queue.append((function.node, fopset, f"function {_clean(function.name)}/"))
+        queue.append((function.node, fopset, f"function {_clean(function.name)}/", f"{function.domain}:{function.name}"))
     interpolation: list[InterpolationNode] = []
+    called: set[str] = set()
     nodes = 0
     uses_default = False
     while queue:
-        graph_nodes, opset, scope = queue.popleft()
+        graph_nodes, opset, scope, fkey = queue.popleft()
         for index, node in enumerate(graph_nodes):
             nodes += 1
+            called.add(f"{node.domain}:{node.op_type}")
             name = f"{scope}{_clean(node.name) or f'{node.op_type}#{index}'}"
             if node.domain in DEFAULT_DOMAINS:
                 uses_default = True
                 if node.op_type in INTERPOLATION_OPS:
-                    interpolation.append(InterpolationNode(node.op_type, _clean(name, 120), opset, _mode(node)))
+                    interpolation.append(InterpolationNode(node.op_type, _clean(name, 120), opset, _mode(node), fkey))
             for attr in node.attribute:
                 if attr.HasField("g"):
-                    queue.append((attr.g.node, opset, f"{name}.{_clean(attr.name)}/"))
+                    queue.append((attr.g.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
                 for sub in attr.graphs:
-                    queue.append((sub.node, opset, f"{name}.{_clean(attr.name)}/"))
-    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default)
+                    queue.append((sub.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
+    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, frozenset(called))
 
 
 # Field numbers from onnx.proto: what the weight-free reader below keeps or drops.
@@ -651,7 +660,7 @@ def _rule_model_missing_data(model: ModelFile, facts: OnnxFacts, min_opset: int)
 def _rule_model_mode_refused(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
     """A Resize/Upsample whose mode onnxruntime does not know: the model does not load at all."""
     assert model.info is not None
-    bad = [n for n in model.info.interpolation if n.mode not in LOADABLE_MODES]
+    bad = [n for n in model.info.live_interpolation() if n.mode not in LOADABLE_MODES]
     if not bad:
         return []
     kinds = "/".join(sorted({n.op for n in bad}))
@@ -669,7 +678,7 @@ def _rule_model_interpolation(model: ModelFile, facts: OnnxFacts, min_opset: int
     picks the same pixels for whole-number scales (helper-42: max difference 0.0 through
     onnxruntime), warns: a size that is no multiple of the input may round otherwise."""
     assert model.info is not None
-    early = [n for n in model.info.interpolation
+    early = [n for n in model.info.live_interpolation()
              if n.opset is not None and n.opset < min_opset and n.mode in LOADABLE_MODES]
     if not early:
         return []

@@ -716,3 +716,34 @@ def test_a_mode_onnxruntime_refuses_fails_as_not_loading_and_real_onnxruntime_ag
     assert refused is (not loads), row.summary
     if refused:
         assert row.status is Status.FAIL and "'nearest', 'linear' or 'cubic'" in row.remediation
+
+
+def _function_model(tmp_path: Path, mode: str, call: bool) -> Path:
+    """A model-local function F holding a Resize with `mode`; the main graph calls it or not."""
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 2, 2])
+    inner = helper.make_node("Resize", ["a", "", "s"], ["b"], name="r", mode=mode)
+    s_const = helper.make_node("Constant", [], ["s"], value=scales)
+    function = helper.make_function("local", "F", ["a"], ["b"], [s_const, inner],
+                                    [helper.make_opsetid("", 13)])
+    main = (helper.make_node("F", ["x"], ["y"], domain="local", name="call") if call
+            else helper.make_node("Identity", ["x"], ["y"], name="id"))
+    graph = helper.make_graph([main], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("local", 1)],
+                              functions=[function])
+    model.ir_version = 8
+    path = tmp_path / f"func-{mode or 'empty'}-{'called' if call else 'unused'}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("call", [True, False])
+@pytest.mark.parametrize("mode", ["bilinear", "NEAREST", "linear"])
+def test_a_refused_mode_counts_only_in_a_function_that_runs(tmp_path, mode, call):
+    """Helper-52: a local function nothing calls, holding a mode onnxruntime refuses, was
+    'refuses to load the model', but onnxruntime loads and runs such a model (84 of 84 built)."""
+    path = _function_model(tmp_path, mode, call)
+    loads = _onnxruntime_loads(path)
+    row = run_check([path])
+    print(mode, "called" if call else "unused", "onnxruntime loads:", loads, "|", row.status.value, row.summary[:140])
+    assert ("refuses to load the model" in row.summary) is (not loads), row.summary
