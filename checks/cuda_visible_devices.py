@@ -96,7 +96,7 @@ def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) 
         text = token.strip(" \t\n\r\f\v\"'")
         if p.mode == vd.INDEX:
             match = re.match(r"[0-9]+", text)
-            text = match.group(0) if match else ""
+            text = str(int(match.group(0))) if match else ""  # '00' is 0: as CUDA reads it, once (helper-53)
             if text and gpus is not None and int(text) >= len(gpus):
                 text = ""
         elif not text.startswith("MIG-" if mig else "GPU-"):
@@ -169,9 +169,24 @@ def _view(facts: VisibleFacts) -> View:
     return View(parsed, None, nvd_count if parsed.visible else None, nvd_res, physical, visible_list, count)
 
 
-def _clean_fix(p: vd.VisibleDevices, status: Status, message: str, gpus: "tuple[Gpu, ...] | None" = None) -> Finding:
+def _serving_entries(p: vd.VisibleDevices, facts: VisibleFacts) -> list[str]:
+    """The clean entries, or, where they cannot serve LOCAL_RANK but the node's GPUs can,
+    every GPU of the node: one fix for both findings (helper-53: '0,x' with LOCAL_RANK=3 on
+    four GPUs printed `export ...=0,1,2,3; export ...=0`, whose last export wins and fails)."""
+    clean = _clean_entries(p, facts.gpus)
+    rank, gpus = _local_rank(facts), facts.gpus
+    if rank is None or gpus is None or not len(clean) <= rank < len(gpus):
+        return clean
+    if p.mode == vd.INDEX:
+        return [str(g.index) for g in gpus]
+    if p.mode == vd.GPU_UUID and all(g.uuid for g in gpus):
+        return [str(g.uuid) for g in gpus]
+    return clean
+
+
+def _clean_fix(p: vd.VisibleDevices, status: Status, message: str, facts: VisibleFacts) -> Finding:
     """A finding fixed by writing the readable entries once each, as a command and as env."""
-    clean = _clean_entries(p, gpus)
+    clean = _serving_entries(p, facts)
     if not clean:
         return Finding(status, message, "unset CUDA_VISIBLE_DEVICES  # all GPUs; or list the ones the job should use")
     return Finding(status, message, _export(clean), env={"CUDA_VISIBLE_DEVICES": ",".join(clean)})
@@ -183,7 +198,7 @@ def _rule_listed_twice(facts: VisibleFacts, view: View) -> list[Finding]:
     if p is None or p.duplicate is None:
         return []
     return [_clean_fix(p, Status.FAIL, f"CUDA_VISIBLE_DEVICES={p.raw!r} lists {p.duplicate} twice: "
-                       "CUDA then exposes no GPU at all", facts.gpus)]
+                       "CUDA then exposes no GPU at all", facts)]
 
 
 def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
@@ -213,11 +228,11 @@ def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
                         f"runs on the CPU{quoted}", fix)]
     if after:
         return [_clean_fix(p, Status.FAIL, f"{invalid}; CUDA stops reading there and ignores {', '.join(after)} "
-                           f"after it{quoted}", facts.gpus)]
+                           f"after it{quoted}", facts)]
     if not p.visible:
-        return [_clean_fix(p, Status.FAIL, f"{invalid}, so CUDA sees no GPU{quoted}", facts.gpus)]
+        return [_clean_fix(p, Status.FAIL, f"{invalid}, so CUDA sees no GPU{quoted}", facts)]
     if not _names_no_gpu(bad):
-        return [_clean_fix(p, Status.WARN, f"{invalid} and ignored{quoted}", facts.gpus)]
+        return [_clean_fix(p, Status.WARN, f"{invalid} and ignored{quoted}", facts)]
     return []
 
 
@@ -232,7 +247,7 @@ def _rule_lenient(facts: VisibleFacts, view: View) -> list[Finding]:
     more = f", and {len(p.lenient) - 3} more" if len(p.lenient) > 3 else ""
     entry = "entry" if len(p.lenient) == 1 else "entries"
     return [_clean_fix(p, Status.WARN, f"CUDA_VISIBLE_DEVICES {entry} {', '.join(read)}{more} (CUDA ignores what "
-                       "follows the number)", facts.gpus)]  # one finding, one clean list: linear in the entries
+                       "follows the number)", facts)]  # one finding, one clean list: linear in the entries
 
 
 def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
@@ -341,9 +356,14 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
     if _hides_all_on_purpose(view) or _no_gpu_here(facts):
         return []  # a CPU job; on a node without GPUs the judge's note says what a GPU node would do
     p = view.parsed
-    if p is not None and p.stop is not None and len(_clean_entries(p, facts.gpus)) > rank:
-        return []  # the bad entry's own fix (which --fix applies) gives this rank its GPU: one fix, not two
     seen = "no GPU" if count == 0 else f"only {count} GPU{'s' if count != 1 else ''} ({_span(count)})"
+    serving = _serving_entries(p, facts) if p is not None and p.stop is not None else []
+    if len(serving) > rank:
+        # the bad entry's own fix (which --fix applies) gives this rank its GPU: the same fix, said
+        # once (helper-51: two different exports; helper-53: the last one pasted won, and failed)
+        return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) "
+                        "fails with 'invalid device ordinal'", _export(serving),
+                        env={"CUDA_VISIBLE_DEVICES": ",".join(serving)})]
     if physical is not None and rank >= physical:  # no list can serve it: the node has too few GPUs
         return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen} and this node has {physical}: "
                         "torch.cuda.set_device(LOCAL_RANK) fails with 'invalid device ordinal'",

@@ -250,10 +250,14 @@ def test_a_bad_entry_whose_fix_serves_the_rank_gives_one_fix_not_two():
     """Helper-51: '0,x,1' with LOCAL_RANK=1 printed the entry's fix (0,1) and the LOCAL_RANK
     fix (0,1,2,3...) one after the other; the first already gives rank 1 its GPU."""
     r = judge(facts("0,x,1", gpus(4), local_rank="1"), {})
-    assert r.status is Status.FAIL and "invalid device ordinal" not in r.summary, r.summary
-    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,1"
-    still = judge(facts("0,x", gpus(4), local_rank="1"), {})  # the clean list (0) does not serve rank 1
-    assert "invalid device ordinal" in still.summary
+    assert r.status is Status.FAIL and "invalid device ordinal" in r.summary, r.summary  # true of the value as set
+    assert r.remediation == "export CUDA_VISIBLE_DEVICES=0,1" and r.fix_env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    # helper-53: where the clean list (0) cannot serve rank 3 but the node's GPUs can, one list serves both
+    wide = judge(facts("0,x", gpus(4), local_rank="3"), {})
+    assert wide.remediation == "export CUDA_VISIBLE_DEVICES=0,1,2,3" and "invalid device ordinal" in wide.summary
+    assert judge(facts(wide.fix_env["CUDA_VISIBLE_DEVICES"], gpus(4), local_rank="3"), {}).status is Status.OK
+    # '00,0' is GPU 0 twice: the fix lists it once (it wrote '00,0', a duplicate again)
+    assert judge(facts("00,0", gpus(4)), {}).fix_env == {"CUDA_VISIBLE_DEVICES": "0"}
 
 
 def test_a_gpu_uuid_in_a_mig_list_is_dropped_by_the_fix():
@@ -272,9 +276,10 @@ def test_a_fix_names_only_gpus_the_node_has():
     exist) and hid the LOCAL_RANK failure; on a node whose driver lists no GPU, '0,x,1' was
     fixed to '0,1'. Where NVML lists the GPUs, the fix keeps only entries naming one."""
     r = judge(facts("0,x,5", gpus(4), local_rank="1"), {})
-    assert r.fix_env == {"CUDA_VISIBLE_DEVICES": "0"} and "invalid device ordinal" in r.summary, r
-    again = judge(facts(r.fix_env["CUDA_VISIBLE_DEVICES"], gpus(4)), {})
+    assert r.fix_env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"} and "invalid device ordinal" in r.summary, r  # serves rank 1
+    again = judge(facts(r.fix_env["CUDA_VISIBLE_DEVICES"], gpus(4), local_rank="1"), {})
     assert again.status is Status.OK, again.summary
+    assert judge(facts("0,x,5", gpus(4)), {}).fix_env == {"CUDA_VISIBLE_DEVICES": "0"}  # no rank: what was written
     gone = judge(VisibleFacts("0,x,1", None, None, None, (), None), {})
     assert "CUDA_VISIBLE_DEVICES" not in gone.fix_env and "unset CUDA_VISIBLE_DEVICES" in gone.remediation
     g = gpus(2)
