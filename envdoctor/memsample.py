@@ -278,6 +278,7 @@ class Sampler:
         return Sample(t, values, limits, counters, tuple(notes))
 
     def _shm(self, values: dict, limits: dict, notes: list[str]) -> None:
+        self.shm_mount = None  # until this sample reads one
         path = self.roots.seen_by(self.pid, "/dev/shm")
         try:
             st = os.statvfs(path)
@@ -485,9 +486,11 @@ class MemoryHistory:
     def _take_shm(self, label: str, sample: Sample, mount: int | None) -> Sample:
         """The sample without its shm figure, which goes to its mount's series when this target
         owns the mount (the first sampled there while no owner lives)."""
-        if "shm" not in sample.values or mount is None:
-            return sample
         with self._lock:
+            if self._mount_of.get(label) != mount:
+                self._leave_mount(label)  # it moved (or lost its /dev/shm): the next one there takes over
+            if "shm" not in sample.values or mount is None:
+                return sample
             self._mount_of[label] = mount
             owner = self._shm_owner.get(mount)
             if owner is None or (owner not in self._tracks and owner != label):
@@ -508,15 +511,23 @@ class MemoryHistory:
             return None
         return self._shm_tracks.get(mount)
 
-    def _drop(self, label: str) -> None:
-        """Forget a target and what it owned (call under the lock); a mount no target is on
-        any more takes its series with it."""
-        self._tracks.pop(label, None)
+    def _leave_mount(self, label: str) -> None:
+        """The target is no longer on the mount it was (it exited, moved to another mount
+        namespace, or its /dev/shm can no longer be read; helper-53): its ownership ends, so
+        the next process sampled there takes the series over; a mount no target is on any
+        more takes its series with it. Call under the lock."""
         mount = self._mount_of.pop(label, None)
-        if mount is not None and self._shm_owner.get(mount) == label:
+        if mount is None:
+            return
+        if self._shm_owner.get(mount) == label:
             del self._shm_owner[mount]
-        if mount is not None and mount not in self._mount_of.values():
+        if mount not in self._mount_of.values():
             self._shm_tracks.pop(mount, None)
+
+    def _drop(self, label: str) -> None:
+        """Forget a target and what it owned (call under the lock)."""
+        self._tracks.pop(label, None)
+        self._leave_mount(label)
 
     def forget(self, label: str) -> None:
         with self._lock:

@@ -256,6 +256,29 @@ def test_serve_keeps_one_shm_series_per_mount_on_one_process_while_it_lives(tmp_
     assert "shm" in window.series("b")
 
 
+def test_an_owner_that_leaves_its_mount_hands_the_series_on_and_shows_nothing_stale(tmp_path):
+    """Helper-53: an owner that moved to another mount namespace kept the old mount's series,
+    which nobody then appended to or showed; an owner whose /dev/shm could no longer be read
+    still showed the mount's last figure and limit through latest()."""
+    roots = make_tree(tmp_path, "v2")
+    other = PID + 1
+    shutil.copytree(roots.procfs / str(PID), roots.procfs / str(other), symlinks=True)
+    history = MemoryHistory()
+    for _ in range(2):
+        history.sample([("a", PID), ("b", other)], roots)
+    shm = roots.procfs / str(PID) / "root" / "dev" / "shm"
+    shm.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shm.symlink_to("/dev/shm" if os.stat("/dev/shm").st_dev != os.stat(elsewhere).st_dev else "/proc")  # another mount
+    history.sample([("a", PID), ("b", other)], roots)
+    assert len(history.series("b")["shm"][1]) == 3, history.series("b").keys()  # b took the old mount's series over
+    shm.unlink()  # a's /dev/shm is gone: it shows no shm at all, not the last figure
+    history.sample([("a", PID), ("b", other)], roots)
+    assert "shm" not in history.latest("a").values and "shm" not in history.series("a")
+    assert len(history.series("b")["shm"][1]) == 4
+
+
 def test_a_process_on_another_mount_keeps_its_own_shm_series(tmp_path):
     """A job in its own mount namespace (a pod's /dev/shm) is a mount of its own: its series stays."""
     import subprocess
