@@ -98,7 +98,7 @@ class ModelInfo(NamedTuple):
     nodes: int
     interpolation: tuple[InterpolationNode, ...] = ()
     uses_default_domain: bool = True
-    called: frozenset[str] = frozenset()  # "domain:op_type" of every node: which local functions run
+    called: frozenset[str] = frozenset()  # "domain:op_type" the main graph calls, directly or through functions
 
     def live_interpolation(self) -> tuple[InterpolationNode, ...]:
         """The interpolation nodes that can run: not those in a local function no node calls
@@ -214,14 +214,14 @@ def _model_info(model: Any) -> ModelInfo:
                 fopset = entry.version
         queue.append((function.node, fopset, f"function {_clean(function.name)}/", f"{function.domain}:{function.name}"))
     interpolation: list[InterpolationNode] = []
-    called: set[str] = set()
+    calls: dict[str | None, set[str]] = {}  # scope (None: the main graph) -> "domain:op_type" its nodes call
     nodes = 0
     uses_default = False
     while queue:
         graph_nodes, opset, scope, fkey = queue.popleft()
         for index, node in enumerate(graph_nodes):
             nodes += 1
-            called.add(f"{node.domain}:{node.op_type}")
+            calls.setdefault(fkey, set()).add(f"{node.domain}:{node.op_type}")
             name = f"{scope}{_clean(node.name) or f'{node.op_type}#{index}'}"
             if node.domain in DEFAULT_DOMAINS:
                 uses_default = True
@@ -232,7 +232,20 @@ def _model_info(model: Any) -> ModelInfo:
                     queue.append((attr.g.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
                 for sub in attr.graphs:
                     queue.append((sub.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
-    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, frozenset(called))
+    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, _reachable(calls))
+
+
+def _reachable(calls: Mapping[str | None, set[str]]) -> frozenset[str]:
+    """The local functions the main graph can run: those it calls, those they call, and so on
+    (helper-53: a function called only from a function nothing calls was counted as run)."""
+    seen: set[str] = set()
+    todo = list(calls.get(None, ()))
+    while todo:
+        key = todo.pop()
+        if key not in seen:
+            seen.add(key)
+            todo.extend(calls.get(key, ()))
+    return frozenset(seen)
 
 
 # Field numbers from onnx.proto: what the weight-free reader below keeps or drops.

@@ -747,3 +747,29 @@ def test_a_refused_mode_counts_only_in_a_function_that_runs(tmp_path, mode, call
     row = run_check([path])
     print(mode, "called" if call else "unused", "onnxruntime loads:", loads, "|", row.status.value, row.summary[:140])
     assert ("refuses to load the model" in row.summary) is (not loads), row.summary
+
+
+def test_a_function_called_only_from_an_uncalled_function_does_not_count(tmp_path):
+    """Helper-53: Outer (called by nothing) calls Inner, which holds a 'bilinear' Resize;
+    onnxruntime loads the model, but Inner counted as called. What runs is what the main
+    graph reaches."""
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 2, 2])
+    inner = helper.make_function("local", "Inner", ["a"], ["b"],
+                                 [helper.make_node("Constant", [], ["s"], value=scales),
+                                  helper.make_node("Resize", ["a", "", "s"], ["b"], name="r", mode="bilinear")],
+                                 [helper.make_opsetid("", 13)])
+    outer = helper.make_function("local", "Outer", ["a"], ["b"], [helper.make_node("Inner", ["a"], ["b"], domain="local")],
+                                 [helper.make_opsetid("", 13), helper.make_opsetid("local", 1)])
+    for main, loads_expected in ((helper.make_node("Identity", ["x"], ["y"]), True),
+                                 (helper.make_node("Outer", ["x"], ["y"], domain="local"), False)):
+        graph = helper.make_graph([main], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("local", 1)],
+                                  functions=[inner, outer])
+        model.ir_version = 8
+        path = tmp_path / f"nested-{main.op_type}.onnx"
+        path.write_bytes(model.SerializeToString())
+        loads = _onnxruntime_loads(path)
+        row = run_check([path])
+        assert loads is loads_expected, main.op_type
+        assert ("refuses to load the model" in row.summary) is (not loads), row.summary
