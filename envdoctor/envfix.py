@@ -156,7 +156,9 @@ def plan(results: Sequence[Mapping[str, Any]], env: Mapping[str, str], keep: Seq
                 continue
             change = Change(name, env.get(name), value, reason(result, name), str(result.get("check", "")))
             (kept if name in protected else changes).append(change)
-    held = next((c.name for c in kept if c.name in THREAD_VARS), None)
+    # only a kept variable the job set holds the others: one it left unset has no value for them
+    # to disagree with (helper-53: --keep VECLIB_MAXIMUM_THREADS, unset, left OMP=16 unfixed)
+    held = next((name for name in keep if name in THREAD_VARS and env.get(name) is not None), None)
     if held is not None:
         # `--keep` of a thread variable: the thread counts are the job's decision. Those it did
         # not set stay unset (MKL and OpenBLAS follow OMP_NUM_THREADS then); those it set stay as

@@ -139,6 +139,15 @@ def test_keep_of_any_thread_variable_leaves_the_others_as_the_job_gave_them(half
     assert "disagree" not in one(proc.stderr, "warn cpu.threads:")["msg"]
 
 
+def test_keep_of_a_thread_variable_the_job_left_unset_does_not_hold_the_others(half_cpu):
+    """Helper-53: --keep VECLIB_MAXIMUM_THREADS (unset; read on macOS only) left OMP=16 unfixed.
+    An unset kept variable has no value for the others to disagree with."""
+    proc = _in_cgroup(half_cpu, ["--fix", "--keep", "VECLIB_MAXIMUM_THREADS", "--", PY, "-c", SHOW_THREADS],
+                      OMP_NUM_THREADS="16")
+    got = json.loads(proc.stdout)
+    assert got["OMP_NUM_THREADS"] == "1" and got["MKL_NUM_THREADS"] == "1" and got["VECLIB_MAXIMUM_THREADS"] is None, got
+
+
 def test_keep_omp_leaves_the_thread_variables_the_job_set_as_they_were(half_cpu):
     """Helper-49: with OMP_NUM_THREADS=16 and MKL_NUM_THREADS=16, `--keep OMP_NUM_THREADS` gave
     the job MKL=1, and the row judged again said "thread variables disagree: OMP_NUM_THREADS=16,
