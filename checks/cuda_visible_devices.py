@@ -96,8 +96,8 @@ def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) 
         text = token.strip(" \t\n\r\f\v\"'")
         if p.mode == vd.INDEX:
             match = re.match(r"[0-9]+", text)
-            text = str(int(match.group(0))) if match else ""  # '00' is 0: as CUDA reads it, once (helper-53)
-            if text and gpus is not None and int(text) >= len(gpus):
+            text = (match.group(0).lstrip("0") or "0") if match else ""  # '00' is 0, as CUDA reads it (helper-53)
+            if text and gpus is not None and (len(text) > 18 or int(text) >= len(gpus)):  # int() refuses 4300 digits
                 text = ""
         elif not text.startswith("MIG-" if mig else "GPU-"):
             text = ""  # a list is of one kind, the first entry's: CUDA stops at a GPU- in a MIG- list
