@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 from envdoctor import __version__, log, pipeline, redact
 from envdoctor.config import Config
 from envdoctor.context import HostSession, Roots, Session, Target
-from envdoctor.errors import Unavailable
+from envdoctor.errors import Unavailable, UsageError
 from envdoctor.memsample import MemoryHistory
 from envdoctor.model import Report, Result
 from envdoctor.registry import Registry
@@ -48,6 +48,12 @@ from envdoctor.watchdog import Watchdog
 # Node-wide checks: run once on the node target, not repeated per process. (onnx.opset
 # would be one too, but it declares itself for `check` only: it loads onnxruntime.)
 NODE_ONLY = ("gpu.health",)
+# torch names its DataLoader worker processes so. A worker shares its parent's environment,
+# cgroup, /dev/shm and torch, so every other check repeated the parent's verdict on it: one
+# job with 8 workers looked like 9 broken jobs, each paging (helper-54; helper-42). Its
+# memory is its own (copy-on-read growth in workers), so that check, and only it, runs there.
+DATALOADER_WORKER_COMM = "pt_data_worker"
+WORKER_CHECKS = ("memory.cache_growth",)
 # Targets are examined one at a time; one that takes longer than SLOW_TARGET_SECONDS (its
 # checks wait on a hung file or time out) is left to finish beside the next ones, up to
 # TARGETS_AT_ONCE together (the default watchdog's 16 workers).
@@ -207,6 +213,8 @@ class Scheduler:
     def _selection(self, target: discovery.TargetInfo) -> pipeline.Selection:
         if target.pid is None:
             return pipeline.Selection()
+        if target.comm == DATALOADER_WORKER_COMM:
+            return pipeline.Selection(skip=[c for c in self.registry.checks if c not in WORKER_CHECKS])
         return pipeline.Selection(skip=[c for c in NODE_ONLY if c in self.registry.checks])
 
     def _examine(self, target: discovery.TargetInfo, host: HostSession) -> list[Result]:
@@ -221,6 +229,8 @@ class Scheduler:
         try:
             results = pipeline.run_checks(self.registry, self.config, session, self._selection(target), mode="serve")
         except Exception as exc:  # a plan error (a config that leaves nothing) must not stop the daemon
+            if isinstance(exc, UsageError) and target.comm == DATALOADER_WORKER_COMM:
+                return []  # the config switched memory.cache_growth off: nothing runs on a worker
             log.event("error", "target not examined", target=target.label, reason=str(exc))
             return []
         # A target's environment can only have leaked into a result if a check read it.
