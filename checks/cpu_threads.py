@@ -271,8 +271,9 @@ def _rule_too_many_processes(facts: ThreadFacts, budget: Budget) -> list[Finding
         return []
     fix, env = _fix(budget)  # one thread each is still right; alone it cannot clear this (helper-42)
     most = max(1, int(budget.effective + 1e-9))
-    fix = (f"run at most {most} process{'es' if most > 1 else ''} per node (torchrun --nproc-per-node={most}) or give "
-           f"the job more CPUs (cgroup quota, affinity); and {fix}")
+    # the command first and the advice as a shell comment: the line pastes (helper-54)
+    fix = (f"{fix}; # and run at most {most} process{'es' if most > 1 else ''} per node "
+           f"(torchrun --nproc-per-node={most}), or give the job more CPUs (cgroup quota, affinity)")
     return [Finding(Status.WARN, f"{budget.processes} processes per node on {_fmt_cpus(budget.effective)} effective "
                     "CPUs oversubscribe even at one thread each; expected at most one process per CPU", fix, env=env)]
 
@@ -288,7 +289,7 @@ def _rule_live_threads(facts: ThreadFacts, budget: Budget) -> list[Finding]:
                     f"torch.set_num_threads or its default){loaders} = {live + budget.workers} busy threads on "
                     f"{_fmt_cpus(budget.effective)} effective CPUs ({budget.where}); expected <= "
                     f"{_count(budget.recommended, 'thread')} in the main process",
-                    f"torch.set_num_threads({budget.recommended}) in the script; " + fix, env=env)]
+                    f"{fix}; # and torch.set_num_threads({budget.recommended}) in the script", env=env)]
 
 
 RULES = (_rule_invalid_values, _rule_disagree, _rule_oversubscribed, _rule_unset, _rule_live_threads,

@@ -194,7 +194,7 @@ def _rule_size_below_min(facts: ShmFacts, settings: Mapping[str, Any]) -> list[F
         headroom = _headroom(settings)
         short = (f", but not with x{headroom:g} headroom = {format_bytes(math.ceil(need * headroom))}"
                  if size < need * headroom else "")
-        why = (f"NCCL fails there, as does a DataLoader with more in flight; this job's {how} need "
+        why = (f"NCCL fails there, as does a DataLoader with more in flight; {how} need "
                f"{format_bytes(need)}, which fits{short}")
     else:
         why = "DataLoader workers die with a bus error ('insufficient shared memory') and NCCL fails"

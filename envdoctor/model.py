@@ -155,7 +155,9 @@ def join_fixes(findings: Iterable[Finding]) -> str:
         for clause in fix_clauses(finding.fix) if finding.fix else ():
             if clause and clause not in clauses:
                 clauses.append(clause)
-    return "; ".join(clauses)
+    # advice written as a shell comment ("# and ...") goes last, so a pasted line runs every
+    # command before the first "#" (helper-54: a Python step mid-line broke the whole paste)
+    return "; ".join(sorted(clauses, key=lambda clause: clause.startswith("#")))
 
 
 def verdict(findings: Iterable[Finding], facts: Mapping[str, Any], ok_summary: str, *, note: str = "") -> Result:

@@ -148,7 +148,8 @@ def test_more_ranks_than_cpus_warn_even_at_one_thread():
     r = judge(facts(ALL_ONE, cpus(2.0, 64, quota=2.0), lws="4"), DEFAULTS)
     assert r.status is Status.WARN and "4 processes per node on 2 effective CPUs" in r.summary
     # the variables are already at one thread: a fix of only them changed nothing (helper-42)
-    assert r.remediation.startswith("run at most 2 processes per node (torchrun --nproc-per-node=2) or give the job more CPUs")
+    assert r.remediation.startswith("export OMP_NUM_THREADS=1")
+    assert "# and run at most 2 processes per node (torchrun --nproc-per-node=2), or give the job more CPUs" in r.remediation
 
 
 def test_bad_local_world_size_is_a_note_not_a_finding():

@@ -152,8 +152,15 @@ def test_join_fixes_gives_a_shared_step_once():
     from envdoctor.model import Status, join_fixes
 
     export = "export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
-    findings = [(Status.WARN, "unset", export), (Status.WARN, "live", f"torch.set_num_threads(1) in the script; {export}")]
-    assert join_fixes(findings) == f"{export}; torch.set_num_threads(1) in the script"
+    findings = [(Status.FAIL, "live", f"{export}; # and torch.set_num_threads(1) in the script"),
+                (Status.WARN, "unset", export), (Status.WARN, "other", "export X=1")]
+    # helper-54: pasted into bash, 'export ...; torch.set_num_threads(1) in the script' ran nothing
+    # (a syntax error); the advice is a comment now, and comments go last so every command runs
+    assert join_fixes(findings) == f"{export}; export X=1; # and torch.set_num_threads(1) in the script"
+    import subprocess
+    pasted = subprocess.run(["bash", "-c", join_fixes(findings) + "\necho $OMP_NUM_THREADS $X"],
+                            capture_output=True, text=True)
+    assert pasted.returncode == 0 and pasted.stdout.split() == ["1", "1"], pasted.stderr
 
 
 def test_a_check_that_answers_past_its_timeout_is_timed_out_whatever_ran_before_it():

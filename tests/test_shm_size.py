@@ -285,3 +285,12 @@ def test_below_the_floor_a_known_loader_that_fits_is_not_told_workers_die():
     tight = judge(ShmFacts("/dev/shm", 192 * mib, 192 * mib, "tmpfs", "/dev/shm"), loader(2, 32 * mib, 2))
     assert tight.summary.count("192 MiB") == 1 and tight.summary.count("need 160 MiB") == 1, tight.summary
     assert "which fits, but not with x1.5 headroom = 240 MiB" in tight.summary and "die" not in tight.summary
+
+
+def test_the_floor_row_reads_as_english_for_a_live_loader_too():
+    """Helper-54: an attached job's row read "this job's the running job's (live) 4 DataLoader workers"."""
+    mib = 1024 * 1024
+    facts = ShmFacts("/dev/shm", 64 * mib, 64 * mib, "tmpfs", "/dev/shm")
+    settings = dict(loader(4, 6 * mib, 2), loader_source="live")
+    r = judge(facts, settings)
+    assert "this job's the" not in r.summary and "which fits" in r.summary, r.summary
