@@ -535,7 +535,7 @@ class _window_progress:
 def exec_command(
     strict: bool = typer.Option(False, "--strict", help="Do not start the command when a result is at or above --fail-on: exit 78."),
     fix: bool = typer.Option(False, "--fix", help="Set or unset the variables the findings say would fix them (thread "
-                                                  "counts, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, CUDA_LAUNCH_BLOCKING; "
+                                                  "counts, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, CUBLAS_WORKSPACE_CONFIG, CUDA_LAUNCH_BLOCKING; "
                                                   "under a launch, the majority's value of a variable the ranks disagree "
                                                   "on) for the command."),
     keep: List[str] = typer.Option([], "--keep", metavar="VAR", help="Never change this variable with --fix (repeatable)."),

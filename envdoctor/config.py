@@ -364,7 +364,7 @@ def _apply_file(config: Config, path: Path, prefix: str, catalog: Mapping[str, C
             config.serve = {k: (v, where("serve", k)) for k, v in value.items()}
             continue
         if key not in RUN_KEYS:
-            raise ConfigError(f"unknown setting; known: {', '.join(sorted(RUN_KEYS))}, and [check.\"ID\"] tables",
+            raise ConfigError(f"unknown setting; known: {', '.join(sorted(RUN_KEYS))}, a [serve] table and [check.\"ID\"] tables",
                               file=name, line=where("", key), key=key)
         try:
             setattr(config, key, _coerce_run_key(key, value, from_text=False))

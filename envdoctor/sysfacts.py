@@ -98,7 +98,21 @@ def _torch(session: Session) -> dict[str, Any]:
         out["torch_dir"] = facts.get("torch_dir")
         if facts.get("python"):
             out["python_executable"] = facts["python"]
+        if facts.get("python_version") and session.target.pid is not None:
+            out["python_version"] = facts["python_version"]  # the X.Y its site-packages names
     return out
+
+
+def _target_interpreter(session: Session) -> tuple[str | None, str | None]:
+    """(executable, version) of a --pid target: its /proc/N/exe and, unknown until its torch
+    facts say, no version. envdoctor's own were shown for another process (helper-54: the
+    header said `Interpreter <envdoctor's venv>` for a /usr/bin/python3 target)."""
+    try:
+        exe = os.readlink(session.roots.proc(session.target.pid, "exe"))
+    except OSError:
+        return None, None
+    named = re.fullmatch(r"python(\d+\.\d+)", os.path.basename(exe))  # /usr/bin/python3.11 says its X.Y
+    return exe, named.group(1) if named else None
 
 
 _ITEMS: tuple[tuple[str, Callable[[Session], Any]], ...] = (
@@ -125,6 +139,8 @@ class Gathering:
             "python_executable": session.python, "envdoctor_python": sys.executable,
             "cpu_model": None, "cpu_logical": os.cpu_count(),
         }
+        if session.target.pid is not None and not session.python_explicit:
+            facts["python_executable"], facts["python_version"] = _target_interpreter(session)
         errors: dict[str, str] = {}
         for name, call in self.calls:
             outcome = call.wait(deadline)

@@ -173,3 +173,25 @@ def test_an_empty_output_name_is_bad_usage_not_the_working_directory(tmp_path):
 def test_compact_says_one_check_not_one_checks():
     proc = cli("check", "--only", "shm.size", "-f", "compact")
     assert proc.stdout.splitlines()[0].startswith("envdoctor: 1 check: "), proc.stdout
+
+
+def test_check_pid_names_the_targets_interpreter_not_envdoctors(tmp_path):
+    """Helper-54: under --pid the header's Interpreter (and Python) were envdoctor's own, for a
+    /usr/bin/python3 target, unless a torch check had read the target's torch."""
+    import json
+    import subprocess
+    import sys
+
+    target = subprocess.Popen(["/usr/bin/python3", "-c", "import time; time.sleep(30)"])
+    try:
+        import time
+
+        time.sleep(0.3)
+        proc = cli("check", "--pid", str(target.pid), "--only", "cpu.threads", "-f", "json")
+        system = json.loads(proc.stdout)["system"]
+        assert system["python_executable"] == os.path.realpath("/usr/bin/python3"), system
+        assert system["envdoctor_python"] == sys.executable
+        assert system["python_version"] in (None, ".".join(os.path.realpath("/usr/bin/python3").split("python")[-1:]))
+    finally:
+        target.kill()
+        target.wait()
