@@ -357,7 +357,7 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
         return []  # a CPU job; on a node without GPUs the judge's note says what a GPU node would do
     p = view.parsed
     seen = "no GPU" if count == 0 else f"only {count} GPU{'s' if count != 1 else ''} ({_span(count)})"
-    serving = _serving_entries(p, facts) if p is not None and p.stop is not None else []
+    serving = _serving_entries(p, facts) if p is not None and (p.stop is not None or p.duplicate is not None) else []
     if len(serving) > rank:
         # the bad entry's own fix (which --fix applies) gives this rank its GPU: the same fix, said
         # once (helper-51: two different exports; helper-53: the last one pasted won, and failed)
@@ -367,7 +367,7 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
     if physical is not None and rank >= physical:  # no list can serve it: the node has too few GPUs
         return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen} and this node has {physical}: "
                         "torch.cuda.set_device(LOCAL_RANK) fails with 'invalid device ordinal'",
-                        f"torchrun --nproc-per-node={physical} ...  # at most one rank per GPU on this node")]
+                        f"# launch at most one rank per GPU on this node: torchrun --nproc-per-node={physical}")]
     return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) fails "
                     "with 'invalid device ordinal'",
                     (_export(range(physical)) + "  # every rank on a node sees the node's GPUs; or, when each "

@@ -150,14 +150,35 @@ def join_fixes(findings: Iterable[Finding]) -> str:
     step (cpu.threads' unset variables and the live thread count both say `export
     OMP_NUM_THREADS=...`), and the line should give it once.
     """
-    clauses: list[str] = []
+    # A fix's shell comment ("export X=eth0  # exact names, see ...", "# and ...") is kept whole
+    # and goes to the end of the line, so a pasted line runs every command: left in place it
+    # commented out every step after it (helper-54, helper-55).
+    commands: list[str] = []
+    comments: list[str] = []
     for finding in loudest_first(findings):
-        for clause in fix_clauses(finding.fix) if finding.fix else ():
-            if clause and clause not in clauses:
-                clauses.append(clause)
-    # advice written as a shell comment ("# and ...") goes last, so a pasted line runs every
-    # command before the first "#" (helper-54: a Python step mid-line broke the whole paste)
-    return "; ".join(sorted(clauses, key=lambda clause: clause.startswith("#")))
+        command, comment = _split_comment(finding.fix or "")
+        for clause in fix_clauses(command) if command else ():
+            if clause and clause not in commands:
+                commands.append(clause)
+        if comment and comment not in comments:
+            comments.append(comment)
+    line, note = "; ".join(commands), "; ".join(comments)
+    if not note:
+        return line
+    return f"{line}  # {note}" if line else f"# {note}"
+
+
+def _split_comment(fix: str) -> tuple[str, str]:
+    """(the commands, the shell comment after them) of one fix: the comment starts at a
+    clause that begins with "#" or at the first "  # "."""
+    clauses = fix_clauses(fix) if fix else []
+    for index, clause in enumerate(clauses):
+        if clause.startswith("#"):
+            return "; ".join(clauses[:index]), "; ".join([clause[1:].strip(), *clauses[index + 1:]])
+        if "  # " in clause:
+            head, _, tail = clause.partition("  # ")
+            return "; ".join([*clauses[:index], head.rstrip()]), "; ".join([tail.strip(), *clauses[index + 1:]])
+    return fix, ""
 
 
 def verdict(findings: Iterable[Finding], facts: Mapping[str, Any], ok_summary: str, *, note: str = "") -> Result:

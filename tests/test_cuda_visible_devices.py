@@ -294,3 +294,18 @@ def test_a_rank_beyond_the_nodes_gpus_is_told_to_launch_fewer_ranks():
     r = judge(facts("0,x,1", gpus(2), local_rank="2"), {})
     assert "this node has 2" in r.summary and "torchrun --nproc-per-node=2" in r.remediation, r.remediation
     assert r.remediation.count("export CUDA_VISIBLE_DEVICES=0,1") == 1
+
+
+@pytest.mark.parametrize("value, n, rank", [("0,0", 2, "0"), ("00,0", 2, "0"), ("0,1,0", 4, "1"), ("0,x", 2, "2"),
+                                            ("0,1gpu2", 2, "2"), ("0,x,1", 4, "1"), ("0,x", 4, "3")])
+def test_the_pasted_remediation_sets_what_fix_env_sets(value, n, rank):
+    """Helper-55: '0,0' with LOCAL_RANK=0 gave fix_env 0 but pasted 'export ...=0; export ...=0,1',
+    and '0,x' with LOCAL_RANK=2 on two GPUs put the export after a '# ...' comment, so it never
+    ran. Pasted into bash, the line sets exactly what --fix sets."""
+    import subprocess
+
+    r = judge(facts(value, gpus(n), local_rank=rank), {})
+    wanted = r.fix_env.get("CUDA_VISIBLE_DEVICES")
+    pasted = subprocess.run(["bash", "-c", r.remediation + "\necho \"${CUDA_VISIBLE_DEVICES-unset}\""],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert pasted.stdout.strip() == (wanted or "unset"), (r.remediation, r.fix_env, pasted.stderr)

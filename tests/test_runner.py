@@ -156,7 +156,7 @@ def test_join_fixes_gives_a_shared_step_once():
                 (Status.WARN, "unset", export), (Status.WARN, "other", "export X=1")]
     # helper-54: pasted into bash, 'export ...; torch.set_num_threads(1) in the script' ran nothing
     # (a syntax error); the advice is a comment now, and comments go last so every command runs
-    assert join_fixes(findings) == f"{export}; export X=1; # and torch.set_num_threads(1) in the script"
+    assert join_fixes(findings) == f"{export}; export X=1  # and torch.set_num_threads(1) in the script"
     import subprocess
     pasted = subprocess.run(["bash", "-c", join_fixes(findings) + "\necho $OMP_NUM_THREADS $X"],
                             capture_output=True, text=True)
@@ -192,3 +192,20 @@ def test_a_bound_set_by_the_caller_names_the_callers_knob():
     (row,) = run(plans, _session())
     assert row.status is Status.ERROR and "timed out after 0.2 s" in row.summary
     assert "raise exec's --timeout" in row.summary and "[check." not in row.summary
+
+
+def test_a_comment_ending_one_step_does_not_swallow_the_steps_after_it():
+    """Helper-55: dist.env's 'export NCCL_SOCKET_IFNAME=eth0; export GLOO_SOCKET_IFNAME=eth0  #
+    exact names, see ip -br link; unset NCCL_P2P_DISABLE; ...' pasted into bash ran only the two
+    exports: the comment took the rest of the line. Comments are gathered at the end."""
+    import subprocess
+
+    from envdoctor.model import Status, join_fixes
+
+    fix = join_fixes([(Status.FAIL, "ifname", "export A=eth0  # exact names, see ip -br link"),
+                      (Status.FAIL, "p2p", "unset B"), (Status.WARN, "debug", "export C=WARN"),
+                      (Status.WARN, "other", "export D=1; # and restart the job")])
+    assert fix == "export A=eth0; unset B; export C=WARN; export D=1  # exact names, see ip -br link; and restart the job"
+    pasted = subprocess.run(["bash", "-c", fix + "\necho $A ${B-unset} $C $D"], capture_output=True, text=True,
+                            env={"B": "1", "PATH": "/usr/bin:/bin"})
+    assert pasted.stdout.split() == ["eth0", "unset", "WARN", "1"], (fix, pasted.stderr)
