@@ -76,3 +76,27 @@ def test_dataloader_workers_get_only_the_memory_check(tmp_path):
         except subprocess.TimeoutExpired:
             job.kill()
             job.wait()
+
+
+def test_a_process_that_only_takes_the_workers_name_keeps_every_check(tmp_path):
+    """Helper-55: a torch process that renames itself pt_data_worker (prctl) hid from every
+    check but memory.cache_growth. A worker must also be the child of a target."""
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    stop = tmp_path / "stop"
+    code = ("import ctypes, os, sys, time, torch; ctypes.CDLL(None).prctl(15, b'pt_data_worker', 0, 0, 0); "
+            "print('ready', flush=True)\nfor _ in range(600):\n    time.sleep(0.1)\n    if os.path.exists(sys.argv[1]): break")
+    # under a shell that stays its parent: this test's own process has torch loaded and is a target
+    shell = subprocess.Popen(["sh", "-c", '"$0" -c "$1" "$2"; true', sys.executable, code, str(stop)],
+                             stdout=subprocess.PIPE, text=True)
+    job = shell
+    try:
+        assert shell.stdout.readline().strip() == "ready"
+        job_pid = int(subprocess.run(["pgrep", "-P", str(shell.pid)], capture_output=True, text=True).stdout.split()[0])
+        assert _comm(job_pid) == "pt_data_worker"
+        out = subprocess.run([sys.executable, "-c", SERVE_ONCE], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD="1"))
+        rows = {r["check"] for r in json.loads(out.stdout)["report"]["results"] if r["target"] == f"pid:{job_pid}"}
+        assert {"shm.size", "cpu.threads", "memory.cache_growth"} <= rows, rows
+    finally:
+        stop.touch()
+        job.wait(timeout=30)

@@ -36,6 +36,7 @@ from envdoctor import __version__, log, pipeline, redact
 from envdoctor.config import Config
 from envdoctor.context import HostSession, Roots, Session, Target
 from envdoctor.errors import Unavailable, UsageError
+from envdoctor.paths import read_text
 from envdoctor.memsample import MemoryHistory
 from envdoctor.model import Report, Result
 from envdoctor.registry import Registry
@@ -54,6 +55,25 @@ NODE_ONLY = ("gpu.health",)
 # memory is its own (copy-on-read growth in workers), so that check, and only it, runs there.
 DATALOADER_WORKER_COMM = "pt_data_worker"
 WORKER_CHECKS = ("memory.cache_growth",)
+
+
+def _dataloader_workers(targets: list[discovery.TargetInfo], roots: Any) -> set[int]:
+    """The targets that are DataLoader workers of another target: named so by torch AND the
+    child of a target examined this run. The name alone is not trusted: any process can take
+    it (prctl) and would have hidden from every check but one (helper-55)."""
+    pids = {t.pid for t in targets if t.pid is not None}
+    workers = set()
+    for t in targets:
+        if t.pid is None or t.comm != DATALOADER_WORKER_COMM:
+            continue
+        try:
+            stat = read_text(roots.proc(t.pid, "stat"), 4096)
+            parent = int(stat[stat.rindex(")") + 1:].split()[1])  # field 4, after the (comm)
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent in pids:
+            workers.add(t.pid)
+    return workers
 # Targets are examined one at a time; one that takes longer than SLOW_TARGET_SECONDS (its
 # checks wait on a hung file or time out) is left to finish beside the next ones, up to
 # TARGETS_AT_ONCE together (the default watchdog's 16 workers).
@@ -128,6 +148,7 @@ class Scheduler:
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
+        self._workers: set[int] = set()  # this run's DataLoader workers (_dataloader_workers)
         self.torch_maps = TorchMaps()  # each torch process's maps lines, read again only when they may have changed
         self._executor: ThreadPoolExecutor | None = None
         self._frozen = False  # gc.freeze() done after the first run
@@ -203,6 +224,7 @@ class Scheduler:
         next one starts, so a node of hung processes still waits for 16 at a time, as before.
         """
         pool = self._pool()
+        self._workers = _dataloader_workers(targets, self.roots)
         futures = []
         for target in targets:
             future = pool.submit(self._examine, target, host)
@@ -213,7 +235,7 @@ class Scheduler:
     def _selection(self, target: discovery.TargetInfo) -> pipeline.Selection:
         if target.pid is None:
             return pipeline.Selection()
-        if target.comm == DATALOADER_WORKER_COMM:
+        if target.pid in self._workers:
             return pipeline.Selection(skip=[c for c in self.registry.checks if c not in WORKER_CHECKS])
         return pipeline.Selection(skip=[c for c in NODE_ONLY if c in self.registry.checks])
 
@@ -229,7 +251,7 @@ class Scheduler:
         try:
             results = pipeline.run_checks(self.registry, self.config, session, self._selection(target), mode="serve")
         except Exception as exc:  # a plan error (a config that leaves nothing) must not stop the daemon
-            if isinstance(exc, UsageError) and target.comm == DATALOADER_WORKER_COMM:
+            if isinstance(exc, UsageError) and target.pid in self._workers:
                 return []  # the config switched memory.cache_growth off: nothing runs on a worker
             log.event("error", "target not examined", target=target.label, reason=str(exc))
             return []
