@@ -80,3 +80,13 @@ def dies_with_its_parent(parent_code: str, pidfile, what: str) -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+def stop_job(job: subprocess.Popen, stop: Path, timeout: float = 30) -> None:
+    """End a test job that waits for its `stop` file: touch it, wait, kill if it lingers."""
+    stop.touch()
+    try:
+        job.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()

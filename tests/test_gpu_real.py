@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from helpers import cli
+from helpers import cli, stop_job
 
 pytestmark = pytest.mark.gpu
 
@@ -360,9 +360,4 @@ def test_a_job_that_pins_on_a_gpu_is_told_it_pins_not_that_torch_ignores_it(gpu,
         assert "pin memory (pin_memory=True, live)" in row["summary"]
         assert "ignores without a GPU" not in row["summary"] and row["facts"]["gpu_count"] >= 1
     finally:
-        stop.touch()
-        try:
-            job.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            job.wait()
+        stop_job(job, stop)

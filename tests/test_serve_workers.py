@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import stop_job
+
 pytestmark = pytest.mark.real
 
 JOB = textwrap.dedent("""
@@ -70,12 +72,7 @@ def test_dataloader_workers_get_only_the_memory_check(tmp_path):
         targets = {r["target"] for r in json.loads(off.stdout)["report"]["results"]}
         assert f"pid:{job.pid}" in targets and not targets & {f"pid:{w}" for w in workers}
     finally:
-        stop.touch()
-        try:
-            job.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            job.wait()
+        stop_job(job, stop)
 
 
 def test_a_process_that_only_takes_the_workers_name_keeps_every_check(tmp_path):
