@@ -59,13 +59,13 @@ prefetch_factor, and remove leftover /dev/shm/torch_* segments of crashed jobs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from envdoctor import trend
 from envdoctor.check import Check, Metric
 from envdoctor.errors import Unavailable
 from envdoctor.model import Finding, Result, Status, skip, verdict
+from envdoctor.record import Record
 from envdoctor.units import format_bytes
 
 MIB = 1024**2
@@ -157,15 +157,22 @@ def _fix(memory: str) -> tuple[str, Mapping[str, str]]:
     return LOSS_ITEM_FIX, {}
 
 
-@dataclass
-class Growth:
+class Growth(Record):
     """What the trends say: per memory its slope (0 when not rising) and time to exhaustion."""
 
-    trends: Mapping[str, Any]
-    window: float
-    growth: dict[str, float] = field(default_factory=dict)
-    eta: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        trends: Mapping[str, Any],
+        window: float,
+        growth: dict[str, float] | None = None,
+        eta: dict[str, float] | None = None,
+        notes: list[str] | None = None,
+    ) -> None:
+        self.trends = trends
+        self.window = window
+        self.growth = {} if growth is None else growth
+        self.eta = {} if eta is None else eta
+        self.notes = [] if notes is None else notes
 
 
 def _memories(facts: GrowthFacts) -> Mapping[str, tuple[list[float], list[float]]]:

@@ -56,7 +56,6 @@ How to fix
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import re
@@ -750,7 +749,7 @@ def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Fin
                     + _rule_model_beyond_runtime(model, facts, min_opset))
     if len(facts.models) > 1:
         name = Path(model.path).name
-        findings = [dataclasses.replace(f, fix=f"{name}: {f.fix}") if f.fix else f for f in findings]
+        findings = [f.replace(fix=f"{name}: {f.fix}") if f.fix else f for f in findings]
     return findings
 
 

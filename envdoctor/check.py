@@ -16,10 +16,10 @@ written against the older single `run(ctx)` keeps working unchanged.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from envdoctor.record import Value
 
 if TYPE_CHECKING:
     from envdoctor.context import Context
@@ -40,8 +40,7 @@ MODES = ("check", "serve", "exec", "inprocess")
 DEFAULT_MODES = ("check", "serve", "exec", "inprocess")
 
 
-@dataclass(frozen=True)
-class Metric:
+class Metric(Value):
     """A fact exported as a Prometheus gauge.
 
     `fact` names a key of Result.facts. When `label` is set the fact is a mapping
@@ -50,34 +49,58 @@ class Metric:
     free-form text (DESIGN principle 3).
     """
 
-    name: str  # without the envdoctor_ prefix, base unit in the name: "shm_size_bytes"
-    fact: str
-    help: str
-    label: str | None = None
+    def __init__(
+        self,
+        name: str,  # without the envdoctor_ prefix, base unit in the name: "shm_size_bytes"
+        fact: str,
+        help: str,
+        label: str | None = None,
+    ) -> None:
+        self.name = name
+        self.fact = fact
+        self.help = help
+        self.label = label
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(Value):
     """One pluggable rule: its id, what it protects against, how it gathers facts and
     judges them (or one older `run`), its settings, and where it may run. Third-party
     checks declare one of these under the `envdoctor.checks` entry-point group."""
 
-    id: str
-    title: str  # one line: what the check protects against
-    run: Callable[["Context"], "Result"] | None = None  # the older one-function form; or gather + judge
-    explain: str = ""  # what it reads, why it matters to a CUDA job, how to fix it
-    needs: tuple[str, ...] = ()
-    enabled: bool = True  # on by default?
-    timeout: float | None = None  # seconds; None means the run's default
-    config: dict[str, Any] = field(default_factory=dict)  # setting keys and their defaults
-    metrics: tuple[Metric, ...] = ()
-    gather: Callable[["Context"], Any] | None = None  # I/O through the context -> facts
-    judge: Callable[[Any, Mapping[str, Any]], "Result"] | None = None  # pure: (facts, settings) -> Result
-    modes: tuple[str, ...] = DEFAULT_MODES  # where it may run
-    intrusive: bool = False  # creates a CUDA context, loads onnxruntime, binds a port...
-    # Intrusive, but everything it takes is given back before exec becomes the job (rank 0's
-    # exchange store closes and its port is proved free): exec may run it when `modes` says so.
-    released_before_job: bool = False
+    def __init__(
+        self,
+        id: str,
+        title: str,  # one line: what the check protects against
+        run: Callable[["Context"], "Result"] | None = None,  # the older one-function form; or gather + judge
+        explain: str = "",  # what it reads, why it matters to a CUDA job, how to fix it
+        needs: tuple[str, ...] = (),
+        enabled: bool = True,  # on by default?
+        timeout: float | None = None,  # seconds; None means the run's default
+        config: dict[str, Any] | None = None,  # setting keys and their defaults
+        metrics: tuple[Metric, ...] = (),
+        gather: Callable[["Context"], Any] | None = None,  # I/O through the context -> facts
+        judge: Callable[[Any, Mapping[str, Any]], "Result"] | None = None,  # pure: (facts, settings) -> Result
+        modes: tuple[str, ...] = DEFAULT_MODES,  # where it may run
+        intrusive: bool = False,  # creates a CUDA context, loads onnxruntime, binds a port...
+        # Intrusive, but everything it takes is given back before exec becomes the job (rank 0's
+        # exchange store closes and its port is proved free): exec may run it when `modes` says so.
+        released_before_job: bool = False,
+    ) -> None:
+        self.id = id
+        self.title = title
+        self.run = run
+        self.explain = explain
+        self.needs = needs
+        self.enabled = enabled
+        self.timeout = timeout
+        self.config = {} if config is None else config
+        self.metrics = metrics
+        self.gather = gather
+        self.judge = judge
+        self.modes = modes
+        self.intrusive = intrusive
+        self.released_before_job = released_before_job
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not ID_PATTERN.match(self.id):
@@ -113,5 +136,5 @@ class Check:
             return self.run(ctx)
         assert self.gather is not None and self.judge is not None
         if any(key not in ctx.config for key in self.defaults):
-            ctx = dataclasses.replace(ctx, config={**self.defaults, **ctx.config})
+            ctx = ctx.replace(config={**self.defaults, **ctx.config})
         return self.judge(self.gather(ctx), ctx.config)

@@ -30,12 +30,12 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from envdoctor.check import Check
 from envdoctor.errors import ConfigError, ParseError
+from envdoctor.record import Record
 from envdoctor.units import parse_int, parse_size
 
 FAIL_ON = ("warn", "fail")
@@ -54,21 +54,34 @@ ENV_PREFIX = "ENVDOCTOR_"
 PROBE_TIMEOUT_VAR = "ENVDOCTOR_PROBE_TIMEOUT"  # the torch probe's limit (envdoctor.probe)
 
 
-@dataclass
-class Config:
+class Config(Record):
     """The settled configuration of one run."""
 
-    fail_on: str = "fail"
-    timeout: float = DEFAULT_TIMEOUT
-    only: list[str] = field(default_factory=list)
-    skip: list[str] = field(default_factory=list)
-    onnx: list[str] = field(default_factory=list)
-    python: str | None = None
-    checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {key: value}, as given
-    source: str | None = None  # the file that was read, if any
-    python_from: str = ""  # where `python` was set, as an error names it ("envdoctor.toml:5: python")
-    timeout_explicit: bool = False  # timeout came from the file, the environment or --timeout
-    serve: dict[str, Any] = field(default_factory=dict)  # the [serve] table as given; envdoctor.serve.settings checks it
+    def __init__(
+        self,
+        fail_on: str = "fail",
+        timeout: float = DEFAULT_TIMEOUT,
+        only: list[str] | None = None,
+        skip: list[str] | None = None,
+        onnx: list[str] | None = None,
+        python: str | None = None,
+        checks: dict[str, dict[str, Any]] | None = None,  # id -> {key: value}, as given
+        source: str | None = None,  # the file that was read, if any
+        python_from: str = "",  # where `python` was set, as an error names it ("envdoctor.toml:5: python")
+        timeout_explicit: bool = False,  # timeout came from the file, the environment or --timeout
+        serve: dict[str, Any] | None = None,  # the [serve] table as given; envdoctor.serve.settings checks it
+    ) -> None:
+        self.fail_on = fail_on
+        self.timeout = timeout
+        self.only = [] if only is None else only
+        self.skip = [] if skip is None else skip
+        self.onnx = [] if onnx is None else onnx
+        self.python = python
+        self.checks = {} if checks is None else checks
+        self.source = source
+        self.python_from = python_from
+        self.timeout_explicit = timeout_explicit
+        self.serve = {} if serve is None else serve
 
     def settings_for(self, check: Check) -> dict[str, Any]:
         """The check's settings: its declared defaults overlaid with what was configured."""

@@ -21,24 +21,28 @@ import errno
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from envdoctor.errors import Unavailable
 from envdoctor.paths import Roots, read_bytes
 from envdoctor.procfs import parse_environ
+from envdoctor.record import Record, Value
 from envdoctor.watchdog import Watchdog, default_watchdog
 
 __all__ = ["Roots", "Target", "HostSession", "Session", "Context", "permission_hint", "unavailable_from_oserror"]
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Value):
     """What is examined: this process (pid None), another one by pid, or the node."""
 
-    pid: int | None = None
-    kind: str = "process"  # "process" or "node"
+    def __init__(
+        self,
+        pid: int | None = None,
+        kind: str = "process",  # "process" or "node"
+    ) -> None:
+        self.pid = pid
+        self.kind = kind
 
     @classmethod
     def node(cls) -> "Target":
@@ -145,21 +149,34 @@ class HostSession:
         raise ValueError(f"unknown host need {what!r}")
 
 
-@dataclass
-class Session:
+class Session(Record):
     """One target's view for one run. Pass `host` to share node facts between targets;
     without it the session makes its own HostSession from `roots` and `nvml_factory`."""
 
-    target: Target = field(default_factory=Target)
-    roots: Roots = field(default_factory=Roots)
-    python: str = sys.executable  # interpreter whose torch is probed (--python)
-    onnx_files: tuple[Path, ...] = ()
-    env_override: Mapping[str, str] | None = None  # tests and preflight() give the env directly
-    nvml_factory: Callable[[], Any] = _default_nvml
-    torch_factory: Callable[["Session"], Any] = _default_torch
-    host: HostSession | None = None
-    python_explicit: bool = False  # --python given: probe that interpreter even for a --pid target
-    probe_timeout: float | None = None  # the torch probe's limit; None: its own default (60 s, ENVDOCTOR_PROBE_TIMEOUT)
+    def __init__(
+        self,
+        target: Target | None = None,
+        roots: Roots | None = None,
+        python: str = sys.executable,  # interpreter whose torch is probed (--python)
+        onnx_files: tuple[Path, ...] = (),
+        env_override: Mapping[str, str] | None = None,  # tests and preflight() give the env directly
+        nvml_factory: Callable[[], Any] = _default_nvml,
+        torch_factory: Callable[["Session"], Any] = _default_torch,
+        host: HostSession | None = None,
+        python_explicit: bool = False,  # --python given: probe that interpreter even for a --pid target
+        probe_timeout: float | None = None,  # the torch probe's limit; None: its own default (60 s, ENVDOCTOR_PROBE_TIMEOUT)
+    ) -> None:
+        self.target = Target() if target is None else target
+        self.roots = Roots() if roots is None else roots
+        self.python = python
+        self.onnx_files = onnx_files
+        self.env_override = env_override
+        self.nvml_factory = nvml_factory
+        self.torch_factory = torch_factory
+        self.host = host
+        self.python_explicit = python_explicit
+        self.probe_timeout = probe_timeout
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.host is None:
@@ -222,13 +239,18 @@ class Session:
         raise ValueError(f"unknown need {what!r}")
 
 
-@dataclass
-class Context:
+class Context(Record):
     """One check's view of the run: the target session, plus the check's resolved settings."""
 
-    session: Session
-    config: Mapping[str, Any] = field(default_factory=dict)
-    deadline: float | None = None  # time.monotonic() when the runner stops waiting for this check
+    def __init__(
+        self,
+        session: Session,
+        config: Mapping[str, Any] | None = None,
+        deadline: float | None = None,  # time.monotonic() when the runner stops waiting for this check
+    ) -> None:
+        self.session = session
+        self.config = {} if config is None else config
+        self.deadline = deadline
 
     @property
     def settings(self) -> Mapping[str, Any]:

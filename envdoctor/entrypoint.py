@@ -30,7 +30,6 @@ starts a thread and never imports a check):
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -292,7 +291,7 @@ def _as_invoked(environ: Mapping[str, str]) -> Mapping[str, str]:
 
 def _run(options: ExecOptions, argv: list[str]) -> int:
     env = _passable(_as_invoked(os.environ))
-    options = dataclasses.replace(options, timeout=default_budget(options, env))
+    options = options.replace(timeout=default_budget(options, env))
     _validate(options, argv)
     path = resolve_command(argv[0], env.get("PATH"))
     command = os.path.basename(argv[0])  # never its arguments: they may hold secrets

@@ -15,8 +15,9 @@ has no change here; the caller says so, with the check's outside fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+from envdoctor.record import Record, Value
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -24,15 +25,22 @@ DETERMINISTIC_CUBLAS = ":4096:8"
 _LOUD = ("warn", "fail", "error")
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(Value):
     """One variable set for the command: from `old` to `new` (None: unset), and why."""
 
-    name: str
-    old: str | None
-    new: str | None
-    reason: str
-    check: str
+    def __init__(
+        self,
+        name: str,
+        old: str | None,
+        new: str | None,
+        reason: str,
+        check: str,
+    ) -> None:
+        self.name = name
+        self.old = old
+        self.new = new
+        self.reason = reason
+        self.check = check
 
     def describe(self) -> str:
         """`OMP_NUM_THREADS 16 -> 2 (2 CPUs of cgroup quota)`; an unset variable shows as `unset`."""
@@ -43,10 +51,14 @@ class Change:
         return {"name": self.name, "from": self.old, "to": self.new, "reason": self.reason, "check": self.check}
 
 
-@dataclass
-class FixPlan:
-    changes: list[Change]  # to apply
-    kept: list[Change]  # wanted, but protected by --keep
+class FixPlan(Record):
+    def __init__(
+        self,
+        changes: list[Change],  # to apply
+        kept: list[Change],  # wanted, but protected by --keep
+    ) -> None:
+        self.changes = changes
+        self.kept = kept
 
 
 def _cpus(value: Any) -> str:

@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict
+
 from typing import Any, Mapping, Sequence
 
 from envdoctor import fdwait, forked
@@ -40,7 +40,7 @@ class HeadStart:
             timeout: float) -> forked.ChildOutcome:
         """What forked.call(in_child(...), timeout) returns, from the child that was waiting."""
         deadline = started + timeout
-        work = {"options": asdict(options), "argv": list(argv), "started": started,
+        work = {"options": dict(vars(options)), "argv": list(argv), "started": started,
                 # the environment it forked with, unless the parent's differs (an entry it drops)
                 "env": None if dict(env) == self.environ else dict(env)}
         data = json.dumps(work).encode("utf-8", "surrogateescape")

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
+
+from envdoctor.record import Record
 
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 5.0
@@ -25,17 +26,28 @@ LAUNCH_TIMEOUT = 120.0
 CROSS_RANK = ("dist.consistency",)
 LAUNCH_VARIABLES = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
-@dataclass
-class ExecOptions:
-    strict: bool = False
-    fix: bool = False
-    keep: Sequence[str] = ()
-    report: str | None = None
-    only: Sequence[str] = ()
-    skip: Sequence[str] = ()
-    fail_on: str | None = None
-    timeout: float | None = None  # None: DEFAULT_TIMEOUT, or LAUNCH_TIMEOUT under a distributed launch
-    attach: bool = False
+class ExecOptions(Record):
+    def __init__(
+        self,
+        strict: bool = False,
+        fix: bool = False,
+        keep: Sequence[str] = (),
+        report: str | None = None,
+        only: Sequence[str] = (),
+        skip: Sequence[str] = (),
+        fail_on: str | None = None,
+        timeout: float | None = None,  # None: DEFAULT_TIMEOUT, or LAUNCH_TIMEOUT under a distributed launch
+        attach: bool = False,
+    ) -> None:
+        self.strict = strict
+        self.fix = fix
+        self.keep = keep
+        self.report = report
+        self.only = only
+        self.skip = skip
+        self.fail_on = fail_on
+        self.timeout = timeout
+        self.attach = attach
 
 
 def default_budget(options: ExecOptions, env: Mapping[str, str]) -> float:

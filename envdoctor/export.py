@@ -12,8 +12,9 @@ Every exporter receives a report that is already redacted (pipeline.execute).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from envdoctor.record import Record, Value
 
 if TYPE_CHECKING:
     from envdoctor.check import Check
@@ -22,23 +23,38 @@ if TYPE_CHECKING:
 GROUP = "envdoctor.exporters"
 
 
-@dataclass
-class ExportOptions:
-    catalog: Mapping[str, "Check"] = field(default_factory=dict)  # id -> Check, for metric declarations
-    fail_on: str = "fail"
-    color: bool = False  # text only: ANSI colour (the CLI decides: a terminal and no NO_COLOR)
-    width: int = 120  # text only
-    title: str = "envdoctor"  # compact only: who speaks ("envdoctor preflight", "envdoctor exec")
-    notes: tuple[str, ...] = ()  # compact only: lines under the summary (a config that was ignored)
+class ExportOptions(Record):
+    def __init__(
+        self,
+        catalog: Mapping[str, "Check"] | None = None,  # id -> Check, for metric declarations
+        fail_on: str = "fail",
+        color: bool = False,  # text only: ANSI colour (the CLI decides: a terminal and no NO_COLOR)
+        width: int = 120,  # text only
+        title: str = "envdoctor",  # compact only: who speaks ("envdoctor preflight", "envdoctor exec")
+        notes: tuple[str, ...] = (),  # compact only: lines under the summary (a config that was ignored)
+    ) -> None:
+        self.catalog = {} if catalog is None else catalog
+        self.fail_on = fail_on
+        self.color = color
+        self.width = width
+        self.title = title
+        self.notes = notes
 
 
-@dataclass(frozen=True)
-class Exporter:
-    name: str  # what --format takes
-    render: Callable[["Report", ExportOptions], str]
-    content_type: str = "text/plain; charset=utf-8"
-    extension: str = "txt"  # for files written in this format
-    help: str = ""  # one line for --help
+class Exporter(Value):
+    def __init__(
+        self,
+        name: str,  # what --format takes
+        render: Callable[["Report", ExportOptions], str],
+        content_type: str = "text/plain; charset=utf-8",
+        extension: str = "txt",  # for files written in this format
+        help: str = "",  # one line for --help
+    ) -> None:
+        self.name = name
+        self.render = render
+        self.content_type = content_type
+        self.extension = extension
+        self.help = help
 
 
 class FormatError(ValueError):

@@ -28,23 +28,30 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from envdoctor import fdwait
+from envdoctor.record import Record
 from envdoctor.stopping import children_of  # here too: callers and tests take it from forked
 
 DONE, RAISED, TIMED_OUT = "done", "raised", "timed_out"
 _REAP_SECONDS = 0.5
 
 
-@dataclass
-class ChildOutcome:
-    kind: str  # done | raised | timed_out
-    value: Any = None
-    error: str = ""
-    seconds: float = 0.0
-    messages: list[Any] = field(default_factory=list)  # sent by the child before its answer
+class ChildOutcome(Record):
+    def __init__(
+        self,
+        kind: str,  # done | raised | timed_out
+        value: Any = None,
+        error: str = "",
+        seconds: float = 0.0,
+        messages: list[Any] | None = None,  # sent by the child before its answer
+    ) -> None:
+        self.kind = kind
+        self.value = value
+        self.error = error
+        self.seconds = seconds
+        self.messages = [] if messages is None else messages
 
 
 def descendants(pid: int) -> list[int]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from envdoctor.record import Record, Value
 
 SCHEMA = "envdoctor.report/v1"
 
@@ -36,8 +37,7 @@ class Status(str, enum.Enum):
 _SEVERITY = {Status.OK: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 2}
 
 
-@dataclass
-class Result:
+class Result(Record):
     """One check's verdict on one target.
 
     Checks build these with the helpers below and leave `check`, `target` and
@@ -45,14 +45,25 @@ class Result:
     about who it is or how long it took.
     """
 
-    status: Status
-    summary: str
-    remediation: str = ""
-    facts: dict[str, Any] = field(default_factory=dict)
-    check: str = ""
-    target: str = ""
-    duration_seconds: float = 0.0
-    fix_env: dict[str, str | None] = field(default_factory=dict)  # environment changes that would fix it (None: unset)
+    def __init__(
+        self,
+        status: Status,
+        summary: str,
+        remediation: str = "",
+        facts: dict[str, Any] | None = None,
+        check: str = "",
+        target: str = "",
+        duration_seconds: float = 0.0,
+        fix_env: dict[str, str | None] | None = None,  # environment changes that would fix it (None: unset)
+    ) -> None:
+        self.status = status
+        self.summary = summary
+        self.remediation = remediation
+        self.facts = {} if facts is None else facts
+        self.check = check
+        self.target = target
+        self.duration_seconds = duration_seconds
+        self.fix_env = {} if fix_env is None else fix_env
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -89,8 +100,7 @@ def error(summary: str, **facts: Any) -> Result:
     return Result(Status.ERROR, summary, "", facts)
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(Value):
     """One thing a check noticed: how loud, what (subject, observed, expected), the
     fix a person can paste, and the environment changes that would fix it as data
     (`{"OMP_NUM_THREADS": "2"}`), so `envdoctor exec --fix` can apply them.
@@ -99,10 +109,17 @@ class Finding:
     CUDA_VISIBLE_DEVICES means "no GPU", not "unset"), and None unsets it
     (`{"CUDA_LAUNCH_BLOCKING": None}`): the one convention whoever applies them follows."""
 
-    status: Status
-    message: str
-    fix: str = ""
-    env: Mapping[str, str | None] = field(default_factory=dict)
+    def __init__(
+        self,
+        status: Status,
+        message: str,
+        fix: str = "",
+        env: Mapping[str, str | None] | None = None,
+    ) -> None:
+        self.status = status
+        self.message = message
+        self.fix = fix
+        self.env = {} if env is None else env
 
 
 def as_finding(item: "Finding | tuple") -> Finding:
@@ -301,17 +318,26 @@ def worst(statuses: list[Status]) -> Status:
     return max(statuses, key=lambda s: s.severity, default=Status.OK)
 
 
-@dataclass
-class Report:
+class Report(Record):
     """Everything one run produced: the header facts, the system facts and the results."""
 
-    host: str
-    version: str
-    started_at: str  # ISO 8601, UTC
-    target: str
-    results: list[Result]
-    system: dict[str, Any] = field(default_factory=dict)
-    duration_seconds: float = 0.0
+    def __init__(
+        self,
+        host: str,
+        version: str,
+        started_at: str,  # ISO 8601, UTC
+        target: str,
+        results: list[Result],
+        system: dict[str, Any] | None = None,
+        duration_seconds: float = 0.0,
+    ) -> None:
+        self.host = host
+        self.version = version
+        self.started_at = started_at
+        self.target = target
+        self.results = results
+        self.system = {} if system is None else system
+        self.duration_seconds = duration_seconds
 
     def to_dict(self) -> dict[str, Any]:
         return {

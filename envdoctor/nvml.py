@@ -31,10 +31,10 @@ import copy
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from envdoctor.errors import Unavailable
+from envdoctor.record import Record
 from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, Pending, default_watchdog
 
 DEFAULT_TIMEOUT = 5.0  # seconds one device (or one system call) may take to answer
@@ -76,42 +76,71 @@ class NvmlHung(Unavailable):
     """NVML did not answer within the timeout: the driver or a GPU is hung."""
 
 
-@dataclass
-class GpuInfo:
+class GpuInfo(Record):
     """One device as NVML reported it at one moment. None means "not available"
     (NVML said not supported, or the query failed: see `errors`)."""
 
-    index: int
-    name: str | None = None
-    uuid: str | None = None
-    pci_bus_id: str | None = None
-    compute_capability: tuple[int, int] | None = None
-    memory_total_bytes: int | None = None
-    memory_used_bytes: int | None = None
-    memory_free_bytes: int | None = None
-    temperature_c: int | None = None
-    power_watts: float | None = None
-    throttle_reasons: list[str] = field(default_factory=list)
-    throttle_reasons_mask: int | None = None
-    ecc_uncorrected: int | None = None  # volatile: since the driver last loaded
-    ecc_uncorrected_aggregate: int | None = None  # lifetime of the board
-    retired_pages_pending: bool | None = None
-    remapped_rows_pending: bool | None = None
-    remapped_rows_failure: bool | None = None
-    remapped_rows_uncorrectable: int | None = None
-    persistence_mode: bool | None = None
-    compute_mode: str | None = None
-    mig_mode: bool | None = None  # current MIG mode; None when the GPU has no MIG
-    mig_devices: list[str] = field(default_factory=list)  # MIG-... UUIDs when in MIG mode
-    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, used bytes)
-    lost: bool = False  # NVML says the GPU is lost ("fallen off the bus")
-    timed_out: bool = False  # a query did not return within the timeout
-    errors: dict[str, str] = field(default_factory=dict)  # field -> why it is missing
-    unsupported: list[str] = field(default_factory=list)  # fields NVML does not support here
+    def __init__(
+        self,
+        index: int,
+        name: str | None = None,
+        uuid: str | None = None,
+        pci_bus_id: str | None = None,
+        compute_capability: tuple[int, int] | None = None,
+        memory_total_bytes: int | None = None,
+        memory_used_bytes: int | None = None,
+        memory_free_bytes: int | None = None,
+        temperature_c: int | None = None,
+        power_watts: float | None = None,
+        throttle_reasons: list[str] | None = None,
+        throttle_reasons_mask: int | None = None,
+        ecc_uncorrected: int | None = None,  # volatile: since the driver last loaded
+        ecc_uncorrected_aggregate: int | None = None,  # lifetime of the board
+        retired_pages_pending: bool | None = None,
+        remapped_rows_pending: bool | None = None,
+        remapped_rows_failure: bool | None = None,
+        remapped_rows_uncorrectable: int | None = None,
+        persistence_mode: bool | None = None,
+        compute_mode: str | None = None,
+        mig_mode: bool | None = None,  # current MIG mode; None when the GPU has no MIG
+        mig_devices: list[str] | None = None,  # MIG-... UUIDs when in MIG mode
+        processes: list[tuple[int, int | None]] | None = None,  # (pid, used bytes)
+        lost: bool = False,  # NVML says the GPU is lost ("fallen off the bus")
+        timed_out: bool = False,  # a query did not return within the timeout
+        errors: dict[str, str] | None = None,  # field -> why it is missing
+        unsupported: list[str] | None = None,  # fields NVML does not support here
+    ) -> None:
+        self.index = index
+        self.name = name
+        self.uuid = uuid
+        self.pci_bus_id = pci_bus_id
+        self.compute_capability = compute_capability
+        self.memory_total_bytes = memory_total_bytes
+        self.memory_used_bytes = memory_used_bytes
+        self.memory_free_bytes = memory_free_bytes
+        self.temperature_c = temperature_c
+        self.power_watts = power_watts
+        self.throttle_reasons = [] if throttle_reasons is None else throttle_reasons
+        self.throttle_reasons_mask = throttle_reasons_mask
+        self.ecc_uncorrected = ecc_uncorrected
+        self.ecc_uncorrected_aggregate = ecc_uncorrected_aggregate
+        self.retired_pages_pending = retired_pages_pending
+        self.remapped_rows_pending = remapped_rows_pending
+        self.remapped_rows_failure = remapped_rows_failure
+        self.remapped_rows_uncorrectable = remapped_rows_uncorrectable
+        self.persistence_mode = persistence_mode
+        self.compute_mode = compute_mode
+        self.mig_mode = mig_mode
+        self.mig_devices = [] if mig_devices is None else mig_devices
+        self.processes = [] if processes is None else processes
+        self.lost = lost
+        self.timed_out = timed_out
+        self.errors = {} if errors is None else errors
+        self.unsupported = [] if unsupported is None else unsupported
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (lists, not tuples; processes as objects)."""
-        d = asdict(self)
+        d = copy.deepcopy(dict(vars(self)))
         d["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
         d["processes"] = [{"pid": pid, "used_memory_bytes": used} for pid, used in self.processes]
         return d

@@ -10,17 +10,23 @@ This module is the bottom layer: parsers import it, it imports nothing of ours.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 
+from envdoctor.record import Value
 
-@dataclass(frozen=True)
-class Roots:
+
+class Roots(Value):
     """Where the proc, sys and root file systems are mounted (node_exporter's --path.*)."""
 
-    procfs: Path = Path("/proc")
-    sysfs: Path = Path("/sys")
-    rootfs: Path = Path("/")
+    def __init__(
+        self,
+        procfs: Path = Path("/proc"),
+        sysfs: Path = Path("/sys"),
+        rootfs: Path = Path("/"),
+    ) -> None:
+        self.procfs = procfs
+        self.sysfs = sysfs
+        self.rootfs = rootfs
 
     def proc(self, pid: int | None, *parts: str) -> Path:
         """A file of a process under procfs: /proc/self/... (pid None) or /proc/N/..."""

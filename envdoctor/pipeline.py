@@ -9,17 +9,17 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from envdoctor import __version__, redact, registry as registry_module, runner, sysfacts
+from envdoctor.check import Check
 from envdoctor.config import Config
 from envdoctor.context import Roots, Session, Target
 from envdoctor.errors import UsageError
-from envdoctor.check import Check
 from envdoctor.model import Report, Result, skip
+from envdoctor.record import Record
 from envdoctor.registry import Registry
 from envdoctor.watchdog import DONE
 
@@ -27,12 +27,16 @@ SYSFACTS_TIMEOUT = 10.0
 ENV_READ_TIMEOUT = 2.0  # redaction's own read of the target's environment, when no check read it
 
 
-@dataclass
-class Selection:
+class Selection(Record):
     """Which checks a run includes, from --only/--skip and the config's enabled flags."""
 
-    only: Sequence[str] = ()
-    skip: Sequence[str] = ()
+    def __init__(
+        self,
+        only: Sequence[str] = (),
+        skip: Sequence[str] = (),
+    ) -> None:
+        self.only = only
+        self.skip = skip
 
 
 def disabled_in(config: Config) -> Callable[[str], bool]:

@@ -43,7 +43,6 @@ import sys
 import time
 import urllib.parse
 from collections import abc
-from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 from envdoctor.model import Report, Result
@@ -366,7 +365,7 @@ class Scrubber:
         # The check id and the target label are envdoctor's own names, public by construction:
         # masking them because a variable holds the same text (EXPERIMENT=cache_growth) turned
         # a row into `memory.***`, in every exporter and as a Prometheus label. Made writable only.
-        return replace(result, summary=self.text(result.summary), remediation=self.text(result.remediation),
+        return result.replace(summary=self.text(result.summary), remediation=self.text(result.remediation),
                        facts=self.any(result.facts), target=writable(result.target), check=writable(result.check),
                        fix_env=self.any(result.fix_env))
 
@@ -397,7 +396,7 @@ def redact_report(report: Report, envs: Iterable[Mapping[str, str]]) -> Report:
     system = report.system if isinstance(report.system, Mapping) else {}
     public = [report.host, *(str(system.get(k) or "") for k in ("python_executable", "envdoctor_python"))]
     scrub = scrubber_for(envs, public)
-    return replace(report, results=[scrub.result(r) for r in report.results], system=scrub.any(report.system),
+    return report.replace(results=[scrub.result(r) for r in report.results], system=scrub.any(report.system),
                    host=scrub.text(report.host), target=scrub.text(report.target))
 
 

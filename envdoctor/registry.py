@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple
 
 # importlib.metadata only on a cache miss: importing it is a seventh of a warm start
 from envdoctor.entrypoints import EntryPoint, entry_points
+from envdoctor.record import Record
 
 from envdoctor.check import Check
 from envdoctor.errors import STOP_SIGNALS
@@ -43,14 +43,20 @@ class LoadFailure(NamedTuple):
         return frozenset((self.name, self.row or self.name))
 
 
-@dataclass
-class Registry:
-    checks: dict[str, Check]
-    failures: list[LoadFailure]
-    origins: dict[str, str]  # check id -> distribution that provides it
-    # Plug-ins installed but not imported (ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1): their ids may
-    # still be configured and skipped, or that advice broke every config that set them up.
-    left_out: frozenset[str] = frozenset()
+class Registry(Record):
+    def __init__(
+        self,
+        checks: dict[str, Check],
+        failures: list[LoadFailure],
+        origins: dict[str, str],  # check id -> distribution that provides it
+        # Plug-ins installed but not imported (ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1): their ids may
+        # still be configured and skipped, or that advice broke every config that set them up.
+        left_out: frozenset[str] = frozenset(),
+    ) -> None:
+        self.checks = checks
+        self.failures = failures
+        self.origins = origins
+        self.left_out = left_out
 
     def get(self, check_id: str) -> Check | None:
         return self.checks.get(check_id)

@@ -22,13 +22,13 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from envdoctor import fdwait
 from envdoctor.errors import EnvdoctorError, Unavailable
 from envdoctor.probe import resolve_python
+from envdoctor.record import Record
 
 MARKER = "ENVDOCTOR-STORE "
 NAMESPACE = "envdoctor/dist.consistency/v1/"
@@ -114,8 +114,7 @@ class Request(NamedTuple):
         }, sort_keys=True, default=str)
 
 
-@dataclass
-class Outcome:
+class Outcome(Record):
     """What the exchange gave this rank.
 
     Rank 0: `ranks` (rank -> facts, as published, torch versions included),
@@ -124,16 +123,29 @@ class Outcome:
     `verdict is None` with `waited_seconds` when none came in time.
     """
 
-    role: str  # "judge" (rank 0) or "follower"
-    own: dict[str, Any] = field(default_factory=dict)  # this rank's facts as published
-    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
-    claims: dict[int, int] = field(default_factory=dict)
-    verdict: dict[str, Any] | None = None
-    waited_seconds: float | None = None
-    hosted: bool = False
-    acked: int | None = None
-    expected_acks: int | None = None
-    events: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        role: str,  # "judge" (rank 0) or "follower"
+        own: dict[str, Any] | None = None,  # this rank's facts as published
+        ranks: dict[int, dict[str, Any]] | None = None,
+        claims: dict[int, int] | None = None,
+        verdict: dict[str, Any] | None = None,
+        waited_seconds: float | None = None,
+        hosted: bool = False,
+        acked: int | None = None,
+        expected_acks: int | None = None,
+        events: list[str] | None = None,
+    ) -> None:
+        self.role = role
+        self.own = {} if own is None else own
+        self.ranks = {} if ranks is None else ranks
+        self.claims = {} if claims is None else claims
+        self.verdict = verdict
+        self.waited_seconds = waited_seconds
+        self.hosted = hosted
+        self.acked = acked
+        self.expected_acks = expected_acks
+        self.events = [] if events is None else events
 
 
 class _Lines:

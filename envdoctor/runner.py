@@ -22,13 +22,13 @@ check every interval keeps one stuck thread for it, not one per interval.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Iterable
 
 from envdoctor.check import Check
 from envdoctor.context import Context, Session
 from envdoctor.errors import Unavailable
 from envdoctor.model import Result, Status, error, malformed, malformed_facts, skip
+from envdoctor.record import Record
 from envdoctor.watchdog import DONE, RAISED, STUCK, Outcome, Pending, describe_exception
 
 DEFAULT_TIMEOUT = 15.0
@@ -38,14 +38,20 @@ DEFAULT_TIMEOUT = 15.0
 SLOW_CHECK_SECONDS = 0.05
 
 
-@dataclass
-class Plan:
+class Plan(Record):
     """One check to run, with its resolved settings and timeout."""
 
-    check: Check
-    config: dict
-    timeout: float
-    raise_with: str = ""  # how to give it more time, when a caller's bound (exec's --timeout) set it
+    def __init__(
+        self,
+        check: Check,
+        config: dict,
+        timeout: float,
+        raise_with: str = "",  # how to give it more time, when a caller's bound (exec's --timeout) set it
+    ) -> None:
+        self.check = check
+        self.config = config
+        self.timeout = timeout
+        self.raise_with = raise_with
 
 
 def _call(plan: Plan, session: Session, deadline: float | None = None) -> Result:

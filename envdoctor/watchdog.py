@@ -40,23 +40,32 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
+
+from envdoctor.record import Record
 
 DONE, RAISED, TIMED_OUT, STUCK = "done", "raised", "timed_out", "stuck"
 _SIGNAL_SLICE = 0.1  # seconds the main thread waits at a time, so its signal handlers run
 
 
-@dataclass
-class Outcome:
+class Outcome(Record):
     """What became of one bounded call."""
 
-    kind: str
-    value: Any = None
-    error: BaseException | None = None
-    since: float | None = None  # time.time() when the call started, for timed_out and stuck
-    where: str = ""  # file:line in function() where a timed-out or stuck call is waiting
-    seconds: float = 0.0  # how long this call took or waited
+    def __init__(
+        self,
+        kind: str,
+        value: Any = None,
+        error: BaseException | None = None,
+        since: float | None = None,  # time.time() when the call started, for timed_out and stuck
+        where: str = "",  # file:line in function() where a timed-out or stuck call is waiting
+        seconds: float = 0.0,  # how long this call took or waited
+    ) -> None:
+        self.kind = kind
+        self.value = value
+        self.error = error
+        self.since = since
+        self.where = where
+        self.seconds = seconds
 
     @property
     def ok(self) -> bool:

@@ -1,0 +1,75 @@
+"""The value objects that replaced dataclasses keep what callers relied on: keyword and
+positional construction with per-instance defaults, equality, repr, replace(), hashing
+of the frozen kinds, copy and pickle; and exec's pre-flight no longer imports dataclasses."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from envdoctor.check import Check, Metric
+from envdoctor.context import Target
+from envdoctor.model import Finding, Result, Status
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_defaults_are_fresh_for_each_instance():
+    a, b = Result(Status.OK, "one"), Result(Status.OK, "two")
+    a.facts["x"] = 1
+    assert b.facts == {} and a.fix_env == {} and a.fix_env is not b.fix_env
+
+
+def test_equality_repr_and_positional_order():
+    assert Finding(Status.WARN, "m", "fix") == Finding(status=Status.WARN, message="m", fix="fix", env={})
+    assert Finding(Status.WARN, "m") != Finding(Status.FAIL, "m")
+    assert repr(Target(7)) == "Target(pid=7, kind='process')"
+
+
+def test_replace_changes_a_copy_and_refuses_unknown_fields():
+    f = Finding(Status.WARN, "m", "fix")
+    g = f.replace(fix="other")
+    assert (f.fix, g.fix, g.message, type(g)) == ("fix", "other", "m", Finding)
+    with pytest.raises(TypeError, match="no field nosuch"):
+        f.replace(nosuch=1)
+
+
+def test_frozen_kinds_hash_by_their_fields():
+    assert {Target(3): "a"}[Target(3)] == "a"
+    assert hash(Metric("m", "f", "h")) == hash(Metric("m", "f", "h"))
+    with pytest.raises(TypeError):  # a mutable field: unhashable, as the frozen dataclass was
+        hash(Finding(Status.OK, "m", env={"A": "1"}))
+
+
+def test_copy_and_pickle_keep_type_and_fields():
+    r = Result(Status.FAIL, "s", "fix", {"n": [1, 2]})
+    for clone in (copy.copy(r), copy.deepcopy(r), pickle.loads(pickle.dumps(r))):
+        assert clone == r and type(clone) is Result
+    assert copy.deepcopy(r).facts["n"] is not r.facts["n"]
+
+
+def test_check_still_validates_its_declaration():
+    with pytest.raises(ValueError, match="dotted lower-case id"):
+        Check(id="Bad Id", title="t", run=lambda ctx: None)
+    check = Check(id="a.b", title="t", run=lambda ctx: None)
+    assert check.config == {} and check.modes == ("check", "serve", "exec", "inprocess")
+
+
+def test_exec_preflight_imports_no_dataclasses():
+    """What the pre-flight child imports before its first check (exec_headstart._import_ahead)
+    and the checks exec runs: dataclasses (and inspect under it) cost ~19 ms a start."""
+    code = ("import sys\n"
+            "from envdoctor import exec_headstart\n"
+            "exec_headstart._import_ahead()\n"
+            "from envdoctor import registry\n"
+            "for ep in registry.entry_points_of('envdoctor.checks'):\n"
+            "    ep.load()\n"
+            "print(sorted(m for m in ('dataclasses', 'inspect') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
