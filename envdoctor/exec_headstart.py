@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import time
-
 from typing import Any, Mapping, Sequence
 
 from envdoctor import fdwait, forked
