@@ -6,7 +6,8 @@ On `envdoctor exec`'s pre-flight, which runs on every container start before the
 that was about 19 ms of its 60 ms of imports (measured 2026-11-26 with
 benchmarks/exec_vs_import_torch.py and `python -X importtime`). Here each class
 writes its `__init__` out, so its fields and their defaults read where they are
-declared, and takes equality and `repr` from `types.SimpleNamespace`, which is C.
+declared; `repr` comes from `types.SimpleNamespace`; equality, `replace()` and the
+hash of the frozen kinds keep dataclasses' meaning (tests/test_record.py).
 """
 
 from __future__ import annotations
@@ -16,26 +17,49 @@ from typing import Any
 
 
 class Record(SimpleNamespace):
-    """Fields are what `__init__` assigns. Equal when of the same fields and values."""
+    """Fields are the parameters of `__init__`, which assigns them. Equal when of the same
+    class with equal fields, as dataclasses were."""
 
-    # copy and pickle rebuild the instance from its fields without calling __init__
+    # copy and pickle rebuild the instance from its attributes without calling __init__
     # (SimpleNamespace's own __reduce__ calls the class with no arguments)
     __reduce__ = object.__reduce__
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in vars(cls):  # `case Finding(status, message)`, as with a dataclass
+            cls.__match_args__ = cls.field_names()
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The parameters of `__init__`, in order: the fields."""
+        code = cls.__init__.__code__
+        return code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):  # another namespace is not equal for its attributes alone
+            return False if isinstance(other, SimpleNamespace) else NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.field_names())
+
+    def __ne__(self, other: object) -> bool:  # SimpleNamespace's own would compare attributes
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment] - mutable: unhashable, as a dataclass with eq
+
     def replace(self, **changes: Any) -> Any:
-        """A copy with some fields changed (what dataclasses.replace did); an unknown
-        field is a TypeError, as it was there."""
-        unknown = set(changes) - set(vars(self))
+        """A new instance with some fields changed, built by `__init__` as dataclasses.replace
+        built it: its checks run again (a Check's id) and what it derives is derived anew (a
+        Session's environment). An unknown field is a TypeError, as it was there."""
+        names = self.field_names()
+        unknown = set(changes) - set(names)
         if unknown:
             raise TypeError(f"{type(self).__name__} has no field {', '.join(sorted(unknown))}")
-        copy = SimpleNamespace.__new__(type(self))
-        copy.__dict__.update(vars(self), **changes)
-        return copy
+        return type(self)(**{name: getattr(self, name) for name in names if name not in changes}, **changes)
 
 
 class Value(Record):
     """A Record meant to stay as built (the frozen dataclasses it replaces): hashable by
     its fields, so it can be a dict key or a set member. Nothing stops an assignment."""
 
-    def __hash__(self) -> int:
-        return hash(tuple(vars(self).items()))
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(getattr(self, name) for name in self.field_names()))

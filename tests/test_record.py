@@ -73,3 +73,48 @@ def test_exec_preflight_imports_no_dataclasses():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_positional_match_patterns_work():
+    match Finding(Status.WARN, "m", "fix"):
+        case Finding(Status.WARN, message, fix):
+            assert (message, fix) == ("m", "fix")
+        case _:
+            pytest.fail("no match")
+
+
+def test_replace_builds_anew_through_init():
+    """helper-56: a copied Session kept the environment it had read, and a replaced Check
+    skipped its validation; dataclasses.replace ran __init__ for both."""
+    from envdoctor.context import Session
+
+    session = Session(env_override={"A": "1"})
+    assert session.env == {"A": "1"}
+    assert session.replace(env_override={"A": "2"}).env == {"A": "2"}
+    assert session.replace(target=Target(1)).target.label == "pid:1"
+    check = Check(id="a.b", title="t", run=lambda ctx: None)
+    with pytest.raises(ValueError, match="dotted lower-case id"):
+        check.replace(id="NOT VALID")
+    with pytest.raises(TypeError, match="no field _env"):
+        session.replace(_env=None)
+
+
+def test_equality_is_by_class_and_fields_only():
+    from types import SimpleNamespace
+
+    from envdoctor.context import Session
+
+    assert Target() != SimpleNamespace(pid=None, kind="process")
+    assert SimpleNamespace(pid=None, kind="process") != Target()
+
+    class Louder(Finding):
+        pass
+
+    assert Louder(Status.WARN, "m") != Finding(Status.WARN, "m")
+    a, b = Session(env_override={"A": "1"}), Session(env_override={"A": "1"})
+    a.env  # noqa: B018 - reads and keeps the environment: state, not a field
+    assert a.host is not b.host and a != b  # each made its own host session: fields differ
+    shared = Session(env_override={"A": "1"}, host=a.host)
+    assert shared == Session(env_override={"A": "1"}, host=a.host)
+    with pytest.raises(TypeError):
+        hash(Result(Status.OK, "s"))
