@@ -46,7 +46,8 @@ more CPUs for the job; no thread setting clears that.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor.cgroup import EffectiveCpus, effective_cpus
 from envdoctor.check import Check, Metric
@@ -95,13 +96,15 @@ def parse_thread_count(name: str, value: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-class ThreadFacts(NamedTuple):
-    variables: Mapping[str, str]  # the thread variables that are set, as set
-    local_world_size: str | None  # LOCAL_WORLD_SIZE as set, None when unset
-    cpus: EffectiveCpus
-    notes: tuple[str, ...] = ()
-    live_threads: int | None = None  # torch.get_num_threads() in the attached job (envdoctor.attach)
-    live_workers: int | None = None  # DataLoader workers the attached job runs
+class ThreadFacts(namedtuple("ThreadFacts", (
+        "variables",  # Mapping[str, str]: the thread variables that are set, as set
+        "local_world_size",  # str | None: LOCAL_WORLD_SIZE as set, None when unset
+        "cpus",  # EffectiveCpus
+        "notes",  # tuple[str, ...] = ()
+        "live_threads",  # int | None = None: torch.get_num_threads() in the attached job (envdoctor.attach)
+        "live_workers",  # int | None = None: DataLoader workers the attached job runs
+), defaults=((), None, None))):
+    __slots__ = ()
 
 
 def gather(ctx) -> ThreadFacts:
@@ -162,18 +165,20 @@ def _processes(facts: ThreadFacts, settings: Mapping[str, Any]) -> tuple[int, st
     return 1, "default", None
 
 
-class Budget(NamedTuple):
+class Budget(namedtuple("Budget", (
+        "effective",  # float | None
+        "visible",  # int | None: cores a runtime sees when left to itself (affinity, else online)
+        "processes",  # int
+        "processes_from",  # str
+        "workers",  # int
+        "where",  # str: what limits the CPUs, in words
+        "recommended",  # int | None
+        "text",  # str: "4 effective CPUs (...) leaves 4 threads per process"
+        "note",  # str | None
+))):
     """The threads one process may run: its share of the effective CPUs, and how that was worked out."""
 
-    effective: float | None
-    visible: int | None  # cores a runtime sees when left to itself (affinity, else online)
-    processes: int
-    processes_from: str
-    workers: int
-    where: str  # what limits the CPUs, in words
-    recommended: int | None
-    text: str  # "4 effective CPUs (...) leaves 4 threads per process"
-    note: str | None
+    __slots__ = ()
 
 
 def _budget(facts: ThreadFacts, settings: Mapping[str, Any]) -> Budget:

@@ -69,7 +69,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable, short_reason
@@ -95,13 +96,15 @@ def parse_cuda_version(text: Any) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-class Arch(NamedTuple):
+class Arch(namedtuple("Arch", (
+        "ptx",  # bool: compute_XY: PTX, JIT-compiled by the driver
+        "major",  # int
+        "minor",  # int
+        "variant",  # str: "" | "a" (arch-specific) | "f" (family-specific)
+))):
     """One entry of torch.cuda.get_arch_list(): 'sm_86', 'sm_90a', 'compute_90'."""
 
-    ptx: bool  # compute_XY: PTX, JIT-compiled by the driver
-    major: int
-    minor: int
-    variant: str  # "" | "a" (arch-specific) | "f" (family-specific)
+    __slots__ = ()
 
     @property
     def name(self) -> str:
@@ -139,20 +142,24 @@ def format_cudnn_version(version: Any) -> str | None:
 # -- facts ---------------------------------------------------------------------------
 
 
-class Gpu(NamedTuple):
-    index: int
-    name: str
-    capability: tuple[int, int] | None
+class Gpu(namedtuple("Gpu", (
+        "index",  # int
+        "name",  # str
+        "capability",  # tuple[int, int] | None
+))):
+    __slots__ = ()
 
 
-class RuntimeFacts(NamedTuple):
-    torch: Mapping[str, Any]  # the probe's facts
-    nvml_reason: str | None = None  # why NVML is not here; None when it is
-    driver_version: str | None = None
-    driver_cuda: tuple[int, int] | None = None
-    gpus: tuple[Gpu, ...] = ()
-    launch_blocking: str | None = None  # CUDA_LAUNCH_BLOCKING as set, None when unset
-    env_error: str | None = None
+class RuntimeFacts(namedtuple("RuntimeFacts", (
+        "torch",  # Mapping[str, Any]: the probe's facts
+        "nvml_reason",  # str | None = None: why NVML is not here; None when it is
+        "driver_version",  # str | None = None
+        "driver_cuda",  # tuple[int, int] | None = None
+        "gpus",  # tuple[Gpu, ...] = ()
+        "launch_blocking",  # str | None = None: CUDA_LAUNCH_BLOCKING as set, None when unset
+        "env_error",  # str | None = None
+), defaults=(None, None, None, (), None, None))):
+    __slots__ = ()
 
 
 def gather(ctx) -> RuntimeFacts:
@@ -193,17 +200,19 @@ def _cap(c: tuple[int, int]) -> str:
     return f"{c[0]}.{c[1]}"
 
 
-class Build(NamedTuple):
+class Build(namedtuple("Build", (
+        "version",  # str | None
+        "cuda",  # tuple[int, int] | None: None: no CUDA (CPU-only or ROCm), or unreadable
+        "cuda_text",  # str | None
+        "hip_text",  # str | None
+        "arches",  # tuple[Arch, ...]
+        "unknown_arches",  # tuple[str, ...]
+        "cudnn_text",  # str | None
+        "label",  # str: "torch 2.4.0 (CUDA 12.1, cuDNN 9.1.0)"
+))):
     """What torch was built with, read once from the probe's facts."""
 
-    version: str | None
-    cuda: tuple[int, int] | None  # None: no CUDA (CPU-only or ROCm), or unreadable
-    cuda_text: str | None
-    hip_text: str | None
-    arches: tuple[Arch, ...]
-    unknown_arches: tuple[str, ...]
-    cudnn_text: str | None
-    label: str  # "torch 2.4.0 (CUDA 12.1, cuDNN 9.1.0)"
+    __slots__ = ()
 
 
 def _build(t: Mapping[str, Any]) -> Build:

@@ -36,7 +36,7 @@ numbering (0..N-1); on mixed nodes `export CUDA_DEVICE_ORDER=PCI_BUS_ID`.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections import namedtuple
 
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check, Metric
@@ -46,20 +46,24 @@ from envdoctor.model import Finding, Result, Status, verdict
 _LOCAL_RANK = re.compile(r"^\s*[0-9]{1,30}\s*$")  # longer is no rank (and int() refuses > 4300 digits)
 
 
-class Gpu(NamedTuple):
-    index: int
-    name: str | None
-    uuid: str | None
-    mig_devices: tuple[str, ...] = ()
+class Gpu(namedtuple("Gpu", (
+        "index",  # int
+        "name",  # str | None
+        "uuid",  # str | None
+        "mig_devices",  # tuple[str, ...] = ()
+), defaults=((),))):
+    __slots__ = ()
 
 
-class VisibleFacts(NamedTuple):
-    cuda_visible_devices: str | None
-    cuda_device_order: str | None
-    nvidia_visible_devices: str | None
-    local_rank: str | None
-    gpus: tuple[Gpu, ...] | None  # None when NVML is not here
-    nvml_reason: str | None = None  # why not
+class VisibleFacts(namedtuple("VisibleFacts", (
+        "cuda_visible_devices",  # str | None
+        "cuda_device_order",  # str | None
+        "nvidia_visible_devices",  # str | None
+        "local_rank",  # str | None
+        "gpus",  # tuple[Gpu, ...] | None: None when NVML is not here
+        "nvml_reason",  # str | None = None: why not
+), defaults=(None,))):
+    __slots__ = ()
 
 
 def gather(ctx) -> VisibleFacts:
@@ -125,17 +129,19 @@ def _nvd_view(nvd: str | None) -> tuple[int | None, list[str]]:
     return len(items), [t for t in items if t.startswith(("GPU-", "MIG-"))]
 
 
-class View(NamedTuple):
+class View(namedtuple("View", (
+        "parsed",  # vd.VisibleDevices | None: None: CUDA_VISIBLE_DEVICES unset
+        "res",  # vd.Resolution | None: against NVML's GPUs
+        "nvd_count",  # int | None: GPUs NVIDIA_VISIBLE_DEVICES gave the container, judged without NVML
+        "nvd_res",  # vd.Resolution | None
+        "physical",  # int | None
+        "visible_list",  # list
+        "visible_count",  # int | None
+))):
     """What CUDA will make of the facts: the parse, its resolution against the GPUs
     (NVML's, or the container's per NVIDIA_VISIBLE_DEVICES), and what stays visible."""
 
-    parsed: vd.VisibleDevices | None  # None: CUDA_VISIBLE_DEVICES unset
-    res: vd.Resolution | None  # against NVML's GPUs
-    nvd_count: int | None  # GPUs NVIDIA_VISIBLE_DEVICES gave the container, judged without NVML
-    nvd_res: vd.Resolution | None
-    physical: int | None
-    visible_list: list
-    visible_count: int | None
+    __slots__ = ()
 
 
 def _view(facts: VisibleFacts) -> View:

@@ -56,8 +56,9 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from collections import namedtuple
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 from envdoctor import launch as launch_module
 from envdoctor.check import Check
@@ -95,14 +96,16 @@ def parse_net_dev(text: str) -> list[str]:
     return names
 
 
-class IfnameSpec(NamedTuple):
+class IfnameSpec(namedtuple("IfnameSpec", (
+        "raw",  # str
+        "exclude",  # bool
+        "exact",  # bool
+        "names",  # tuple[str, ...]
+        "dropped",  # tuple[str, ...] = (): entries beyond NCCL's 16
+), defaults=((),))):
     """NCCL_SOCKET_IFNAME as NCCL reads it (see the module docstring)."""
 
-    raw: str
-    exclude: bool
-    exact: bool
-    names: tuple[str, ...]
-    dropped: tuple[str, ...] = ()  # entries beyond NCCL's 16
+    __slots__ = ()
 
     def selects(self, interface: str) -> bool:
         if not self.names:
@@ -144,17 +147,19 @@ def _truthy_nccl(value: str | None) -> bool:
 # -- gathering ----------------------------------------------------------------------------------
 
 
-class DistFacts(NamedTuple):
-    env: dict[str, str]  # only the launch and NCCL/Gloo variables
-    interfaces: tuple[str, ...] | None = None
-    interfaces_reason: str | None = None
-    master_addresses: tuple[str, ...] | None = None  # what MASTER_ADDR resolved to
-    resolve_error: str | None = None
-    resolve_timed_out: bool = False
-    resolve_timeout: float = 2.0
-    master_is_local: bool | None = None
-    target_is_self: bool = True
-    extra: Mapping[str, Any] = MappingProxyType({})  # read only: one empty default for all
+class DistFacts(namedtuple("DistFacts", (
+        "env",  # dict[str, str]: only the launch and NCCL/Gloo variables
+        "interfaces",  # tuple[str, ...] | None = None
+        "interfaces_reason",  # str | None = None
+        "master_addresses",  # tuple[str, ...] | None = None: what MASTER_ADDR resolved to
+        "resolve_error",  # str | None = None
+        "resolve_timed_out",  # bool = False
+        "resolve_timeout",  # float = 2.0
+        "master_is_local",  # bool | None = None
+        "target_is_self",  # bool = True
+        "extra",  # Mapping[str, Any] = MappingProxyType({}): read only: one empty default for all
+), defaults=(None, None, None, None, False, 2.0, None, True, MappingProxyType({})))):
+    __slots__ = ()
 
 
 def _interfaces(ctx) -> tuple[tuple[str, ...] | None, str | None]:
@@ -279,11 +284,13 @@ def _plural(n: int, word: str) -> str:
 TORCHRUN = "torchrun --nnodes=N --nproc-per-node=GPUS --rdzv-endpoint=MASTER:29500 train.py  # sets them all"
 
 
-class Launch(NamedTuple):
+class Launch(namedtuple("Launch", (
+        "env",  # Mapping[str, str]
+        "values",  # Mapping[str, int | None]
+))):
     """The launch variables as numbers (None: unset or not an integer)."""
 
-    env: Mapping[str, str]
-    values: Mapping[str, int | None]
+    __slots__ = ()
 
     @property
     def world(self) -> int | None:

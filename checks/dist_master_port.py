@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor.check import Check
 from envdoctor.errors import Unavailable
@@ -40,12 +41,14 @@ from envdoctor.model import Finding, Result, Status, verdict
 from envdoctor.checks.dist_env import is_local, master_port, resolve
 
 
-class PortFacts(NamedTuple):
-    address: str  # the local address the port was bound on
-    port: int
-    error: str | None  # why binding failed; None: it is free
-    free_port: int | None = None  # a port that was free, to suggest
-    agent_store: bool | None = None  # under torchrun's agent store: does it listen? None: no agent store
+class PortFacts(namedtuple("PortFacts", (
+        "address",  # str: the local address the port was bound on
+        "port",  # int
+        "error",  # str | None: why binding failed; None: it is free
+        "free_port",  # int | None = None: a port that was free, to suggest
+        "agent_store",  # bool | None = None: under torchrun's agent store: does it listen? None: no agent store
+), defaults=(None, None))):
+    __slots__ = ()
 
 
 def _try_bind(address: str, port: int) -> str | None:

@@ -39,7 +39,8 @@ airflow and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`).
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.model import Finding, Result, Status, skip, verdict
@@ -52,10 +53,12 @@ RESET_FIX = "nvidia-smi -r -i {i}  # with no processes on GPU {i}; or reboot the
 HUNG_FIX = "dmesg | grep -i xid  # then drain the node and reset GPU {i} (nvidia-smi -r -i {i}) or reboot"
 
 
-class HealthFacts(NamedTuple):
-    gpus: tuple[GpuInfo, ...]
-    own_pids: frozenset[int] = frozenset()  # the target's pid: its memory is not "someone else's"
-    hung: str | None = None  # NVML itself did not answer
+class HealthFacts(namedtuple("HealthFacts", (
+        "gpus",  # tuple[GpuInfo, ...]
+        "own_pids",  # frozenset[int] = frozenset(): the target's pid: its memory is not "someone else's"
+        "hung",  # str | None = None: NVML itself did not answer
+), defaults=(frozenset(), None))):
+    __slots__ = ()
 
 
 def gather(ctx) -> HealthFacts:

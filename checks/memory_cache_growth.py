@@ -59,7 +59,8 @@ prefetch_factor, and remove leftover /dev/shm/torch_* segments of crashed jobs.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections import namedtuple
+from typing import Any, Mapping, Sequence
 
 from envdoctor import trend
 from envdoctor.check import Check, Metric
@@ -84,12 +85,14 @@ DESCRIBE = {"rss": "resident memory", "cgroup": "cgroup working set",
             "shm": "/dev/shm usage (the whole mount's, shared by every process on it)"}
 
 
-class GrowthFacts(NamedTuple):
-    series: Mapping[str, tuple[Sequence[float], Sequence[float]]]  # memory -> (times, bytes)
-    limits: Mapping[str, Any]  # memory -> memsample.Limit (latest)
-    source: str  # "window" or "history"
-    stopped: str | None = None  # why sampling ended early
-    notes: tuple[str, ...] = ()
+class GrowthFacts(namedtuple("GrowthFacts", (
+        "series",  # Mapping[str, tuple[Sequence[float], Sequence[float]]]: memory -> (times, bytes)
+        "limits",  # Mapping[str, Any]: memory -> memsample.Limit (latest)
+        "source",  # str: "window" or "history"
+        "stopped",  # str | None = None: why sampling ended early
+        "notes",  # tuple[str, ...] = ()
+), defaults=(None, ()))):
+    __slots__ = ()
 
 
 def _live(ctx):

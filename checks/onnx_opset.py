@@ -62,8 +62,9 @@ import re
 import stat
 import sys
 from collections import deque
+from collections import namedtuple
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, NamedTuple
+from typing import Any, BinaryIO, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable
@@ -79,25 +80,29 @@ EXAMPLES = 3  # node names shown per model
 # -- facts ----------------------------------------------------------------------------
 
 
-class InterpolationNode(NamedTuple):
+class InterpolationNode(namedtuple("InterpolationNode", (
+        "op",  # str
+        "where",  # str: node name, prefixed by the graph it sits in when that is a subgraph
+        "opset",  # int | None
+        "mode",  # str = "nearest": its `mode` attribute (nearest, the default; linear/bilinear; cubic)
+        "function",  # str | None = None: "domain:name" of the model-local function it sits in, if any
+), defaults=("nearest", None))):
     """A Resize or Upsample node, where it sits, and the ai.onnx opset in force there."""
 
-    op: str
-    where: str  # node name, prefixed by the graph it sits in when that is a subgraph
-    opset: int | None
-    mode: str = "nearest"  # its `mode` attribute (nearest, the default; linear/bilinear; cubic)
-    function: str | None = None  # "domain:name" of the model-local function it sits in, if any
+    __slots__ = ()
 
 
-class ModelInfo(NamedTuple):
+class ModelInfo(namedtuple("ModelInfo", (
+        "ir_version",  # int
+        "opsets",  # Mapping[str, int]: domain -> version; the default domain is spelled "ai.onnx"
+        "nodes",  # int
+        "interpolation",  # tuple[InterpolationNode, ...] = ()
+        "uses_default_domain",  # bool = True
+        "called",  # frozenset[str] = frozenset(): "domain:op_type" the main graph calls, directly or through functions
+), defaults=((), True, frozenset()))):
     """What one .onnx file declares: its IR version, opsets and interpolation nodes."""
 
-    ir_version: int
-    opsets: Mapping[str, int]  # domain -> version; the default domain is spelled "ai.onnx"
-    nodes: int
-    interpolation: tuple[InterpolationNode, ...] = ()
-    uses_default_domain: bool = True
-    called: frozenset[str] = frozenset()  # "domain:op_type" the main graph calls, directly or through functions
+    __slots__ = ()
 
     def live_interpolation(self) -> tuple[InterpolationNode, ...]:
         """The interpolation nodes that can run: not those in a local function no node calls
@@ -110,35 +115,41 @@ class ModelInfo(NamedTuple):
         return self.opsets.get("ai.onnx")
 
 
-class ModelFile(NamedTuple):
-    path: str
-    info: ModelInfo | None = None
-    problem: str | None = None  # why it could not be used, when info is None
-    unreadable: bool = False  # the file is missing or unreadable (not: read, and not a model)
-    missing_data: tuple[str, ...] = ()  # external data files the weights live in that are missing or short
+class ModelFile(namedtuple("ModelFile", (
+        "path",  # str
+        "info",  # ModelInfo | None = None
+        "problem",  # str | None = None: why it could not be used, when info is None
+        "unreadable",  # bool = False: the file is missing or unreadable (not: read, and not a model)
+        "missing_data",  # tuple[str, ...] = (): external data files the weights live in that are missing or short
+), defaults=(None, None, False, ()))):
+    __slots__ = ()
 
 
-class RuntimeFacts(NamedTuple):
+class RuntimeFacts(namedtuple("RuntimeFacts", (
+        "version",  # str | None = None
+        "max_opset",  # int | None = None: highest ai.onnx opset it loads (released opsets)
+        "max_opset_source",  # str | None = None: "load_refusal" or "schema_registry"
+        "dev_opset",  # int | None = None: highest ai.onnx since_version in its schemas
+        "max_ir_version",  # int | None = None
+        "reason",  # str | None = None: why some of the above are None
+), defaults=(None, None, None, None, None, None))):
     """The installed onnxruntime and the limits it enforces when loading a model."""
 
-    version: str | None = None
-    max_opset: int | None = None  # highest ai.onnx opset it loads (released opsets)
-    max_opset_source: str | None = None  # "load_refusal" or "schema_registry"
-    dev_opset: int | None = None  # highest ai.onnx since_version in its schemas
-    max_ir_version: int | None = None
-    reason: str | None = None  # why some of the above are None
+    __slots__ = ()
 
 
-class OnnxFacts(NamedTuple):
-    onnx_version: str
-    onnx_max_opset: int
-    onnx_max_ir_version: int
-    runtime: RuntimeFacts
-    torch_default_opset: int | None = None
-    torch_reason: str | None = None  # why torch_default_opset is None
-    released_only: str | None = None  # ALLOW_RELEASED_ONNX_OPSET_ONLY in the target's env
-    models: tuple[ModelFile, ...] = ()
-    torch_max_opset: int | None = None  # the newest opset torch.onnx.export writes (ONNX_MAX_OPSET)
+class OnnxFacts(namedtuple("OnnxFacts", (
+        "onnx_version",  # str
+        "onnx_max_opset",  # int
+        "onnx_max_ir_version",  # int
+        "runtime",  # RuntimeFacts
+        "torch_default_opset",  # int | None = None
+        "torch_reason",  # str | None = None: why torch_default_opset is None
+        "released_only",  # str | None = None: ALLOW_RELEASED_ONNX_OPSET_ONLY in the target's env
+        "models",  # tuple[ModelFile, ...] = ()
+        "torch_max_opset",  # int | None = None: the newest opset torch.onnx.export writes (ONNX_MAX_OPSET)
+), defaults=(None, None, None, (), None))):
+    __slots__ = ()
 
 
 # -- parsing a model (untrusted bytes) ------------------------------------------------

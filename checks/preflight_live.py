@@ -30,7 +30,8 @@ the check names (and OMP_NUM_THREADS=N before launch).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check
@@ -42,10 +43,12 @@ from envdoctor.units import format_bytes
 GIB = 1024**3
 
 
-class LiveFacts(NamedTuple):
-    torch: Mapping[str, Any]  # live_torch_facts()
-    env: Mapping[str, str]  # CUDA_VISIBLE_DEVICES and LOCAL_WORLD_SIZE, when set
-    effective_cpus: float | None
+class LiveFacts(namedtuple("LiveFacts", (
+        "torch",  # Mapping[str, Any]: live_torch_facts()
+        "env",  # Mapping[str, str]: CUDA_VISIBLE_DEVICES and LOCAL_WORLD_SIZE, when set
+        "effective_cpus",  # float | None
+))):
+    __slots__ = ()
 
 
 def gather(ctx) -> LiveFacts:

@@ -48,7 +48,8 @@ import math
 import os
 import posixpath
 import stat
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor.cgroup import parse_mountinfo
 from envdoctor.check import Check, Metric
@@ -63,15 +64,17 @@ GIB = 1024**3
 DOCKER_DEFAULT_BYTES = 64 * MIB
 
 
-class ShmFacts(NamedTuple):
-    path: str  # what was examined, as opened
-    size_bytes: int | None  # None: a tmpfs with no size limit (size=0)
-    free_bytes: int | None  # None with size_bytes: statvfs reports 0 for an unlimited tmpfs
-    fstype: str | None = None  # of the mount holding /dev/shm in the target's view; None when unknown
-    mount_point: str | None = None  # "/dev/shm" when it is a mount of its own
-    live_loader: Mapping[str, Any] | None = None  # the attached job's busiest DataLoader (envdoctor.attach)
-    own_bytes: int | None = None  # unlinked files the --pid process tree holds open (envdoctor.shm_held); None: not read
-    own_complete: bool | None = None  # False: the tree was larger than envdoctor reads, own_bytes may be short
+class ShmFacts(namedtuple("ShmFacts", (
+        "path",  # str: what was examined, as opened
+        "size_bytes",  # int | None: None: a tmpfs with no size limit (size=0)
+        "free_bytes",  # int | None: None with size_bytes: statvfs reports 0 for an unlimited tmpfs
+        "fstype",  # str | None = None: of the mount holding /dev/shm in the target's view; None when unknown
+        "mount_point",  # str | None = None: "/dev/shm" when it is a mount of its own
+        "live_loader",  # Mapping[str, Any] | None = None: the attached job's busiest DataLoader (envdoctor.attach)
+        "own_bytes",  # int | None = None: unlinked files the --pid process tree holds open (envdoctor.shm_held); None: not read
+        "own_complete",  # bool | None = None: False: the tree was larger than envdoctor reads, own_bytes may be short
+), defaults=(None, None, None, None, None))):
+    __slots__ = ()
 
 
 def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:

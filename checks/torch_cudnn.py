@@ -42,7 +42,8 @@ How to fix
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor.check import Check
 from envdoctor.errors import ParseError, Unavailable
@@ -81,11 +82,13 @@ def parse_cublas_workspace_config(text: Any) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-class CudnnFacts(NamedTuple):
-    torch: Mapping[str, Any]
-    workspace_config: str | None  # CUBLAS_WORKSPACE_CONFIG as set; None when unset
-    nvml_gpus: int | None = None  # GPUs NVML sees; None when NVML is not here or was not asked
-    env_error: str | None = None
+class CudnnFacts(namedtuple("CudnnFacts", (
+        "torch",  # Mapping[str, Any]
+        "workspace_config",  # str | None: CUBLAS_WORKSPACE_CONFIG as set; None when unset
+        "nvml_gpus",  # int | None = None: GPUs NVML sees; None when NVML is not here or was not asked
+        "env_error",  # str | None = None
+), defaults=(None, None))):
+    __slots__ = ()
 
 
 LIVE_KEYS = ("cudnn_enabled", "cudnn_benchmark", "cudnn_deterministic", "deterministic_algorithms",

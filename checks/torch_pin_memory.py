@@ -48,7 +48,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Mapping, NamedTuple
+from collections import namedtuple
+from typing import Any, Mapping
 
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError, Unavailable, short_reason
@@ -86,22 +87,26 @@ def parse_proc_stat_cpu_ticks(text: Any) -> int:
     return total
 
 
-class CpuSample(NamedTuple):
-    pid: int
-    used_cpus: float | None  # CPUs' worth of time used over the window
-    window_seconds: float
-    effective_cpus: float | None
-    limited_by: str
-    reason: str | None = None  # why it could not be measured
+class CpuSample(namedtuple("CpuSample", (
+        "pid",  # int
+        "used_cpus",  # float | None: CPUs' worth of time used over the window
+        "window_seconds",  # float
+        "effective_cpus",  # float | None
+        "limited_by",  # str
+        "reason",  # str | None = None: why it could not be measured
+), defaults=(None,))):
+    __slots__ = ()
 
 
-class PinFacts(NamedTuple):
-    cpu: CpuSample | None  # None for the `self` target
-    gpu_count: int
-    nvml_reason: str | None
-    measurement: Mapping[str, Any] | None  # the probe's pin_memory facts
-    not_measured: str | None  # why there is no measurement, when there is a GPU
-    live_pin_memory: bool | None = None  # the attached job's DataLoaders pin (envdoctor.attach); None: unknown
+class PinFacts(namedtuple("PinFacts", (
+        "cpu",  # CpuSample | None: None for the `self` target
+        "gpu_count",  # int
+        "nvml_reason",  # str | None
+        "measurement",  # Mapping[str, Any] | None: the probe's pin_memory facts
+        "not_measured",  # str | None: why there is no measurement, when there is a GPU
+        "live_pin_memory",  # bool | None = None: the attached job's DataLoaders pin (envdoctor.attach); None: unknown
+), defaults=(None,))):
+    __slots__ = ()
 
 
 def _sample_cpu(ctx, window: float) -> CpuSample:

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import namedtuple
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from envdoctor.affinity import affinity, online_cpus
 from envdoctor.paths import Roots, read_text
@@ -60,12 +61,14 @@ def _int(text: str, what: str) -> int:
     return int(text)
 
 
-class CgroupEntry(NamedTuple):
+class CgroupEntry(namedtuple("CgroupEntry", (
+        "hierarchy",  # int: 0 is the cgroup v2 unified hierarchy
+        "controllers",  # tuple[str, ...]: empty for v2; "name=systemd" for named v1 hierarchies
+        "path",  # str: relative to the reader's cgroup namespace, starts with "/"
+))):
     """One line of /proc/N/cgroup: `hierarchy-id:controllers:path`."""
 
-    hierarchy: int  # 0 is the cgroup v2 unified hierarchy
-    controllers: tuple[str, ...]  # empty for v2; "name=systemd" for named v1 hierarchies
-    path: str  # relative to the reader's cgroup namespace, starts with "/"
+    __slots__ = ()
 
     @property
     def is_v2(self) -> bool:
@@ -103,16 +106,18 @@ def _parse_proc_cgroup(text: str) -> tuple[CgroupEntry, ...]:
     return tuple(entries)
 
 
-class Mount(NamedTuple):
+class Mount(namedtuple("Mount", (
+        "mount_id",  # int
+        "parent_id",  # int
+        "root",  # str: the part of the file system this mount shows ("/" or "/docker/abc")
+        "mount_point",  # str
+        "fstype",  # str
+        "source",  # str
+        "super_options",  # tuple[str, ...]: for cgroup v1: the controllers ("rw", "cpu", "cpuacct")
+))):
     """One line of /proc/N/mountinfo (the fields this module needs)."""
 
-    mount_id: int
-    parent_id: int
-    root: str  # the part of the file system this mount shows ("/" or "/docker/abc")
-    mount_point: str
-    fstype: str
-    source: str
-    super_options: tuple[str, ...]  # for cgroup v1: the controllers ("rw", "cpu", "cpuacct")
+    __slots__ = ()
 
 
 def _unescape(field: str) -> str:
@@ -215,27 +220,31 @@ def parse_cfs_period(text: str) -> int:
 # --------------------------------------------------------------------------- lookup
 
 
-class CpuLimit(NamedTuple):
+class CpuLimit(namedtuple("CpuLimit", (
+        "quota_cpus",  # float | None: None: no quota (or none could be read: see source)
+        "source",  # str: "cgroup v1", "cgroup v2", "none" (looked, found no quota), "unknown" (could not look)
+        "path",  # str: the file that sets the limit, as opened ("" when none)
+        "notes",  # tuple[str, ...] = (): what could not be read, and why
+), defaults=((),))):
     """The tightest CPU quota over the target's cgroups."""
 
-    quota_cpus: float | None  # None: no quota (or none could be read: see source)
-    source: str  # "cgroup v1", "cgroup v2", "none" (looked, found no quota), "unknown" (could not look)
-    path: str  # the file that sets the limit, as opened ("" when none)
-    notes: tuple[str, ...] = ()  # what could not be read, and why
+    __slots__ = ()
 
     def to_facts(self) -> dict:
         return {"quota_cpus": self.quota_cpus, "quota_source": self.source, "quota_path": self.path}
 
 
-class EffectiveCpus(NamedTuple):
+class EffectiveCpus(namedtuple("EffectiveCpus", (
+        "cpus",  # float | None: None when nothing could be read
+        "affinity",  # int | None: CPUs in the affinity mask
+        "online",  # int | None: CPUs the machine has online
+        "quota",  # CpuLimit
+        "limited_by",  # str: "cgroup quota", "affinity", "online CPUs", "unknown"
+        "notes",  # tuple[str, ...] = ()
+), defaults=((),))):
     """How many CPUs the target can really use: min(affinity, quota)."""
 
-    cpus: float | None  # None when nothing could be read
-    affinity: int | None  # CPUs in the affinity mask
-    online: int | None  # CPUs the machine has online
-    quota: CpuLimit
-    limited_by: str  # "cgroup quota", "affinity", "online CPUs", "unknown"
-    notes: tuple[str, ...] = ()
+    __slots__ = ()
 
 
 def _who(pid: int | None) -> str:

@@ -21,26 +21,29 @@ node of the step is the right address).
 from __future__ import annotations
 
 import re
-from typing import Mapping, NamedTuple
+from collections import namedtuple
+from typing import Mapping
 
 _INT = re.compile(r"^\s*[+-]?[0-9]{1,30}\s*$")  # longer is no rank or port (and int() refuses > 4300 digits)
 TORCH_NAMES = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
 HOW_TO_LAUNCH = "run it under the launcher: torchrun --nproc-per-node=N -m envdoctor check (or srun ... envdoctor check)"
 
 
-class Launch(NamedTuple):
+class Launch(namedtuple("Launch", (
+        "launcher",  # str: "torchrun" (its agent store is up), "env" (the torch variables), "slurm" (srun's)
+        "rank",  # int
+        "world_size",  # int
+        "master_addr",  # str
+        "master_port",  # int
+        "local_rank",  # int | None = None
+        "local_world_size",  # int | None = None
+        "group_rank",  # int | None = None: the node's index in the launch
+        "agent_store",  # bool = False: torchrun's agent hosts a store on MASTER_ADDR:MASTER_PORT
+        "run_id",  # str = "own": the same on every rank of one launch; names the exchange's keys
+), defaults=(None, None, None, False, "own"))):
     """One rank's place in a distributed launch."""
 
-    launcher: str  # "torchrun" (its agent store is up), "env" (the torch variables), "slurm" (srun's)
-    rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    local_rank: int | None = None
-    local_world_size: int | None = None
-    group_rank: int | None = None  # the node's index in the launch
-    agent_store: bool = False  # torchrun's agent hosts a store on MASTER_ADDR:MASTER_PORT
-    run_id: str = "own"  # the same on every rank of one launch; names the exchange's keys
+    __slots__ = ()
 
     @property
     def master(self) -> str:

@@ -38,32 +38,37 @@ import os
 import threading
 from array import array
 import time
+from collections import namedtuple
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from envdoctor.paths import Roots, read_text
 
 UNLIMITED = 1 << 60  # v1 writes 9223372036854771712 (PAGE_COUNTER_MAX) for "no limit"
 
 
-class Limit(NamedTuple):
+class Limit(namedtuple("Limit", (
+        "limit",  # int | None
+        "headroom",  # int
+        "name",  # str: "cgroup memory limit", "host memory", "GPU 0", "/dev/shm"
+))):
     """What a memory runs into: `limit` bytes in all (None when unbounded), `headroom` bytes left."""
 
-    limit: int | None
-    headroom: int
-    name: str  # "cgroup memory limit", "host memory", "GPU 0", "/dev/shm"
+    __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"limit_bytes": self.limit, "headroom_bytes": self.headroom, "limit_name": self.name}
 
 
-class Sample(NamedTuple):
-    t: float  # time.monotonic() seconds
-    values: Mapping[str, float]  # memory name -> bytes in use
-    limits: Mapping[str, Limit] = MappingProxyType({})  # read only: one empty default for all
-    counters: Mapping[str, float] = MappingProxyType({})  # allocator retries, inactive split...
-    notes: tuple[str, ...] = ()  # what could not be read, and why
+class Sample(namedtuple("Sample", (
+        "t",  # float: time.monotonic() seconds
+        "values",  # Mapping[str, float]: memory name -> bytes in use
+        "limits",  # Mapping[str, Limit] = MappingProxyType({}): read only: one empty default for all
+        "counters",  # Mapping[str, float] = MappingProxyType({}): allocator retries, inactive split...
+        "notes",  # tuple[str, ...] = (): what could not be read, and why
+), defaults=(MappingProxyType({}), MappingProxyType({}), ()))):
+    __slots__ = ()
 
 
 class ProcessGone(Exception):
@@ -152,9 +157,11 @@ def host_available(roots: Roots) -> tuple[int | None, int | None]:
 # -- the cgroup's memory --------------------------------------------------------------
 
 
-class _CgroupFiles(NamedTuple):
-    version: str
-    levels: tuple[Path, ...]  # the target's cgroup first, then each parent up to the mount's top
+class _CgroupFiles(namedtuple("_CgroupFiles", (
+        "version",  # str
+        "levels",  # tuple[Path, ...]: the target's cgroup first, then each parent up to the mount's top
+))):
+    __slots__ = ()
 
 
 def _cgroup_files(roots: Roots, pid: int | None) -> tuple[_CgroupFiles | None, list[str]]:

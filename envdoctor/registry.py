@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import namedtuple
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable
 
 # importlib.metadata only on a cache miss: importing it is a seventh of a warm start
 from envdoctor.entrypoints import EntryPoint, entry_points
@@ -28,14 +29,16 @@ BUILTIN_MODULE_PREFIX = "envdoctor.checks."
 DISABLE_AUTOLOAD_VAR = "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD"
 
 
-class LoadFailure(NamedTuple):
+class LoadFailure(namedtuple("LoadFailure", (
+        "name",  # str: the entry point's name, normally the check id
+        "value",  # str: "module:attr"
+        "distribution",  # str
+        "reason",  # str
+        "row",  # str = "": the id its error row carries, when `name` is taken (see _row_ids)
+), defaults=("",))):
     """An entry point that did not give us a usable Check."""
 
-    name: str  # the entry point's name, normally the check id
-    value: str  # "module:attr"
-    distribution: str
-    reason: str
-    row: str = ""  # the id its error row carries, when `name` is taken (see _row_ids)
+    __slots__ = ()
 
     @property
     def ids(self) -> frozenset[str]:

@@ -22,8 +22,9 @@ import os
 import signal
 import threading
 import time
+from collections import namedtuple
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from envdoctor import fdwait
 from envdoctor.errors import EnvdoctorError, Unavailable
@@ -56,20 +57,22 @@ def ports_hosted() -> frozenset[int]:
         return frozenset(_hosted)
 
 
-class Request(NamedTuple):
+class Request(namedtuple("Request", (
+        "rank",  # int
+        "world_size",  # int
+        "master_addr",  # str
+        "master_port",  # int
+        "agent_store",  # bool: torchrun's agent hosts the store; else rank 0 hosts one
+        "run_id",  # str: the same on every rank of one launch (TORCHELASTIC_RUN_ID/RESTART_COUNT)
+        "facts",  # dict[str, Any]
+        "wait_seconds",  # float = 60.0: how long rank 0 waits for every rank to publish
+        "ack_seconds",  # float = 10.0: how long rank 0 waits for the others to read the verdict
+        "import_seconds",  # float = 60.0: `import torch` in the subprocess
+        "slack_seconds",  # float = 10.0: for rank 0 to judge, and for process start and exit
+), defaults=(60.0, 10.0, 60.0, 10.0))):
     """What one rank brings to the exchange."""
 
-    rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-    agent_store: bool  # torchrun's agent hosts the store; else rank 0 hosts one
-    run_id: str  # the same on every rank of one launch (TORCHELASTIC_RUN_ID/RESTART_COUNT)
-    facts: dict[str, Any]
-    wait_seconds: float = 60.0  # how long rank 0 waits for every rank to publish
-    ack_seconds: float = 10.0  # how long rank 0 waits for the others to read the verdict
-    import_seconds: float = 60.0  # `import torch` in the subprocess
-    slack_seconds: float = 10.0  # for rank 0 to judge, and for process start and exit
+    __slots__ = ()
 
     @property
     def namespace(self) -> str:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections import namedtuple
 from pathlib import Path
-from typing import NamedTuple
 
 MAX_TREE = 256  # a training process, its DataLoader workers, their helpers
 MAX_DESCRIPTORS = 65536  # over the whole tree
@@ -32,9 +32,11 @@ SHM_PREFIX = "/dev/shm/"
 UNLINKED = " (deleted)"
 
 
-class Held(NamedTuple):
-    bytes: int
-    complete: bool  # False: the tree or its descriptors were more than the bounds
+class Held(namedtuple("Held", (
+        "bytes",  # int
+        "complete",  # bool: False: the tree or its descriptors were more than the bounds
+))):
+    __slots__ = ()
 
 
 def process_tree(proc: Path, pid: int) -> tuple[list[int], bool]:

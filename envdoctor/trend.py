@@ -33,7 +33,8 @@ import itertools
 import math
 import operator
 from array import array
-from typing import NamedTuple, Sequence
+from collections import namedtuple
+from typing import Sequence
 
 # Above this many points, judge an evenly thinned series: the pairwise slopes and the
 # Mann-Kendall sum are O(n^2) in pure Python. serve judges every process's history
@@ -49,17 +50,19 @@ GRID_FROM = 4 * MAX_POINTS
 STEP_RATIO = 0.6
 
 
-class Trend(NamedTuple):
+class Trend(namedtuple("Trend", (
+        "rising",  # bool: a sustained, significant rise of at least min_rise
+        "slope",  # float: Theil-Sen, units per second (0.0 when it cannot be told)
+        "rise",  # float: slope x window: what the trend added over the window
+        "window",  # float: seconds between the first and the last sample
+        "points",  # int
+        "p_value",  # float: Mann-Kendall, two-sided; 1.0 when it cannot be told
+        "level",  # float: the series now: the median of its last few samples
+        "reason",  # str: why it is or is not rising, in words
+))):
     """What a series does over its window."""
 
-    rising: bool  # a sustained, significant rise of at least min_rise
-    slope: float  # Theil-Sen, units per second (0.0 when it cannot be told)
-    rise: float  # slope x window: what the trend added over the window
-    window: float  # seconds between the first and the last sample
-    points: int
-    p_value: float  # Mann-Kendall, two-sided; 1.0 when it cannot be told
-    level: float  # the series now: the median of its last few samples
-    reason: str  # why it is or is not rising, in words
+    __slots__ = ()
 
     def to_dict(self) -> dict:
         return {"rising": self.rising, "slope_per_second": self.slope, "rise": self.rise,

@@ -26,7 +26,7 @@ no I/O; `parse` raises ParseError only, for input that is not a string.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections import namedtuple
 
 from envdoctor.errors import ParseError
 
@@ -37,18 +37,20 @@ _MAX_INDEX_DIGITS = 18  # an index with more digits is beyond any GPU count (and
 INDEX, GPU_UUID, MIG_UUID = "index", "gpu_uuid", "mig_uuid"
 
 
-class VisibleDevices(NamedTuple):
+class VisibleDevices(namedtuple("VisibleDevices", (
+        "raw",  # str
+        "mode",  # str: INDEX, GPU_UUID or MIG_UUID
+        "tokens",  # tuple[str, ...]: the comma-separated entries, as written
+        "visible",  # tuple[int | str, ...]: the entries CUDA will use, in order (ints or UUID prefixes)
+        "stop",  # int | None = None: position in `tokens` of the entry that ended the list
+        "stop_reason",  # str | None = None
+        "duplicate",  # int | str | None = None: a device listed twice: CUDA then exposes none
+        "lenient",  # tuple[tuple[str, int], ...] = (): entries read as a number despite trailing text
+        "quoted",  # bool = False: the value holds quote characters (left by an env file or YAML)
+), defaults=(None, None, None, (), False))):
     """What CUDA makes of one CUDA_VISIBLE_DEVICES value, before looking at the GPUs."""
 
-    raw: str
-    mode: str  # INDEX, GPU_UUID or MIG_UUID
-    tokens: tuple[str, ...]  # the comma-separated entries, as written
-    visible: tuple[int | str, ...]  # the entries CUDA will use, in order (ints or UUID prefixes)
-    stop: int | None = None  # position in `tokens` of the entry that ended the list
-    stop_reason: str | None = None
-    duplicate: int | str | None = None  # a device listed twice: CUDA then exposes none
-    lenient: tuple[tuple[str, int], ...] = ()  # entries read as a number despite trailing text
-    quoted: bool = False  # the value holds quote characters (left by an env file or YAML)
+    __slots__ = ()
 
     @property
     def bad_token(self) -> str | None:
@@ -119,15 +121,17 @@ def _parse_indices(value: str, tokens: tuple[str, ...], quoted: bool) -> Visible
     return VisibleDevices(value, INDEX, tokens, tuple(seen), lenient=tuple(lenient), quoted=quoted)
 
 
-class Resolution(NamedTuple):
+class Resolution(namedtuple("Resolution", (
+        "ordinals",  # tuple[int, ...]: positions in the device (or MIG device) list, in CUDA's order
+        "missing",  # int | str | None = None: the first entry that names no device (ends the list)
+        "ambiguous",  # str | None = None: a UUID prefix that matches several devices (ends the list)
+        "duplicate",  # int | None = None: two entries naming one device: CUDA exposes none
+        "hidden",  # tuple[int | str, ...] = (): parsed entries lost after `missing`/`ambiguous`
+        "unverifiable",  # tuple[str, ...] = (): entries that cannot be matched here
+), defaults=(None, None, None, (), ()))):
     """Which physical devices CUDA will use, once the node's GPUs are known."""
 
-    ordinals: tuple[int, ...]  # positions in the device (or MIG device) list, in CUDA's order
-    missing: int | str | None = None  # the first entry that names no device (ends the list)
-    ambiguous: str | None = None  # a UUID prefix that matches several devices (ends the list)
-    duplicate: int | None = None  # two entries naming one device: CUDA exposes none
-    hidden: tuple[int | str, ...] = ()  # parsed entries lost after `missing`/`ambiguous`
-    unverifiable: tuple[str, ...] = ()  # entries that cannot be matched here
+    __slots__ = ()
 
 
 def resolve(parsed: VisibleDevices, count: int, uuids: list[str] | tuple[str, ...] = (),

@@ -31,8 +31,9 @@ import signal
 import sys
 import threading
 import time
+from collections import namedtuple
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from envdoctor.errors import EnvdoctorError, Unavailable
 from envdoctor.config import PROBE_TIMEOUT_VAR
@@ -236,12 +237,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-class _Output(NamedTuple):
-    out: bytes
-    err: bytes
-    timed_out: bool
-    out_trimmed: bool  # stdout went on past _STDOUT_LIMIT: its end is not its real end
-    err_trimmed: bool  # stderr's start was dropped: its start is not its real start
+class _Output(namedtuple("_Output", (
+        "out",  # bytes
+        "err",  # bytes
+        "timed_out",  # bool
+        "out_trimmed",  # bool: stdout went on past _STDOUT_LIMIT: its end is not its real end
+        "err_trimmed",  # bool: stderr's start was dropped: its start is not its real start
+))):
+    __slots__ = ()
 
 
 def _communicate(proc: subprocess.Popen, timeout: float) -> _Output:
