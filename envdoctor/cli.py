@@ -8,7 +8,6 @@ inside the commands that need them, so `envdoctor --help` and every command star
 
 from __future__ import annotations
 
-import errno
 import functools
 import io
 import os
@@ -20,14 +19,13 @@ import typer
 
 from envdoctor import __version__
 # under their old names, which tests and callers use (envdoctor.stopping: the pre-flight child needs them without typer)
+from envdoctor.stopping import EXIT_IO, OUTPUT_ERRNOS  # noqa: F401 - OUTPUT_ERRNOS: callers use it from here
 from envdoctor.stopping import ClosedStdout as _ClosedStdout  # noqa: F401
 from envdoctor.stopping import kill_everything_started as _kill_everything_started
 from envdoctor.stopping import kill_probes as _kill_probes
 from envdoctor.stopping import on_sigint as _on_sigint, on_sigterm as _on_sigterm  # noqa: F401
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EBADF)
-EXIT_IO = 74  # EX_IOERR: the report could not be written (a full disk, a closed stdout); not bad usage
 
 app = typer.Typer(
     name="envdoctor",
@@ -408,29 +406,7 @@ def main() -> None:
     shells expect, and neither leaves a probe (or anything it started) running."""
     from envdoctor import stopping
 
-    stopping.install()
-    try:
-        try:
-            code = _run_app()
-        finally:
-            if sys.stdout is not None:
-                sys.stdout.flush()  # what `checks`, `explain`, --help wrote: a full disk or a gone reader shows here
-        sys.exit(code)
-    except KeyboardInterrupt:
-        _kill_everything_started()
-        try:
-            sys.stderr.write("envdoctor: interrupted\n")
-        except (OSError, ValueError):
-            pass
-        sys.exit(130)
-    except OSError as exc:
-        if exc.errno not in OUTPUT_ERRNOS:
-            raise
-        try:  # `check` says this itself; the other commands write through click, which lets it escape
-            sys.stderr.write(f"envdoctor: cannot write the output: {exc.strerror or exc}\n")
-        except (OSError, ValueError):
-            pass
-        sys.exit(EXIT_IO)
+    sys.exit(stopping.run_command(_run_app))
 
 
 def console_main() -> None:

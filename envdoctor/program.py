@@ -101,6 +101,30 @@ def _head_start_exec() -> None:
             exec_headstart.begin()
 
 
+def _plain_exec_line() -> tuple[dict, list[str]] | None:
+    """`envdoctor exec OPTIONS -- CMD` whose options are plain (envdoctor.exec_argv): its
+    options and command, read without the CLI; else None (the CLI reads the line)."""
+    if len(sys.argv) < 3 or sys.argv[1] != "exec":
+        return None
+    from envdoctor import exec_argv
+
+    line = exec_argv.split(sys.argv)
+    if line is None:
+        return None
+    options = exec_argv.parse(line[0])
+    return None if options is None else (options, line[1])
+
+
+def _exec_without_cli(options: dict, command: list[str]) -> None:
+    """What the CLI's `exec` does with these options, as the `envdoctor` command: becomes
+    `command`, or leaves with the status it could not (and kills any probe, as the CLI's exit)."""
+    from envdoctor import entrypoint, stopping
+
+    code = stopping.run_command(lambda: entrypoint.run(entrypoint.ExecOptions(**options), command))
+    stopping.kill_probes()
+    exit_now(code)
+
+
 def _is_interrupt(exc: BaseException) -> bool:
     """A KeyboardInterrupt, or one Python wrapped: raised inside a class body's
     __set_name__ (a dataclass field, functools.cached_property) it comes as the cause of
@@ -139,11 +163,17 @@ def console_main() -> None:
     relaunch_serve = True
     try:
         _head_start_exec()
-        from envdoctor.cli import console_main as cli_console_main
+        exec_line = _plain_exec_line()
+        if exec_line is None:
+            from envdoctor.cli import console_main as cli_console_main
+        else:  # here, where a Ctrl-C while importing is said in one line
+            from envdoctor import entrypoint, stopping  # noqa: F401
     except BaseException as exc:
         if not _is_interrupt(exc):
             raise
         exit_now(_interrupted_while_starting())
+    if exec_line is not None:
+        _exec_without_cli(*exec_line)
     cli_console_main()  # leaves with os._exit: a head start never taken goes with the process
 
 

@@ -126,3 +126,38 @@ def install() -> None:
                 signal.signal(sig, handler)
     except (ValueError, OSError):  # not the main thread (embedded use): leave the handlers alone
         pass
+
+
+# Failures to write the output: said in one line and ended with EXIT_IO, never a traceback.
+OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EBADF)
+EXIT_IO = 74  # EX_IOERR: the report could not be written (a full disk, a closed stdout); not bad usage
+
+
+def run_command(command) -> int:
+    """Run one `envdoctor` command (a function returning its exit status) as the command
+    line runs it: with these handlers; a Ctrl-C ends quietly with 130 and SIGTERM with 143,
+    as shells expect, and neither leaves a probe (or anything it started) running; a report
+    that cannot be written ends with EXIT_IO. Used by the CLI and by exec's fast start
+    (envdoctor.program), which does not import the CLI."""
+    install()
+    try:
+        try:
+            return command()
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # what `checks`, `explain`, --help wrote: a full disk or a gone reader shows here
+    except KeyboardInterrupt:
+        kill_everything_started()
+        try:
+            sys.stderr.write("envdoctor: interrupted\n")
+        except (OSError, ValueError):
+            pass
+        return 130
+    except OSError as exc:
+        if exc.errno not in OUTPUT_ERRNOS:
+            raise
+        try:  # `check` says this itself; the other commands write through click, which lets it escape
+            sys.stderr.write(f"envdoctor: cannot write the output: {exc.strerror or exc}\n")
+        except (OSError, ValueError):
+            pass
+        return EXIT_IO
