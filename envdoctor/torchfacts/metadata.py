@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 from pathlib import Path
@@ -36,6 +35,8 @@ def assigned_constants(path: Path) -> dict[str, Any] | None:
     text = _read_text(path)
     if text is None:
         return None
+    import ast  # here: a warm start reads these facts from the cache and never parses (~1.5 ms)
+
     try:
         tree = ast.parse(text, str(path))
     except (SyntaxError, ValueError):
