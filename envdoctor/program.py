@@ -104,8 +104,8 @@ def _head_start_exec() -> None:
 def _plain_exec_line() -> tuple[dict, list[str]] | None:
     """`envdoctor exec OPTIONS -- CMD` whose options are plain (envdoctor.exec_argv): its
     options and command, read without the CLI; else None (the CLI reads the line)."""
-    if len(sys.argv) < 3 or sys.argv[1] != "exec":
-        return None
+    if len(sys.argv) < 3 or sys.argv[1] != "exec" or "_ENVDOCTOR_COMPLETE" in os.environ:
+        return None  # (shell completion is the CLI's to answer, as for every other line)
     from envdoctor import exec_argv
 
     line = exec_argv.split(sys.argv)
@@ -120,7 +120,11 @@ def _exec_without_cli(options: dict, command: list[str]) -> None:
     `command`, or leaves with the status it could not (and kills any probe, as the CLI's exit)."""
     from envdoctor import entrypoint, stopping
 
-    code = stopping.run_command(lambda: entrypoint.run(entrypoint.ExecOptions(**options), command))
+    try:  # a Ctrl-C ends with 130 and no word, as the CLI's exec did (the shell has said ^C)
+        code: object = stopping.run_command(lambda: entrypoint.run(entrypoint.ExecOptions(**options), command),
+                                            say_interrupted=False)
+    except SystemExit as exc:  # SIGTERM's Terminated: leave now, as the CLI does, not through the teardown
+        code = exc.code      # (a second signal during it changed the exit status: helper-57)
     stopping.kill_probes()
     exit_now(code)
 

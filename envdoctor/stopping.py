@@ -133,7 +133,7 @@ OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG
 EXIT_IO = 74  # EX_IOERR: the report could not be written (a full disk, a closed stdout); not bad usage
 
 
-def run_command(command) -> int:
+def run_command(command, say_interrupted: bool = True) -> int:
     """Run one `envdoctor` command (a function returning its exit status) as the command
     line runs it: with these handlers; a Ctrl-C ends quietly with 130 and SIGTERM with 143,
     as shells expect, and neither leaves a probe (or anything it started) running; a report
@@ -148,10 +148,11 @@ def run_command(command) -> int:
                 sys.stdout.flush()  # what `checks`, `explain`, --help wrote: a full disk or a gone reader shows here
     except KeyboardInterrupt:
         kill_everything_started()
-        try:
-            sys.stderr.write("envdoctor: interrupted\n")
-        except (OSError, ValueError):
-            pass
+        if say_interrupted:
+            try:
+                sys.stderr.write("envdoctor: interrupted\n")
+            except (OSError, ValueError):
+                pass
         return 130
     except OSError as exc:
         if exc.errno not in OUTPUT_ERRNOS:

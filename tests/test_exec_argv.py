@@ -113,3 +113,39 @@ def test_a_line_that_is_not_plain_is_still_refused_by_the_cli():
     assert out.returncode == 2
     assert "'abc' is not a valid float" in out.stderr
     assert "typer" in [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+
+
+def _fast_path_with(raising: str) -> subprocess.CompletedProcess:
+    """The fast path with entrypoint.run replaced by one that raises `raising`; an atexit
+    handler says whether the interpreter's teardown ran (the CLI leaves with os._exit)."""
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: sys.stderr.write('teardown ran\\n'))\n"
+            "from envdoctor import entrypoint, errors, program\n"
+            f"def run(options, command): raise {raising}\n"
+            "entrypoint.run = run\n"
+            "sys.argv = ['envdoctor', 'exec', '--strict', '--', 'true']\n"
+            "program.console_main()\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def test_sigterm_during_the_fast_path_leaves_as_the_cli_does():
+    """helper-57: Terminated (SIGTERM's SystemExit) went through the interpreter's teardown,
+    where a second signal turned exit 143 into death by signal."""
+    out = _fast_path_with("errors.Terminated(143)")
+    assert out.returncode == 143
+    assert "teardown ran" not in out.stderr
+
+
+def test_ctrl_c_during_the_fast_path_ends_quietly_with_130():
+    out = _fast_path_with("KeyboardInterrupt")
+    assert out.returncode == 130
+    assert out.stderr == ""
+
+
+def test_shell_completion_is_left_to_the_cli(monkeypatch):
+    from envdoctor import program
+
+    monkeypatch.setattr(sys, "argv", ["envdoctor", "exec", "--strict", "--", "true"])
+    assert program._plain_exec_line() is not None
+    monkeypatch.setenv("_ENVDOCTOR_COMPLETE", "bash_source")
+    assert program._plain_exec_line() is None
