@@ -353,14 +353,13 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
     Plug-ins that failed to load (`failures`) are error rows, as in `check`.
     """
     import socket
-    from datetime import datetime, timezone
 
     from envdoctor import __version__, envfix, redact, runner
     from envdoctor.context import HostSession, Session
-    from envdoctor.model import Report
+    from envdoctor.model import Report, started_now
 
     t0 = time.monotonic() if started is None else started  # the budget runs from here (monotonic is system-wide)
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = started_now()
     # The child is disposable: give it the job's environment, so the torch probe and
     # every library it loads see what the command will see.
     set_environ(env)

@@ -17,7 +17,7 @@ from envdoctor.check import Check
 from envdoctor.config import Config
 from envdoctor.context import Roots, Session, Target
 from envdoctor.errors import UsageError
-from envdoctor.model import Report, Result, skip
+from envdoctor.model import Report, Result, skip, started_now
 from envdoctor.record import Record
 from envdoctor.registry import Registry
 from envdoctor.watchdog import DONE
@@ -154,9 +154,7 @@ def execute(
     System facts are gathered beside the checks, each item bounded, so the whole
     run ends within the checks' timeout (plus the interpreter's own start).
     """
-    from datetime import datetime, timezone  # here: exec's pre-flight imports this module, never runs this
-
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = started_now()
     t0 = time.perf_counter()
     deadline = time.monotonic() + min(config.timeout, SYSFACTS_TIMEOUT)
     gathering = sysfacts.Gathering(session) if with_sysfacts else None

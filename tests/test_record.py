@@ -118,3 +118,17 @@ def test_equality_is_by_class_and_fields_only():
     assert shared == Session(env_override={"A": "1"}, host=a.host)
     with pytest.raises(TypeError):
         hash(Result(Status.OK, "s"))
+
+
+def test_started_now_is_what_datetime_gave():
+    from datetime import datetime, timezone
+
+    from envdoctor.model import started_now
+
+    for _ in range(3):  # a second boundary between the two calls: try again
+        before = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        ours = started_now()
+        if datetime.now(timezone.utc).isoformat(timespec="seconds") == before:
+            assert ours == before
+            return
+    pytest.fail("three second boundaries in a row")
