@@ -6,8 +6,8 @@ On `envdoctor exec`'s pre-flight, which runs on every container start before the
 that was about 19 ms of its 60 ms of imports (measured 2026-11-26 with
 benchmarks/exec_vs_import_torch.py and `python -X importtime`). Here each class
 writes its `__init__` out, so its fields and their defaults read where they are
-declared; `repr` comes from `types.SimpleNamespace`; equality, `replace()` and the
-hash of the frozen kinds keep dataclasses' meaning (tests/test_record.py).
+declared; `repr`, equality, `replace()` and the hash of the frozen kinds keep
+dataclasses' meaning (tests/test_record.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 class Record(SimpleNamespace):
     """Fields are the parameters of `__init__`, which assigns them. Equal when of the same
-    class with equal fields, as dataclasses were."""
+    class with equal fields, and shown by them, as dataclasses were; what else an instance
+    keeps (a cache) is neither compared nor shown."""
 
     # copy and pickle rebuild the instance from its attributes without calling __init__
     # (SimpleNamespace's own __reduce__ calls the class with no arguments)
@@ -34,6 +35,13 @@ class Record(SimpleNamespace):
         """The parameters of `__init__`, in order: the fields."""
         code = cls.__init__.__code__
         return code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+
+    # fields left out of repr (long, or a secret's digest), as dataclasses' field(repr=False)
+    _repr_hidden: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        shown = (f"{name}={getattr(self, name)!r}" for name in self.field_names() if name not in self._repr_hidden)
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):  # another namespace is not equal for its attributes alone

@@ -132,3 +132,33 @@ def test_started_now_is_what_datetime_gave():
             assert ours == before
             return
     pytest.fail("three second boundaries in a row")
+
+
+def test_repr_shows_fields_only_and_hides_what_a_class_hides():
+    from envdoctor.serve.discovery import TargetInfo
+    from envdoctor.serve.webconfig import WebConfig
+
+    web = WebConfig(users={"u": b"$2b$hash"})
+    web._ok[b"digest of a password"] = 1.0  # a cache, not a field
+    assert "digest" not in repr(web) and "_lock" not in repr(web)
+    info = TargetInfo("pid:1", 1, "torch", torch_maps="7f00-7f01 r-xp /venv/torch/lib/libtorch_python.so")
+    assert "libtorch" not in repr(info) and repr(info).startswith("TargetInfo(label='pid:1', pid=1")
+
+
+def test_no_module_of_ours_imports_dataclasses():
+    """envdoctor/, checks/ and exporters/ (rich, for the text table, still imports it: a
+    third party's business)."""
+    import ast
+    import glob
+
+    importers = []
+    for folder in ("envdoctor", "checks", "exporters"):
+        for path in glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True):
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) else [])
+                if "dataclasses" in names:
+                    importers.append(os.path.relpath(path, REPO))
+    assert importers == []

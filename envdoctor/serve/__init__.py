@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import signal
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from envdoctor.record import Record
 
 # Prometheus' default-port allocations list gives 9100-9999 to exporters and that
 # range is full; allocations go on above 10000. 10061 is on no exporter's entry we
@@ -30,17 +31,28 @@ DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 EXIT_IO = 74  # --once could not write --textfile (as `check -o` does)
 
 
-@dataclass
-class Options:
-    listen_address: str = DEFAULT_ADDRESS
-    web_config_file: str | None = None
-    interval: float | None = None
-    textfile: Path | None = None
-    once: bool = False
-    config_file: str | None = None
-    procfs: Path = Path("/proc")
-    sysfs: Path = Path("/sys")
-    rootfs: Path = Path("/")
+class Options(Record):
+    def __init__(
+        self,
+        listen_address: str = DEFAULT_ADDRESS,
+        web_config_file: str | None = None,
+        interval: float | None = None,
+        textfile: Path | None = None,
+        once: bool = False,
+        config_file: str | None = None,
+        procfs: Path = Path("/proc"),
+        sysfs: Path = Path("/sys"),
+        rootfs: Path = Path("/"),
+    ) -> None:
+        self.listen_address = listen_address
+        self.web_config_file = web_config_file
+        self.interval = interval
+        self.textfile = textfile
+        self.once = once
+        self.config_file = config_file
+        self.procfs = procfs
+        self.sysfs = sysfs
+        self.rootfs = rootfs
 
 
 class StartError(Exception):

@@ -21,47 +21,67 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from envdoctor.paths import Roots, read_head
 
 from envdoctor.announce import ANNOUNCE_DIRS, announced_pids
+from envdoctor.record import Record, Value
 from envdoctor.serve.torchmaps import TorchMaps
 MAPS_LIMIT = 64 << 20  # bytes of /proc/N/maps read at most (a torch process has ~1 MiB)
 _CONTAINER = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-|/docker/|/containerd/|/crio/|/)([0-9a-f]{64})(?:\.scope)?\s*$")
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
-@dataclass(frozen=True)
-class Selectors:
+class Selectors(Value):
     """What the config adds to the automatic discovery."""
 
-    comm: tuple[str, ...] = ()
-    env: tuple[str, ...] = ()
+    def __init__(
+        self,
+        comm: tuple[str, ...] = (),
+        env: tuple[str, ...] = (),
+    ) -> None:
+        self.comm = comm
+        self.env = env
 
 
-@dataclass(frozen=True)
-class TargetInfo:
+class TargetInfo(Value):
     """A target of one run and the labels its info series carries."""
 
-    label: str  # "node" or "pid:N"
-    pid: int | None
-    source: str  # node | nvml | torch | announced | selector
-    comm: str = ""
-    container_id: str = ""
-    pod_uid: str = ""
-    # the lines of its maps naming a torch folder, when discovery read them this run (source
-    # "torch"): its torch facts come from them instead of a second read of the whole maps
-    torch_maps: str = field(default="", repr=False)
+    _repr_hidden = ("torch_maps",)  # long: the maps lines naming torch
+
+    def __init__(
+        self,
+        label: str,  # "node" or "pid:N"
+        pid: int | None,
+        source: str,  # node | nvml | torch | announced | selector
+        comm: str = "",
+        container_id: str = "",
+        pod_uid: str = "",
+        # the lines of its maps naming a torch folder, when discovery read them this run (source
+        # "torch"): its torch facts come from them instead of a second read of the whole maps
+        torch_maps: str = "",
+    ) -> None:
+        self.label = label
+        self.pid = pid
+        self.source = source
+        self.comm = comm
+        self.container_id = container_id
+        self.pod_uid = pod_uid
+        self.torch_maps = torch_maps
 
 
-@dataclass
-class Found:
-    targets: list[TargetInfo] = field(default_factory=list)
-    overflow: int = 0  # found but not examined (max_targets)
-    notes: list[str] = field(default_factory=list)  # sources that could not be read, for the log
+class Found(Record):
+    def __init__(
+        self,
+        targets: list[TargetInfo] | None = None,
+        overflow: int = 0,  # found but not examined (max_targets)
+        notes: list[str] | None = None,  # sources that could not be read, for the log
+    ) -> None:
+        self.targets = [] if targets is None else targets
+        self.overflow = overflow
+        self.notes = [] if notes is None else notes
 
 
 def _read(path: Path | str, limit: int = 4096) -> bytes | None:

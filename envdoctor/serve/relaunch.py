@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ def replace_process(options: Any) -> None:
     path, argv = _command_line()
     if not path:
         return
-    document = {"pid": os.getpid(), "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}}
+    document = {"pid": os.getpid(), "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in ((name, getattr(options, name)) for name in options.field_names())}}
     env = {**os.environ, OPTIONS_VARIABLE: json.dumps(document)}
     for stream in (sys.stdout, sys.stderr):
         try:

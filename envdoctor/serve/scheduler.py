@@ -28,7 +28,6 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
@@ -39,6 +38,7 @@ from envdoctor.errors import Unavailable, UsageError
 from envdoctor.paths import read_text
 from envdoctor.memsample import MemoryHistory
 from envdoctor.model import Report, Result
+from envdoctor.record import Record
 from envdoctor.registry import Registry
 from envdoctor.serve import discovery, malloc, metrics
 from envdoctor.serve.settings import Settings
@@ -117,11 +117,16 @@ def _no_torch(session: Session) -> Any:
     raise Unavailable("the node itself has no torch; torch is judged per process")
 
 
-@dataclass
-class Stats:
-    runs_total: int = 0
-    targets_overflow_total: int = 0
-    check_timeouts: dict[str, int] = field(default_factory=dict)
+class Stats(Record):
+    def __init__(
+        self,
+        runs_total: int = 0,
+        targets_overflow_total: int = 0,
+        check_timeouts: dict[str, int] | None = None,
+    ) -> None:
+        self.runs_total = runs_total
+        self.targets_overflow_total = targets_overflow_total
+        self.check_timeouts = {} if check_timeouts is None else check_timeouts
 
 
 class Scheduler:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from envdoctor.config import Config
 from envdoctor.errors import ConfigError
+from envdoctor.record import Value
 from envdoctor.serve.discovery import Selectors
 
 DEFAULT_INTERVAL = 15.0
@@ -33,11 +33,16 @@ MAX_INTERVAL = 86400.0
 KEYS = ("interval", "max_targets", "select_comm", "select_env")
 
 
-@dataclass(frozen=True)
-class Settings:
-    interval: float = DEFAULT_INTERVAL
-    max_targets: int = DEFAULT_MAX_TARGETS
-    selectors: Selectors = Selectors()
+class Settings(Value):
+    def __init__(
+        self,
+        interval: float = DEFAULT_INTERVAL,
+        max_targets: int = DEFAULT_MAX_TARGETS,
+        selectors: Selectors = Selectors(),
+    ) -> None:
+        self.interval = interval
+        self.max_targets = max_targets
+        self.selectors = selectors
 
 
 def valid_interval(value: Any) -> bool:

@@ -8,18 +8,28 @@ and copies bytes. Nothing a client sends can make the daemon render or run check
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+
+from envdoctor.record import Value
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    metrics: bytes  # Prometheus text exposition, no timestamps
-    metrics_gzip: bytes  # the same, compressed once per run for scrapers that accept gzip (Prometheus does)
-    report: bytes  # the JSON report of every target (schema envdoctor.report/v1)
-    completed_at: float  # Unix time the run finished
-    completed_monotonic: float  # the same, on the monotonic clock (for /healthz)
-    run_seconds: float
-    targets: tuple[str, ...] = field(default_factory=tuple)
+class Snapshot(Value):
+    def __init__(
+        self,
+        metrics: bytes,  # Prometheus text exposition, no timestamps
+        metrics_gzip: bytes,  # the same, compressed once per run for scrapers that accept gzip (Prometheus does)
+        report: bytes,  # the JSON report of every target (schema envdoctor.report/v1)
+        completed_at: float,  # Unix time the run finished
+        completed_monotonic: float,  # the same, on the monotonic clock (for /healthz)
+        run_seconds: float,
+        targets: tuple[str, ...] | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.metrics_gzip = metrics_gzip
+        self.report = report
+        self.completed_at = completed_at
+        self.completed_monotonic = completed_monotonic
+        self.run_seconds = run_seconds
+        self.targets = () if targets is None else targets
 
 
 def empty() -> Snapshot:

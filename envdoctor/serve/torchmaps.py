@@ -31,17 +31,23 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from envdoctor.record import Record
 
 RECHECK_SECONDS = 120.0  # 8 runs at the default 15 s interval
 
 
-@dataclass
-class _Entry:
-    identity: tuple[bytes, bytes]  # (start time, stack start) from /proc/N/stat
-    lines: str
-    read_at: float
+class _Entry(Record):
+    def __init__(
+        self,
+        identity: tuple[bytes, bytes],  # (start time, stack start) from /proc/N/stat
+        lines: str,
+        read_at: float,
+    ) -> None:
+        self.identity = identity
+        self.lines = lines
+        self.read_at = read_at
 
 
 def mapped_inodes(lines: str) -> dict[str, int]:

@@ -34,9 +34,10 @@ import hashlib
 import re
 import ssl
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+from envdoctor.record import Record
 
 TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
             "prefer_server_cipher_suites", "cert", "key", "client_ca"}
@@ -112,17 +113,24 @@ class WebConfigError(ValueError):
         self.file, self.key, self.reason = file, key, reason
 
 
-@dataclass
-class WebConfig:
+class WebConfig(Record):
     """What the file says, settled: an ssl context (or None for plain HTTP) and the users."""
 
-    source: str | None = None
-    tls: ssl.SSLContext | None = None
-    client_auth: str = "NoClientCert"
-    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
-    headers: dict[str, str] = field(default_factory=dict)
-    _ok: dict[bytes, float] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    def __init__(
+        self,
+        source: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        client_auth: str = "NoClientCert",
+        users: dict[str, bytes] | None = None,  # user -> bcrypt hash
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.source = source
+        self.tls = tls
+        self.client_auth = client_auth
+        self.users = {} if users is None else users
+        self.headers = {} if headers is None else headers
+        self._ok: dict[bytes, float] = {}  # digests of passwords already checked: not a field, never shown
+        self._lock = threading.Lock()
 
     @property
     def auth_required(self) -> bool:
