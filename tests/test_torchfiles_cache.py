@@ -74,3 +74,81 @@ def test_a_real_torch_reads_the_same_through_the_cache(fresh, monkeypatch):
     for facts in (cached, from_disk):
         assert {k: v for k, v in facts.items() if k != "read_seconds"} == \
             {k: v for k, v in direct.items() if k != "read_seconds"}
+
+
+def _site_with_cudnn(root):
+    """A torch folder beside an nvidia-cudnn wheel: METADATA and cudnn_version.h."""
+    td = _torch_tree(root)
+    with open(os.path.join(td, "version.py"), "w") as f:  # a CUDA build: its cuDNN is read
+        f.write("__version__ = '9.9.0+cu121'\ncuda = '12.1'\n")
+    site = os.path.dirname(td)
+    wheel = os.path.join(site, "nvidia_cudnn_cu12-9.1.0.70.dist-info")
+    os.makedirs(wheel)
+    with open(os.path.join(wheel, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: nvidia-cudnn-cu12\nVersion: 9.1.0.70\n")
+    include = os.path.join(site, "nvidia", "cudnn", "include")
+    os.makedirs(include)
+    with open(os.path.join(include, "cudnn_version.h"), "w") as f:
+        f.write("#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 1\n#define CUDNN_PATCHLEVEL 0\n")
+    return td, site
+
+
+@pytest.mark.parametrize("edit", ["header", "metadata", "onnx_constants"])
+def test_an_edit_in_place_of_another_source_is_read_afresh(fresh, monkeypatch, edit):
+    """helper-58: cudnn_version.h, a wheel's METADATA or torch/onnx/_constants.py written in
+    place change no stamp of the first key; a later process served the old facts for 24 h."""
+    td, site = _site_with_cudnn(fresh)
+    os.makedirs(os.path.join(td, "onnx"))
+    constants = os.path.join(td, "onnx", "_constants.py")
+    with open(constants, "w") as f:
+        f.write("ONNX_DEFAULT_OPSET = 17\n")
+    before = torchfacts.read_installation_cached(td)
+    monkeypatch.setattr(torchfacts, "_MEMO", type(torchfacts._MEMO)())
+    site_mtime = os.stat(site).st_mtime_ns
+    if edit == "header":
+        with open(os.path.join(site, "nvidia", "cudnn", "include", "cudnn_version.h"), "w") as f:
+            f.write("#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 5\n#define CUDNN_PATCHLEVEL 1\n")
+    elif edit == "metadata":
+        with open(os.path.join(site, "nvidia_cudnn_cu12-9.1.0.70.dist-info", "METADATA"), "w") as f:
+            f.write("Metadata-Version: 2.1\nName: nvidia-cudnn-cu12\nVersion: 9.5.1.17\n")
+    else:
+        with open(constants, "w") as f:
+            f.write("ONNX_DEFAULT_OPSET = 18\n")
+    assert os.stat(site).st_mtime_ns == site_mtime  # nothing the first key looks at
+    after = torchfacts.read_installation_cached(td)
+    monkeypatch.setenv("ENVDOCTOR_NO_CACHE", "1")
+    monkeypatch.setattr(torchfacts, "_MEMO", type(torchfacts._MEMO)())
+    truth = torchfacts.read_installation_cached(td)
+    drop = ("read_seconds",)
+    assert {k: v for k, v in after.items() if k not in drop} == {k: v for k, v in truth.items() if k not in drop}
+    assert {k: v for k, v in after.items() if k not in drop} != {k: v for k, v in before.items() if k not in drop}
+
+
+def test_an_edit_that_restores_size_and_mtime_is_still_seen(fresh, monkeypatch):
+    """helper-58: version.py rewritten in place, same size, mtime put back with `touch -r`."""
+    td = _torch_tree(fresh)
+    version = os.path.join(td, "version.py")
+    assert torchfacts.read_installation_cached(td)["torch_version"] == "9.9.0+cpu"
+    monkeypatch.setattr(torchfacts, "_MEMO", type(torchfacts._MEMO)())
+    st = os.stat(version)
+    with open(version, "r+b") as f:
+        text = f.read()
+        f.seek(0)
+        f.write(text.replace(b"9.9.0", b"9.9.7"))
+    os.utime(version, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(version).st_size == st.st_size and os.stat(version).st_mtime_ns == st.st_mtime_ns
+    assert torchfacts.read_installation_cached(td)["torch_version"] == "9.9.7+cpu"
+
+
+def test_an_entry_without_the_facts_is_a_miss(fresh, monkeypatch):
+    import json
+
+    td = _torch_tree(fresh)
+    torchfacts.read_installation_cached(td)
+    folder = fresh / "cache" / "envdoctor"
+    (entry,) = [folder / p for p in os.listdir(folder) if p.startswith("torch-files-")]
+    doc = json.loads(entry.read_text())
+    doc["facts"] = {"torch_version": 1}
+    entry.write_text(json.dumps(doc))
+    monkeypatch.setattr(torchfacts, "_MEMO", type(torchfacts._MEMO)())
+    assert torchfacts.read_installation_cached(td)["torch_version"] == "9.9.0+cpu"

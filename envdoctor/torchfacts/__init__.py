@@ -169,12 +169,12 @@ _MEMO_SIZE = 64
 FILES_SCHEMA = "envdoctor.torch-files-cache/v1"
 
 
-def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+def _stamp(path: Path) -> tuple[int, int, int, int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_ctime_ns  # ctime: an edit `touch -r` hid
 
 
 def read_installation_cached(torch_dir: str, host: Callable[[str], Path] = Path) -> dict[str, Any]:
@@ -209,11 +209,26 @@ def _read_through_disk(torch_dir: str, host: Callable[[str], Path], key: tuple[A
     if not diskcache.enabled() or key[1] is None:  # no version.py: read_installation says why
         return read_installation(torch_dir, host)
     path = diskcache.entry_file("torch-files", repr(key))  # one file per installation: none evicts another
-    facts = diskcache.read(path, FILES_SCHEMA, list(key))
+    fingerprint = _every_source(torch_dir, host, key)
+    facts = diskcache.read(path, FILES_SCHEMA, fingerprint)
+    if facts is not None and not isinstance(facts.get("torch_version"), str):
+        facts = None  # an entry that is not what read_installation writes: read the files (helper-58)
     if facts is None:
         facts = read_installation(torch_dir, host)
-        diskcache.write(path, FILES_SCHEMA, list(key), facts)
+        diskcache.write(path, FILES_SCHEMA, fingerprint, facts)
     return facts
+
+
+def _every_source(torch_dir: str, host: Callable[[str], Path], key: tuple[Any, ...]) -> list[Any]:
+    """`key` and the stamps of every other file the facts come from, for an entry that
+    outlives this process: an edit in place of cudnn_version.h, of a wheel's METADATA or
+    of onnx/_constants.py does not change the site directory (helper-58). In-process the
+    cheaper `key` serves, as it always did (serve asks for every target of every run)."""
+    td, site = host(torch_dir), host(os.path.dirname(torch_dir))
+    cudnn = site / "nvidia" / "cudnn"
+    files = [td / "onnx" / "_constants.py", cudnn / "include" / "cudnn_version.h", cudnn / "lib", td / "lib",
+             *metadata.metadata_files(site)]
+    return [*key, *([str(f), _stamp(f)] for f in files)]
 
 
 _SCALARS = (str, int, float, bool, type(None))

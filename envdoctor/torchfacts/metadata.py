@@ -116,6 +116,11 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def metadata_files(site_dir: Path) -> list[Path]:
+    """The METADATA files the facts are read from: torch's and the CUDA library wheels'."""
+    return [path / "METADATA" for name, path in dist_infos(site_dir).items() if name == "torch" or _NVIDIA.match(name)]
+
+
 def cuda_packages(site_dir: Path) -> dict[str, str]:
     """Versions of the CUDA library wheels next to torch: nvidia-cudnn-cu12 -> 9.1.0.70 ..."""
     out: dict[str, str] = {}
