@@ -9,15 +9,13 @@ inside the commands that need them, so `envdoctor --help` and every command star
 from __future__ import annotations
 
 import functools
-import io
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import typer
 
-from envdoctor import __version__
+from envdoctor import __version__, check_command
 # under their old names, which tests and callers use (envdoctor.stopping: the pre-flight child needs them without typer)
 from envdoctor.stopping import EXIT_IO, OUTPUT_ERRNOS  # noqa: F401 - OUTPUT_ERRNOS: callers use it from here
 from envdoctor.stopping import ClosedStdout as _ClosedStdout  # noqa: F401
@@ -43,37 +41,21 @@ app = typer.Typer(
 
 
 def _die(message: str) -> None:
-    from envdoctor.exporters.common import one_line  # the message may quote what the user typed
-
-    typer.echo(f"envdoctor: {one_line(_scrubbed(message))}", err=True)
-    raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(check_command.usage_error(message))
 
 
 def _scrubbed(text: str) -> str:
-    """`text` with our environment's secrets masked, as in every report (DESIGN principle 3)."""
-    from envdoctor.redact import mask_own_secrets
-
-    return mask_own_secrets(text)
+    return check_command.scrubbed(text)
 
 
-def _absolute(text: str) -> Path:
-    """`text` against today's working directory, so a check's os.chdir() cannot move it; as
-    given when that directory was removed (the write then says so in one line)."""
-    try:
-        return Path(text).absolute()
-    except OSError:  # getcwd() fails in a removed directory
-        return Path(text)
+_absolute = check_command.absolute
 
 
 def _directory(flag: str, text: str) -> Path:
-    """A --path.* value as a directory that exists. Taken as text, not as a typer Path:
-    Path('') is '.', and --path.rootfs '' silently read the working directory."""
-    if not text.strip():
-        _die(f"{flag} needs a directory, not ''")
-    path = Path(text)
-    if not path.is_dir():
-        _die(f"{flag} {path} is not a directory")
-    return path
+    try:
+        return check_command.directory(flag, text)
+    except check_command.Ended as ended:
+        raise typer.Exit(ended.code) from None
 
 
 def _version(value: bool) -> None:
@@ -107,7 +89,6 @@ def _deadman_bounded(command: Callable[..., None]) -> Callable[..., None]:
 
 
 @app.command()
-@_deadman_bounded
 def check(
     only: List[str] = typer.Option([], "--only", metavar="ID", help="Run only this check (repeatable, or ID,ID)."),
     skip: List[str] = typer.Option([], "--skip", metavar="ID", help="Do not run this check (repeatable, or ID,ID)."),
@@ -138,156 +119,10 @@ def check(
     Exit codes: 0 nothing at or above --fail-on; 1 something is; 2 bad usage or config;
     74 the report could not be written.
     """
-    from envdoctor import pipeline
-    from envdoctor.config import FAIL_ON, load as load_config
-    from envdoctor.context import Roots
-    from envdoctor.errors import ConfigError, UsageError
-    from envdoctor.model import Status
-
-    from envdoctor import export
-
-    formats = export.names()
-    if fmt is not None and fmt not in formats:
-        _die(f"--format must be one of {', '.join(formats)}, not {fmt!r}")
-    if fail_on is not None and fail_on not in FAIL_ON:
-        _die(f"--fail-on must be warn or fail, not {fail_on!r}")
-    if timeout is not None:
-        from envdoctor.config import check_timeout
-        from envdoctor.errors import ParseError
-
-        try:
-            check_timeout(timeout)
-        except ParseError as exc:
-            _die(f"--timeout: {exc}")
-    if window is not None and not (0 < window <= 7 * 86400):
-        _die("--window must be a positive number of seconds (at most a week)")
-    if python is not None:
-        import shutil
-
-        found = shutil.which(python)
-        if found is None:
-            _die(f"--python {python}: no such executable interpreter")
-        python = found
-    procfs, sysfs, rootfs = (_directory(flag, text) for flag, text in
-                             (("--path.procfs", procfs_text), ("--path.sysfs", sysfs_text), ("--path.rootfs", rootfs_text)))
-    # Settled before any check runs: a check may chdir() or change the umask, and the report
-    # must still land where the user's shell meant, with the mode the user's umask gives.
-    if output_text is not None and not output_text.strip():
-        _die("--output needs a file name (it was empty)")  # Path('') is the working directory
-    if config_file is not None and not config_file.strip():  # it fell back to ./envdoctor.toml unsaid
-        _die("--config needs a file name (it was empty)")
-    if output_text == "-":  # the usual spelling of standard output (it wrote a file named '-')
-        output_text = None
-    if output_text is not None and output_text.startswith("-"):  # `-o --format json` took the next option as the file
-        _die(f"--output {output_text}: looks like an option, not a file name (for a file named so, write ./{output_text})")
-    output = None if output_text is None else _absolute(output_text)
-    umask = None
-    if output is not None:
-        from envdoctor.atomicfile import current_umask
-
-        umask = current_umask()
-    if output_text and output_text.endswith("/"):  # Path() drops the slash: x.json/ wrote a file x.json
-        typer.echo(f"envdoctor: cannot write {output_text}: it names a directory; give a file name", err=True)
-        raise typer.Exit(EXIT_IO)
-
-    for flag, given in (("--only", only), ("--skip", skip)):
-        if given and not any(part.strip() for item in given for part in item.split(",")):
-            _die(f"{flag} {' '.join(given)!r} names no check id; `envdoctor checks` lists them")  # `--only ,` ran every check
-    only = [part.strip() for item in only for part in item.split(",") if part.strip()]
-    skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
-    registry = pipeline.load_registry()
-    try:
-        config = load_config(registry.checks, explicit_file=config_file, known_ids=registry.unloaded_ids, left_out=registry.left_out)
-        if config.serve or any(k.startswith("ENVDOCTOR_SERVE__") for k in os.environ):
-            # checked here too: a file (or environment) CI passes with `check` must not stop the node's daemon
-            from envdoctor.serve.settings import from_config as serve_settings
-
-            serve_settings(config)
-    except ConfigError as exc:
-        _die(f"bad config: {exc}")
-    if fail_on:
-        config.fail_on = fail_on
-    if timeout:
-        config.set_timeout(timeout)
-    fmt = fmt or os.environ.get("ENVDOCTOR_FORMAT") or "text"
-    if fmt not in formats:
-        _die(f"ENVDOCTOR_FORMAT must be one of {', '.join(formats)}, not {fmt!r}")
-
-    sampling = _memory_window(config, registry, window)
-    roots = Roots(procfs=procfs, sysfs=sysfs, rootfs=rootfs)
-    try:
-        session = pipeline.build_session(config, pid=pid, roots=roots, python=python, onnx_files=onnx)
-        with _window_progress(session, sampling, only, skip):
-            report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
-    except UsageError as exc:
-        _die(str(exc))
-    _emit(report, fmt, registry, config.fail_on, output, umask)
-    threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
-    worst = max((r.status.severity for r in report.results), default=0)
-    raise typer.Exit(EXIT_FOUND if worst >= threshold else EXIT_OK)
-
-
-def _emit(report, fmt: str, registry, fail_on: str, output: Optional[Path], umask: Optional[int] = None) -> None:
-    import shutil
-
-    from envdoctor import export
-    from envdoctor.atomicfile import write_atomic
-    from envdoctor.errors import OutputError
-
-    # sys.stdout is None when envdoctor was started with fd 1 closed (`envdoctor check >&-`)
-    to_terminal = output is None and sys.stdout is not None and sys.stdout.isatty()
-    color = to_terminal and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-    width = shutil.get_terminal_size((120, 24)).columns  # the terminal's, or $COLUMNS, or 120 in a pipe
-    try:
-        text = export.render(fmt, report, export.ExportOptions(catalog=registry.checks, fail_on=fail_on,
-                                                               color=color, width=width))
-    except export.FormatError as exc:  # a plug-in format that broke, hung or gave no text: nothing written
-        _die(str(exc))
-    if output is None:
-        write_stdout(text)
-        return
-    try:
-        write_atomic(output, text, umask=umask)  # a reader never sees half a report; nothing else is touched
-    except OutputError as exc:
-        typer.echo(f"envdoctor: {_scrubbed(str(exc))}", err=True)
-        raise typer.Exit(EXIT_IO)
-
-
-def _write_whole(text: str) -> None:
-    """All of `text` on standard output. Through its descriptor where it has one: into a
-    pipe someone set non-blocking, the text layer wrote what fit, and the rest was dropped
-    at exit without a word (exit 0, half a report); atomicfile's writer waits instead."""
-    sys.stdout.flush()
-    try:
-        fd = sys.stdout.fileno()
-        data = text.encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict")
-    except (AttributeError, io.UnsupportedOperation, LookupError):  # a stream without a descriptor (embedded use)
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    from envdoctor.atomicfile import write_descriptor
-
-    write_descriptor(fd, data)
-
-
-def write_stdout(text: str) -> None:
-    """Standard output, or one line and exit 74 when it is closed or full (never a traceback)."""
-    try:
-        if sys.stdout is None:  # started with standard output closed
-            raise OSError(9, "standard output is closed")
-        _write_whole(text)
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail again
-        except (OSError, ValueError, AttributeError):  # AttributeError: no sys.stdout at all
-            pass
-        try:
-            sys.stderr.write(f"envdoctor: cannot write the report to standard output: {reason}\n")
-        except (OSError, ValueError, AttributeError):
-            pass
-        raise typer.Exit(EXIT_IO)
+    raise typer.Exit(check_command.run_guarded(
+        only=only, skip=skip, fmt=fmt, pid=pid, python=python, onnx=onnx, window=window, config_file=config_file,
+        fail_on=fail_on, timeout=timeout, output_text=output_text, procfs_text=procfs_text, sysfs_text=sysfs_text,
+        rootfs_text=rootfs_text))
 
 
 @app.command("checks", short_help="List every check, built-in and plug-in.")
@@ -455,55 +290,6 @@ def _exit_now(code: object) -> None:
 
     _kill_probes()
     exit_now(code)
-
-
-# -- check --window: memory.cache_growth samples for that long ---------------------------
-
-MEMORY_CHECK = "memory.cache_growth"
-
-
-def _memory_window(config, registry, window: Optional[float]) -> float:
-    """Give memory.cache_growth its window (from --window, else its config) and a timeout
-    that outlasts it; returns the window in seconds (0: no sampling)."""
-    check = registry.checks.get(MEMORY_CHECK)
-    if check is None:
-        return 0.0
-    settings = config.checks.setdefault(MEMORY_CHECK, {})
-    if window is not None:
-        settings["window_seconds"] = float(window)
-    seconds = float(config.settings_for(check).get("window_seconds", 0) or 0)
-    if seconds > 0:
-        settings["timeout"] = max(float(settings.get("timeout", 0) or 0), seconds + config.timeout)
-    return seconds
-
-
-class _window_progress:
-    """A progress bar on standard error (a terminal only) while the memory check samples."""
-
-    def __init__(self, session, window: float, only: List[str], skip: List[str]):
-        self.session, self.window = session, window
-        self.wanted = window > 0 and (not only or MEMORY_CHECK in only) and MEMORY_CHECK not in skip
-        self.progress = None
-
-    def __enter__(self):
-        if not self.wanted or not sys.stderr.isatty():
-            return self
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(TextColumn("sampling memory of {task.fields[target]}"), BarColumn(),
-                                 TextColumn("{task.completed:.0f}/{task.total:.0f} s"), TimeRemainingColumn(),
-                                 console=Console(stderr=True), transient=True)
-        self.progress.start()
-        task = self.progress.add_task("sample", total=self.window, target=self.session.target.label)
-        self.session.progress = lambda done, total: self.progress.update(task, completed=done)
-        return self
-
-    def __exit__(self, *exc_info):
-        if self.progress is not None:
-            self.progress.stop()
-            self.session.progress = None
-        return False
 
 
 @app.command("exec", context_settings={"allow_interspersed_args": False},

@@ -101,28 +101,42 @@ def _head_start_exec() -> None:
             exec_headstart.begin()
 
 
-def _plain_exec_line() -> tuple[dict, list[str]] | None:
-    """`envdoctor exec OPTIONS -- CMD` whose options are plain (envdoctor.exec_argv): its
-    options and command, read without the CLI; else None (the CLI reads the line)."""
-    if len(sys.argv) < 3 or sys.argv[1] != "exec" or "_ENVDOCTOR_COMPLETE" in os.environ:
+def _plain_line() -> tuple[str, dict, list[str]] | None:
+    """`envdoctor exec OPTIONS -- CMD` or `envdoctor check OPTIONS` whose options are plain
+    (envdoctor.plain_argv): ("exec" or "check", its options, exec's command), read
+    without the CLI; else None (the CLI reads the line)."""
+    if len(sys.argv) < 2 or sys.argv[1] not in ("exec", "check") or "_ENVDOCTOR_COMPLETE" in os.environ:
         return None  # (shell completion is the CLI's to answer, as for every other line)
-    from envdoctor import exec_argv
+    from envdoctor import plain_argv
 
-    line = exec_argv.split(sys.argv)
+    if sys.argv[1] == "check":
+        options = plain_argv.parse_check(sys.argv)
+        return None if options is None else ("check", options, [])
+    line = plain_argv.split_exec(sys.argv)
     if line is None:
         return None
-    options = exec_argv.parse(line[0])
-    return None if options is None else (options, line[1])
+    options = plain_argv.parse_exec(line[0])
+    return None if options is None else ("exec", options, line[1])
 
 
-def _exec_without_cli(options: dict, command: list[str]) -> None:
-    """What the CLI's `exec` does with these options, as the `envdoctor` command: becomes
-    `command`, or leaves with the status it could not (and kills any probe, as the CLI's exit)."""
-    from envdoctor import entrypoint, stopping
+def _without_cli(command: str, options: dict, job: list[str]) -> None:
+    """What the CLI's `check` or `exec` does with these options, as the `envdoctor` command:
+    the report and its exit code, or exec becoming `job` (or leaving with the status it
+    could not); as the CLI's exit, any probe is killed on the way out."""
+    from envdoctor import stopping
 
-    try:  # a Ctrl-C ends with 130 and no word, as the CLI's exec did (the shell has said ^C)
-        code: object = stopping.run_command(lambda: entrypoint.run(entrypoint.ExecOptions(**options), command),
-                                            say_interrupted=False)
+    if command == "check":
+        from envdoctor import check_command
+
+        def run() -> int:
+            return check_command.run_guarded(**options)
+    else:
+        from envdoctor import entrypoint
+
+        def run() -> int:
+            return entrypoint.run(entrypoint.ExecOptions(**options), job)
+    try:  # a Ctrl-C ends with 130 and no word, as the CLI's commands do (the shell has said ^C)
+        code: object = stopping.run_command(run, say_interrupted=False)
     except SystemExit as exc:  # SIGTERM's Terminated: leave now, as the CLI does, not through the teardown
         code = exc.code      # (a second signal during it changed the exit status: helper-57)
     stopping.kill_probes()
@@ -167,17 +181,17 @@ def console_main() -> None:
     relaunch_serve = True
     try:
         _head_start_exec()
-        exec_line = _plain_exec_line()
-        if exec_line is None:
+        plain = _plain_line()
+        if plain is None:
             from envdoctor.cli import console_main as cli_console_main
         else:  # here, where a Ctrl-C while importing is said in one line
-            from envdoctor import entrypoint, stopping  # noqa: F401
+            from envdoctor import stopping  # noqa: F401
     except BaseException as exc:
         if not _is_interrupt(exc):
             raise
         exit_now(_interrupted_while_starting())
-    if exec_line is not None:
-        _exec_without_cli(*exec_line)
+    if plain is not None:
+        _without_cli(*plain)
     cli_console_main()  # leaves with os._exit: a head start never taken goes with the process
 
 
