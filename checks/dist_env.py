@@ -55,10 +55,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import socket
 from collections import namedtuple
 from types import MappingProxyType
-from typing import Any, Mapping
 
 from envdoctor import launch as launch_module
 from envdoctor.check import Check
@@ -66,6 +64,10 @@ from envdoctor.errors import ParseError
 from envdoctor.paths import read_text
 from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, default_watchdog
 from envdoctor.model import Finding, Result, Status, skip, verdict
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 REQUIRED = ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -180,6 +182,8 @@ def resolve(host: str, port: int | None, timeout: float) -> tuple[tuple[str, ...
     server cannot hang the run (nor, in serve, pile up a thread per interval: a lookup
     still stuck is not started again)."""
 
+    import socket  # here: a launch's MASTER_ADDR is the only name resolved (~3 ms to import)
+
     def lookup() -> tuple[str, ...]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         return tuple(dict.fromkeys(info[4][0] for info in infos))
@@ -201,6 +205,8 @@ def resolve(host: str, port: int | None, timeout: float) -> tuple[tuple[str, ...
 def _local_addresses() -> set[str]:
     addrs: set[str] = set()
     try:
+        import socket
+
         import psutil
 
         for entries in psutil.net_if_addrs().values():

@@ -49,7 +49,6 @@ import os
 import posixpath
 import stat
 from collections import namedtuple
-from typing import Any, Mapping
 
 from envdoctor.cgroup import parse_mountinfo
 from envdoctor.check import Check, Metric
@@ -58,6 +57,10 @@ from envdoctor.context import permission_hint
 from envdoctor.errors import ParseError, Unavailable
 from envdoctor.model import Finding, Result, Status, verdict
 from envdoctor.units import docker_size, format_bytes, k8s_size
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 MIB = 1024**2
 GIB = 1024**3

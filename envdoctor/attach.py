@@ -57,10 +57,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
 
 from envdoctor.attach_snapshot import (DEFAULT_INTERVAL, DIRECTORIES, MAX_BYTES, SCHEMA,  # noqa: F401 (re-exported)
                                        _install_dataloader_hook, document_name, pid_namespace, snapshot)
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 _READER_NAMES = ("read_document", "validate", "live_document", "live_facts", "LiveFacts")
 

@@ -35,11 +35,16 @@ import functools
 import re
 from collections import namedtuple
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
 
 from envdoctor.affinity import affinity, online_cpus
 from envdoctor.paths import Roots, read_text
 from envdoctor.errors import ParseError
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    Shared = Callable[[str, Callable[[], Any]], Any]  # a memo for one moment: key, compute -> value
 
 # The kernel prints at most 20 digits for a u64; refusing longer runs keeps int()
 # away from Python's 4300-digit guard and from absurd inputs.
@@ -48,7 +53,6 @@ _DEVICE = re.compile(r"^\d+:\d+$")
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
-Shared = Callable[[str, Callable[[], Any]], Any]  # a memo for one moment: key, compute -> value
 
 # --------------------------------------------------------------------------- parsers
 

@@ -31,12 +31,15 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping
 
 from envdoctor.check import Check
 from envdoctor.errors import ConfigError, ParseError
 from envdoctor.record import Record
 from envdoctor.units import parse_int, parse_size
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Mapping
 
 FAIL_ON = ("warn", "fail")
 DEFAULT_TIMEOUT = 15.0

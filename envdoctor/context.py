@@ -22,13 +22,16 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping
 
 from envdoctor.errors import Unavailable
 from envdoctor.paths import Roots, read_bytes
 from envdoctor.procfs import parse_environ
 from envdoctor.record import Record, Value
 from envdoctor.watchdog import Watchdog, default_watchdog
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping
 
 __all__ = ["Roots", "Target", "HostSession", "Session", "Context", "permission_hint", "unavailable_from_oserror"]
 

@@ -18,10 +18,13 @@ import stat
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Mapping
 
 from envdoctor.atomicfile import write_atomic
 from envdoctor.errors import OutputError
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 NO_CACHE_VAR = "ENVDOCTOR_NO_CACHE"
 MAX_AGE_SECONDS = 24 * 3600  # a safety net for whatever a fingerprint misses

@@ -15,9 +15,12 @@ has no change here; the caller says so, with the check's outside fix.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
 
 from envdoctor.record import Record, Value
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping, Sequence
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")

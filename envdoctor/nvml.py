@@ -28,14 +28,18 @@ classes from the library object, so the fake raises pynvml's real classes.
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 import time
-from typing import Any, Callable
 
 from envdoctor.errors import Unavailable
 from envdoctor.record import Record
 from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, Pending, default_watchdog
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 DEFAULT_TIMEOUT = 5.0  # seconds one device (or one system call) may take to answer
 
@@ -245,11 +249,21 @@ def _driver_library_loads() -> bool:
     A library that is there but does not load (a truncated file, the wrong
     architecture, a missing dependency) is not "no driver": it raises
     Unavailable with the loader's own reason.
+
+    Asked through _ctypes.dlopen, what ctypes.CDLL(NVML_LIBRARY) calls with the same
+    mode and message: the ctypes package around it costs ~3 ms to import, and on a
+    machine without a driver nothing else needs it.
     """
-    import ctypes
+    try:
+        from _ctypes import dlopen
+    except ImportError:  # an interpreter whose ctypes is laid out otherwise
+        from ctypes import CDLL
+
+        def dlopen(name: str, mode: int) -> Any:
+            return CDLL(name, mode)
 
     try:
-        ctypes.CDLL(NVML_LIBRARY)
+        dlopen(NVML_LIBRARY, os.RTLD_LOCAL)  # ctypes' DEFAULT_MODE; RTLD_NOW is added below it, as for CDLL
     except OSError as exc:
         reason = str(exc)
         if _library_absent(reason):

@@ -172,20 +172,22 @@ def _interrupted_while_starting() -> int:
 def console_main() -> None:
     """The `envdoctor` console script."""
     global relaunch_serve
-    _note_inherited_descriptors()
-    _note_inherited_children()
-    _hold_reloads_while_starting()
-    code = _daemon_exit_code()
-    if code is not None:
-        exit_now(code)
-    relaunch_serve = True
-    try:
+    try:  # from the first line of ours: a Ctrl-C while starting is one line, not an import's traceback
+        _note_inherited_descriptors()
+        _note_inherited_children()
+        _hold_reloads_while_starting()
+        code = _daemon_exit_code()
+        if code is not None:
+            exit_now(code)
+        relaunch_serve = True
         _head_start_exec()
         plain = _plain_line()
         if plain is None:
             from envdoctor.cli import console_main as cli_console_main
-        else:  # here, where a Ctrl-C while importing is said in one line
-            from envdoctor import stopping  # noqa: F401
+        elif plain[0] == "check":  # here, where a Ctrl-C while importing is said in one line (helper-59)
+            from envdoctor import check_command, stopping  # noqa: F401
+        else:
+            from envdoctor import entrypoint, stopping  # noqa: F401
     except BaseException as exc:
         if not _is_interrupt(exc):
             raise

@@ -24,12 +24,15 @@ import threading
 import time
 from collections import namedtuple
 from pathlib import Path
-from typing import Any, Callable
 
 from envdoctor import fdwait
 from envdoctor.errors import EnvdoctorError, Unavailable
 from envdoctor.probe import resolve_python
 from envdoctor.record import Record
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 MARKER = "ENVDOCTOR-STORE "
 NAMESPACE = "envdoctor/dist.consistency/v1/"

@@ -139,8 +139,8 @@ def run_command(command, say_interrupted: bool = True) -> int:
     as shells expect, and neither leaves a probe (or anything it started) running; a report
     that cannot be written ends with EXIT_IO. Used by the CLI and by exec's fast start
     (envdoctor.program), which does not import the CLI."""
-    install()
     try:
+        install()  # inside: a Ctrl-C between installing SIGINT's handler and the next line is ours too
         try:
             return command()
         finally:

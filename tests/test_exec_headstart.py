@@ -16,9 +16,11 @@ import uuid
 import pytest
 
 from exec_log import events
-from helpers import cli
+from helpers import cli, dies_with_its_parent
 
 from envdoctor import exec_headstart
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("argv, wanted", [
@@ -375,3 +377,16 @@ def test_the_deadman_without_threads_lets_the_run_go_on(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", no_thread)
     with deadman.Heartbeat():
         pass  # neither entering nor leaving raises
+
+
+def test_the_preflight_child_dies_with_envdoctor_even_by_sigkill(tmp_path):
+    """The child asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG,
+    forked.die_with_parent): after a SIGKILL no envdoctor code runs to end it. Asked
+    through _ctypes, so the child does not import ctypes (~3 ms before its first check)."""
+    pidfile = tmp_path / "child.pid"
+    child_code = ("import os, sys, time\nfrom envdoctor import forked\nforked.die_with_parent(os.getppid())\n"
+                  "assert 'ctypes' not in sys.modules, 'ctypes imported'\n"
+                  f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    parent_code = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child_code!r}], "
+                   f"start_new_session=True, cwd={REPO!r})\ntime.sleep(120)\n")
+    dies_with_its_parent(parent_code, pidfile, "exec's pre-flight child")

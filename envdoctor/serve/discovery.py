@@ -22,13 +22,16 @@ import fnmatch
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
 
 from envdoctor.paths import Roots, read_head
 
 from envdoctor.announce import ANNOUNCE_DIRS, announced_pids
 from envdoctor.record import Record, Value
 from envdoctor.serve.torchmaps import TorchMaps
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Sequence
 MAPS_LIMIT = 64 << 20  # bytes of /proc/N/maps read at most (a torch process has ~1 MiB)
 _CONTAINER = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-|/docker/|/containerd/|/crio/|/)([0-9a-f]{64})(?:\.scope)?\s*$")
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")

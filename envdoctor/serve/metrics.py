@@ -11,12 +11,14 @@ name (a pid, a sanitised comm, a container id or pod uid), never free text.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
+    from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
     from envdoctor.check import Check
     from envdoctor.model import Report, Result
     from envdoctor.serve.discovery import TargetInfo

@@ -20,9 +20,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from envdoctor.program import SERVE_OPTIONS_VARIABLE as OPTIONS_VARIABLE
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any
 
 PATH_OPTIONS = ("textfile", "procfs", "sysfs", "rootfs")  # Options fields that are Paths (JSON carries str)
 EXIT_USAGE = 2

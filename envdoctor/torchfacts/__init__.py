@@ -29,11 +29,14 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable
 
 from envdoctor import diskcache
 from envdoctor.errors import EnvdoctorError, Unavailable
 from envdoctor.torchfacts import elf, locate, metadata
+
+TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 __all__ = ["gather", "read_installation", "TorchFilesError", "RUNTIME_ONLY"]
 
