@@ -308,3 +308,13 @@ def test_a_check_line_that_is_not_plain_is_still_read_by_the_cli(tmp_path):
     assert out.returncode == 2
     assert "'abc' is not a valid int" in _said(out)
     assert "typer" in _imports(out)
+
+
+@pytest.mark.parametrize("options", [["--path.procfs", "a" * 300], ["--path.sysfs", "/" + "b" * 5000],
+                                     ["--pid", "9" * 4200]], ids=["procfs", "sysfs", "pid"])
+def test_a_name_too_long_for_the_file_system_is_one_line(tmp_path, options):
+    """helper-59: is_dir() passes ENAMETOOLONG on (Python 3.11): a traceback, exit 1, on both paths."""
+    for proc in (_through_the_cli(["envdoctor", "check", *options], tmp_path),
+                 _as_the_command(["envdoctor", "check", *options], tmp_path)):
+        said = _said(proc)
+        assert proc.returncode == 2 and "Traceback" not in said and said.count("\n") == 1, said[-2000:]
