@@ -54,6 +54,8 @@ class HeadStart:
 
 
 _waiting: HeadStart | None = None
+# In the child: the entry points _import_ahead listed, for the pre-flight's own registry load.
+_listed: list | None = None
 
 
 def wanted(argv: Sequence[str]) -> bool:
@@ -159,7 +161,7 @@ def _wait_then_run(work: int, answers: int, environ: dict[str, str]) -> None:  #
 
         options = ExecOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in job["options"].items()})
         env = environ if job["env"] is None else job["env"]
-        return in_child(options, env, job["argv"], job["started"], send)
+        return in_child(options, env, job["argv"], job["started"], send, listed=_listed)
 
     forked.answer_and_exit(preflight, answers, False)
 
@@ -167,10 +169,13 @@ def _wait_then_run(work: int, answers: int, environ: dict[str, str]) -> None:  #
 def _import_ahead() -> None:  # pragma: no cover - in the child
     """What the pre-flight imports before its first check, except plug-ins: a failure here
     is left for the pre-flight to meet and report."""
+    global _listed
     try:
         from envdoctor import config, exec_preflight, pipeline, registry  # noqa: F401
 
-        registry.load(autoload_plugins=False)
+        listed = registry.entry_points_of(registry.GROUP)
+        registry.load(autoload_plugins=False, listed=listed)
+        _listed = listed  # the pre-flight's own load reads the same list (the plug-ins from it too)
     except Exception:  # noqa: BLE001 - met again, and reported, by the pre-flight itself
         pass
 

@@ -397,7 +397,7 @@ def preflight(plans: Sequence[Any], env: Mapping[str, str], options: ExecOptions
 
 
 def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], started: float,
-              send: Any) -> dict[str, Any]:
+             send: Any, listed: list[Any] | None = None) -> dict[str, Any]:
     """The whole pre-flight, in the forked child: everything that can hang or break is
     here, loading the checks included (a plug-in's import may hang). Bad usage or a bad
     config comes back as {"stop": [2, line]}; before the checks run, the plan is sent
@@ -412,7 +412,8 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     # start with nothing verified (helper-37). The checks get the other half.
     left = options.timeout - (time.monotonic() - started) if options.timeout else registry_module.PLUGIN_IMPORT_TIMEOUT
     registry = registry_module.load(importing=lambda eps: send({"importing": [f"{ep.name} ({ep.value})" for ep in eps]}),
-                                    import_timeout=max(0.1, min(registry_module.PLUGIN_IMPORT_TIMEOUT, left / 2)))
+                                    import_timeout=max(0.1, min(registry_module.PLUGIN_IMPORT_TIMEOUT, left / 2)),
+                                    listed=listed)
     try:
         config = load_config(registry.checks, known_ids=registry.unloaded_ids, left_out=registry.left_out)
         ranks = launcher_ranks(argv)

@@ -151,3 +151,18 @@ def test_a_warm_check_does_not_import_hashlib(tmp_path):
         assert json.loads(proc.stdout)["results"][0]["check"] == "onnx.opset", proc.stderr
         runs.append(json.loads(proc.stderr.splitlines()[-1]))
     assert runs[1] == {"hashlib": False, "onnx": False}  # the limits came from the cache, by a checksum name
+
+
+def test_exec_preflight_lists_the_entry_points_once(monkeypatch):
+    """exec's pre-flight child reads the entry points in _import_ahead and hands the list
+    to its own registry load: no second directory scan, and the same checks."""
+    from envdoctor import exec_headstart, registry
+
+    calls = []
+    real = registry.entry_points_of
+    monkeypatch.setattr(registry, "entry_points_of", lambda group: calls.append(group) or real(group))
+    monkeypatch.setattr(exec_headstart, "_listed", None)
+    exec_headstart._import_ahead()
+    assert calls == [registry.GROUP] and exec_headstart._listed
+    assert set(registry.load(listed=exec_headstart._listed).checks) == set(registry.load().checks)
+    assert calls == [registry.GROUP, registry.GROUP]  # the second from the plain load() only
