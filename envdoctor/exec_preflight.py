@@ -89,13 +89,17 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     from envdoctor.errors import UsageError
 
     only, skip = _split(options.only), _split(options.skip)
-    plans = pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
-    chosen = [p for p in plans if runs_in_exec(p.check)]
-    chosen_ids = {p.check.id for p in chosen}
     # the ids asked for, from --only or else the config's only (ENVDOCTOR_ONLY included): a
     # config naming only checks exec does not run started the job unchecked, even --strict
     asked, named = (only, "--only") if only else (list(config.only), "the config's only (or ENVDOCTOR_ONLY)")
-    refused = [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in asked]
+    known = set(registry.checks) | registry.unloaded_ids
+    # envdoctor's own that never run here were not even imported (registry.NOT_IN_EXEC): refused
+    # before planning, which would call a selection of only those "no check to run"
+    refused = sorted(set(asked) & registry.not_in_exec) if set(asked) <= known else []
+    plans = [] if refused else pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
+    chosen = [p for p in plans if runs_in_exec(p.check)]
+    chosen_ids = {p.check.id for p in chosen}
+    refused += [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in asked]
     if refused:
         # every check exec can run, not only those left of this selection (which is often none)
         runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
@@ -413,9 +417,11 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     left = options.timeout - (time.monotonic() - started) if options.timeout else registry_module.PLUGIN_IMPORT_TIMEOUT
     registry = registry_module.load(importing=lambda eps: send({"importing": [f"{ep.name} ({ep.value})" for ep in eps]}),
                                     import_timeout=max(0.1, min(registry_module.PLUGIN_IMPORT_TIMEOUT, left / 2)),
-                                    listed=listed)
+                                    listed=listed, for_exec=True)
     try:
-        config = load_config(registry.checks, known_ids=registry.unloaded_ids, left_out=registry.left_out)
+        # the settings of a check exec never runs wait unread, as a left-out plug-in's: `check` reads them
+        config = load_config(registry.checks, known_ids=registry.unloaded_ids,
+                             left_out=registry.left_out | registry.not_in_exec)
         ranks = launcher_ranks(argv)
         threads = config.checks.setdefault("cpu.threads", {})
         if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):

@@ -31,6 +31,17 @@ BUILTIN_PREFIX = "envdoctor."
 BUILTIN_MODULE_PREFIX = "envdoctor.checks."
 DISABLE_AUTOLOAD_VAR = "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD"
 
+# envdoctor's own checks that never run in exec, by entry point (each one's own `modes`
+# says so; tests/test_registry_modes.py holds the two together). exec's pre-flight does not
+# import them: ~4-5 ms of every container start. Their ids stay known (Registry.not_in_exec).
+NOT_IN_EXEC = {
+    "envdoctor.checks.dist_master_port:CHECK": "dist.master_port",
+    "envdoctor.checks.memory_cache_growth:CHECK": "memory.cache_growth",
+    "envdoctor.checks.onnx_opset:CHECK": "onnx.opset",
+    "envdoctor.checks.preflight_live:CHECK": "preflight.live",
+    "envdoctor.checks.torch_pin_memory:CHECK": "torch.pin_memory",
+}
+
 
 class LoadFailure(namedtuple("LoadFailure", (
         "name",  # str: the entry point's name, normally the check id
@@ -58,11 +69,14 @@ class Registry(Record):
         # Plug-ins installed but not imported (ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1): their ids may
         # still be configured and skipped, or that advice broke every config that set them up.
         left_out: frozenset[str] = frozenset(),
+        # envdoctor's checks that never run in exec, not imported by a load for exec (NOT_IN_EXEC)
+        not_in_exec: frozenset[str] = frozenset(),
     ) -> None:
         self.checks = checks
         self.failures = failures
         self.origins = origins
         self.left_out = left_out
+        self.not_in_exec = not_in_exec
 
     def get(self, check_id: str) -> Check | None:
         return self.checks.get(check_id)
@@ -78,8 +92,9 @@ class Registry(Record):
     @property
     def unloaded_ids(self) -> set[str]:
         """Ids that name no runnable check but are no typo either: plug-ins that failed to
-        load, and those left out; the config may set them up, --skip may name them."""
-        return self.failure_ids | self.left_out
+        load, those left out, and (for exec) envdoctor's checks that never run there; the
+        config may set them up, --skip may name them."""
+        return self.failure_ids | self.left_out | self.not_in_exec
 
     def failures_selected(self, only: Iterable[str] = (), skip: Iterable[str] = (),
                           disabled: Callable[[str], bool] = lambda _id: False) -> list[LoadFailure]:
@@ -183,13 +198,15 @@ def plugins_enabled() -> bool:
 
 
 def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPoint]], None] | None = None,
-         import_timeout: float = PLUGIN_IMPORT_TIMEOUT, listed: list[EntryPoint] | None = None) -> Registry:
+         import_timeout: float = PLUGIN_IMPORT_TIMEOUT, listed: list[EntryPoint] | None = None,
+         for_exec: bool = False) -> Registry:
     """Every check. `importing` is told the plug-in entry points before their imports start,
     so a caller that may be killed during them (exec's pre-flight) can name them;
     `import_timeout` bounds those imports together (a caller with a smaller budget);
     `listed`: entry_points_of(GROUP) as the caller has just read it (exec's pre-flight
     child, moments before), not listed again (a directory scan and a stat per
-    distribution, ~2 ms of every container start)."""
+    distribution, ~2 ms of every container start); `for_exec`: envdoctor's checks that
+    never run in exec (NOT_IN_EXEC) are not imported, only named in `not_in_exec`."""
     if autoload_plugins is None:
         autoload_plugins = plugins_enabled()
     checks: dict[str, Check] = {}
@@ -197,6 +214,7 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
     failures: list[LoadFailure] = []
     seen: set[tuple[str, str]] = set()
     eps = entry_points_of(GROUP) if listed is None else listed
+    not_in_exec = {NOT_IN_EXEC[ep.value]: ep for ep in eps if for_exec and _is_builtin(ep) and ep.value in NOT_IN_EXEC}
     third_party = [ep for ep in eps if not _is_builtin(ep)] if autoload_plugins else []
     if third_party and importing is not None:
         importing(third_party)
@@ -206,6 +224,8 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
             continue
         seen.add((ep.name, ep.value))
         if not autoload_plugins and not _is_builtin(ep):
+            continue
+        if _is_builtin(ep) and NOT_IN_EXEC.get(ep.value) in not_in_exec:
             continue
         dist = _distribution_name(ep)
         try:
@@ -220,8 +240,9 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
         if not isinstance(obj, Check):
             failures.append(LoadFailure(ep.name, ep.value, dist, f"{ep.value} is a {type(obj).__name__}, not an envdoctor.check.Check"))
             continue
-        if obj.id in checks:
-            failures.append(LoadFailure(ep.name, ep.value, dist, f"check id {obj.id!r} is already provided by {origins[obj.id]}"))
+        if obj.id in checks or obj.id in not_in_exec:
+            provider = origins[obj.id] if obj.id in checks else _distribution_name(not_in_exec[obj.id])
+            failures.append(LoadFailure(ep.name, ep.value, dist, f"check id {obj.id!r} is already provided by {provider}"))
             continue
         checks[obj.id] = obj
         origins[obj.id] = dist
@@ -229,7 +250,8 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
     # which the README tells a user to switch off: that variable must not be "unknown" then
     left_out = frozenset() if autoload_plugins else frozenset(
         name for ep in eps if not _is_builtin(ep) for name in (ep.name, f"{_distribution_name(ep)}:{ep.name}"))
-    return Registry(checks, _row_ids(failures, set(checks)), origins, left_out - set(checks))
+    return Registry(checks, _row_ids(failures, set(checks) | set(not_in_exec)), origins, left_out - set(checks),
+                    frozenset(not_in_exec))
 
 
 def _row_ids(failures: list[LoadFailure], taken: set[str]) -> list[LoadFailure]:
