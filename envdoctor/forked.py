@@ -121,21 +121,20 @@ _PRCTL_ADDRESS: int | None = None
 
 
 def _prctl(option: int, value: Any) -> int:
-    """prctl(2). With an integer value, through _ctypes, the C half of ctypes: the call
-    ctypes.CDLL(None).prctl(option, value, 0, 0, 0) makes (ints passed as C ints), without
-    importing the ctypes package around it: ~3 ms, paid by exec's pre-flight child before
-    its first check (die_with_parent). A pointer value (ctypes.byref), or an interpreter
-    whose _ctypes lacks these, goes through ctypes."""
+    """prctl(2) through _ctypes, the C half of ctypes: the call ctypes.CDLL(None).prctl(
+    option, value, 0, 0, 0) makes (an int passed as a C int, a byref() as its pointer),
+    without importing the ctypes package around it: ~3 ms, paid by exec's pre-flight
+    child before its first check (die_with_parent) and by `check` (contained). An
+    interpreter whose _ctypes lacks these goes through ctypes."""
     global _PRCTL_ADDRESS
-    if isinstance(value, int):
-        try:
-            from _ctypes import call_function, dlopen, dlsym
-        except ImportError:
-            pass
-        else:
-            if _PRCTL_ADDRESS is None:
-                _PRCTL_ADDRESS = dlsym(dlopen(None, os.RTLD_LOCAL), "prctl")  # the C library's, as CDLL(None) finds it
-            return call_function(_PRCTL_ADDRESS, (option, value, 0, 0, 0))
+    try:
+        from _ctypes import call_function, dlopen, dlsym
+    except ImportError:
+        pass
+    else:
+        if _PRCTL_ADDRESS is None:
+            _PRCTL_ADDRESS = dlsym(dlopen(None, os.RTLD_LOCAL), "prctl")  # the C library's, as CDLL(None) finds it
+        return call_function(_PRCTL_ADDRESS, (option, value, 0, 0, 0))
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
@@ -154,11 +153,20 @@ def adopt_orphans(adopt: bool = True) -> bool:
 
 
 def adopts_orphans() -> bool:
+    """Whether this process is a child subreaper already (a bit kept across execve).
+    The answer comes back through a pointer: a C int built from _ctypes' own base
+    (ctypes.c_int is this class), so `check`'s containment does not import ctypes."""
     try:
-        import ctypes
+        try:
+            from _ctypes import _SimpleCData, byref
 
-        flag = ctypes.c_int(0)
-        return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) == 0 and bool(flag.value)
+            class CInt(_SimpleCData):
+                _type_ = "i"
+        except ImportError:  # an interpreter whose ctypes is laid out otherwise
+            from ctypes import byref, c_int as CInt
+
+        flag = CInt(0)
+        return _prctl(_PR_GET_CHILD_SUBREAPER, byref(flag)) == 0 and bool(flag.value)
     except Exception:  # noqa: BLE001
         return False
 

@@ -27,7 +27,6 @@ classes from the library object, so the fake raises pynvml's real classes.
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import threading
@@ -144,7 +143,7 @@ class GpuInfo(Record):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (lists, not tuples; processes as objects)."""
-        d = copy.deepcopy(dict(vars(self)))
+        d = _deepcopy(dict(vars(self)))
         d["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
         d["processes"] = [{"pid": pid, "used_memory_bytes": used} for pid, used in self.processes]
         return d
@@ -241,14 +240,23 @@ BROKEN_LIBRARY_HINT = (
 )
 
 
+def _deepcopy(value: Any) -> Any:
+    """copy.deepcopy, imported when first needed: without a GPU nothing is ever copied,
+    and the import was paid by every start."""
+    from copy import deepcopy
+
+    return deepcopy(value)
+
+
 def _driver_library_loads() -> bool:
     """Whether the driver's NVML library can be loaded, asked the way pynvml asks.
 
     On a machine without a driver this answers in about a millisecond, where
     importing pynvml only to hear LibraryNotFound costs ~20 ms of every start.
-    A library that is there but does not load (a truncated file, the wrong
+    A library that is there but does not load (a file too short to be one, the wrong
     architecture, a missing dependency) is not "no driver": it raises
-    Unavailable with the loader's own reason.
+    Unavailable with the loader's own reason. (A file cut off inside its code
+    kills the process in the loader, SIGBUS, as it would kill any job that loads it.)
 
     Asked through _ctypes.dlopen, what ctypes.CDLL(NVML_LIBRARY) calls with the same
     mode and message: the ctypes package around it costs ~3 ms to import, and on a
@@ -353,7 +361,7 @@ class _Record:
 
     def snapshot(self) -> GpuInfo:
         with self.lock:
-            return copy.deepcopy(self.info)
+            return _deepcopy(self.info)
 
 
 class Nvml:
@@ -438,10 +446,10 @@ class Nvml:
         with self._snapshot_lock:
             now = time.monotonic()
             if self._snapshot is not None and now - self._snapshot[0] <= max_age:
-                return copy.deepcopy(self._snapshot[1])
+                return _deepcopy(self._snapshot[1])
             infos = self._read_devices()
             self._snapshot = (time.monotonic(), infos)
-            return copy.deepcopy(infos)
+            return _deepcopy(infos)
 
     def _read_devices(self) -> list[GpuInfo]:
         count = self.device_count()

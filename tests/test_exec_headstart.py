@@ -390,3 +390,13 @@ def test_the_preflight_child_dies_with_envdoctor_even_by_sigkill(tmp_path):
     parent_code = (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child_code!r}], "
                    f"start_new_session=True, cwd={REPO!r})\ntime.sleep(120)\n")
     dies_with_its_parent(parent_code, pidfile, "exec's pre-flight child")
+
+
+def test_the_subreaper_bit_is_set_and_read_without_ctypes():
+    """check's containment (forked.contained) sets and reads PR_SET/GET_CHILD_SUBREAPER;
+    through _ctypes, as die_with_parent, so `check` does not import ctypes (helper-60)."""
+    code = ("import sys\nfrom envdoctor import forked\n"
+            "print(forked.adopt_orphans(True), forked.adopts_orphans(), forked.adopt_orphans(False), "
+            "forked.adopts_orphans(), 'ctypes' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "True", "True", "False", "False"], out

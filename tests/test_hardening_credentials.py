@@ -210,3 +210,22 @@ def test_log_lines_carry_no_credential(secret, key, shape, extra):
             os.environ["HF_TOKEN"] = saved
     assert "\n" not in line
     assert secret not in line and repr(secret)[1:-1] not in line, line
+
+
+def test_interface_names_are_if_nameindex_s_without_socket():
+    """The public interface names come from /proc/self/net/dev, as if_nameindex gives them."""
+    from envdoctor import redact
+
+    assert sorted(redact._interface_names()) == sorted(name for _, name in socket.if_nameindex())
+
+
+@pytest.mark.parametrize("table", [b"", b"not the kernel's table\n"], ids=["empty", "foreign"])
+def test_a_net_dev_that_is_not_the_kernels_falls_back_to_if_nameindex(monkeypatch, table):
+    """helper-60: a readable but empty /proc/self/net/dev gave no names, and a secret equal to
+    an interface name was masked where it had not been."""
+    import io
+
+    from envdoctor import redact
+
+    monkeypatch.setattr(redact, "open", lambda *a, **k: io.BytesIO(table), raising=False)
+    assert sorted(redact._interface_names()) == sorted(name for _, name in socket.if_nameindex())

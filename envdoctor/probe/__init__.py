@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import selectors
 import signal
 import sys
 import threading
@@ -255,6 +254,7 @@ def _communicate(proc: subprocess.Popen, timeout: float) -> _Output:
     EXIT_GRACE has passed (a child it started may hold the pipes open for ever), or
     until `timeout`. Memory is bounded: the first _STDOUT_LIMIT bytes of stdout, the
     last _STDERR_LIMIT of stderr; the flags say where either was cut."""
+    import selectors  # noqa: F401 - here, as subprocess: a warm run starts no probe
     import subprocess  # here: a warm run starts no probe, and the import is ~2 ms of every start
 
     out, err = bytearray(), bytearray()
