@@ -77,8 +77,12 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
             continue
         plans.append(runner.Plan(check, config.settings_for(check), config.timeout_for(check)))
     if not plans and (only or skip) and not registry.failures_selected(only, skip, disabled_in(config)):
-        raise UsageError("--only/--skip (or the config's only/skip) leave no check to run" + left_out_hint(registry, only))
+        raise NothingToRun("--only/--skip (or the config's only/skip) leave no check to run" + left_out_hint(registry, only))
     return plans
+
+
+class NothingToRun(UsageError):
+    """The selection leaves no check (exec says it in its own words: envdoctor.exec_preflight)."""
 
 
 def _left_out(ids: list[str]) -> str:
