@@ -69,7 +69,7 @@ import fnmatch
 import time
 from collections import Counter
 
-from envdoctor import launch, log, probe, rendezvous, visible_devices as vd
+from envdoctor import launch, log, visible_devices as vd
 from envdoctor.check import Check
 from envdoctor.errors import Unavailable
 from envdoctor.model import Finding, Result, Status, host_name, skip, verdict
@@ -78,6 +78,8 @@ from envdoctor.redact import is_allowed, looks_secret
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
     from typing import Any, Iterable, Mapping
+
+    from envdoctor import rendezvous
 
 
 MIN_EXCHANGE_SECONDS = 3.0  # start the subprocess, import torch's store (warm), meet, read the verdict
@@ -220,6 +222,8 @@ def gather(ctx) -> dict[str, Any]:
     if bad:
         return {"bad_setting": f"[check.\"dist.consistency\"] {', '.join(bad)}: must be a number of seconds "
                                "above 0 and at most 86400"}
+    from envdoctor import probe, rendezvous  # here: only a rank of a launch gets this far (~1.5 ms to import)
+
     request = rendezvous.Request(facts=own, import_seconds=probe.default_timeout(), **waits, **launch_of(env))
     if ctx.deadline is not None:  # exec's budget, or a --timeout shorter than the exchange would take
         left = 0.9 * (ctx.deadline - time.monotonic()) - 0.2

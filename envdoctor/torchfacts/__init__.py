@@ -32,7 +32,7 @@ from pathlib import Path
 
 from envdoctor import diskcache
 from envdoctor.errors import EnvdoctorError, Unavailable
-from envdoctor.torchfacts import elf, locate, metadata
+from envdoctor.torchfacts import locate, metadata
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -145,6 +145,8 @@ def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dic
 
 def _arch_facts(td: Path, torch_dir: str, unknown: dict[str, str]) -> dict[str, Any]:
     """torch.cuda.get_arch_list() as compiled in: libtorch_python.so's string, else the -gencode flags."""
+    from envdoctor.torchfacts import elf  # here: a warm start takes these facts from the disk cache
+
     for name, reader in (("libtorch_python.so", elf.arch_string), ("libtorch_cuda.so", elf.gencode_arches)):
         arch = reader(td / "lib" / name)
         if arch:
