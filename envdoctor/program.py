@@ -169,17 +169,23 @@ def _interrupted_while_starting() -> int:
     return 130
 
 
+def _start_as_the_command() -> None:
+    """What both entry points do first: note what the process inherited, hold serve's
+    reloads, and run a relaunched daemon (which leaves with its exit code)."""
+    global relaunch_serve
+    _note_inherited_descriptors()
+    _note_inherited_children()
+    _hold_reloads_while_starting()
+    code = _daemon_exit_code()
+    if code is not None:
+        exit_now(code)
+    relaunch_serve = True
+
+
 def console_main() -> None:
     """The `envdoctor` console script."""
-    global relaunch_serve
     try:  # from the first line of ours: a Ctrl-C while starting is one line, not an import's traceback
-        _note_inherited_descriptors()
-        _note_inherited_children()
-        _hold_reloads_while_starting()
-        code = _daemon_exit_code()
-        if code is not None:
-            exit_now(code)
-        relaunch_serve = True
+        _start_as_the_command()
         _head_start_exec()
         plain = _plain_line()
         if plain is None:
@@ -202,15 +208,8 @@ def module_main() -> None:
     without the interpreter's teardown: that joins the daemon's worker threads, and one
     still examining a process when SIGTERM came held the exit up for as long as its
     checks took (past 10 s on a loaded machine); a daemon's run is abandoned, not awaited."""
-    global relaunch_serve
-    _note_inherited_descriptors()
-    _note_inherited_children()
-    _hold_reloads_while_starting()
-    code = _daemon_exit_code()
-    if code is not None:
-        exit_now(code)
-    relaunch_serve = True
     try:  # the finally also covers a Ctrl-C that lands right after the fork
+        _start_as_the_command()
         _head_start_exec()
         from envdoctor.cli import module_main as cli_module_main
 
