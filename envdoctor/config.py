@@ -285,13 +285,16 @@ def load(
     cwd: Path | None = None,
     known_ids: set[str] | None = None,
     left_out: Iterable[str] = (),
+    unimported: Iterable[str] = (),
 ) -> Config:
     """Read file and environment into a Config validated against `catalog`.
 
     `known_ids` may add ids that are not runnable checks (plug-ins that failed to
     load) so that configuring them is not mistaken for a typo. Of those, `left_out`
     (plug-ins not imported at all: ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1) may have any
-    setting in the environment too, unread, as in a file.
+    setting in the environment too, unread, as in a file. `unimported`: envdoctor's own
+    checks a run did not import (exec's, registry.NOT_IN_EXEC), known and left out too, whose
+    variables stay theirs as a loaded check's do.
     """
     config = Config()
     known = set(catalog) | (known_ids or set())
@@ -299,7 +302,7 @@ def load(
     if found:
         path, prefix = found
         _apply_file(config, path, prefix, catalog, known)
-    _apply_environment(config, environ, catalog, (known_ids or set()) - set(catalog), set(left_out))
+    _apply_environment(config, environ, catalog, (known_ids or set()) - set(catalog), set(left_out), set(unimported))
     return config
 
 
@@ -500,7 +503,8 @@ def env_name(check_id: str, key: str) -> str:
 
 
 def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapping[str, Check],
-                       broken: Iterable[str] = (), left_out: set[str] = frozenset()) -> None:
+                       broken: Iterable[str] = (), left_out: set[str] = frozenset(),
+                       unimported: set[str] = frozenset()) -> None:
     for key in RUN_KEYS:
         var = ENV_PREFIX + key.upper()
         if var in environ:
@@ -521,12 +525,13 @@ def _apply_environment(config: Config, environ: Mapping[str, str], catalog: Mapp
         except ParseError as exc:
             raise ConfigError(str(exc), file="environment", key=PROBE_TIMEOUT_VAR) from None
     by_env_id: dict[str, list[str]] = {}
-    for check_id in sorted(catalog):
+    ours = set(catalog) | set(unimported)  # an unimported built-in holds its variables as a loaded one
+    for check_id in sorted(ours):
         by_env_id.setdefault(env_id(check_id), []).append(check_id)
-    for check_id in sorted(set(broken) - set(catalog)):
+    for check_id in sorted(set(broken) - ours):
         # a broken plug-in never takes a loaded check's variable: `shm_size = nosuchmod:CHECK`
         # made ENVDOCTOR_CHECK__SHM_SIZE__MIN_BYTES an ambiguity error, and exec refused to start
-        if not any(c in catalog for c in by_env_id.get(env_id(check_id), [])):
+        if not any(c in ours for c in by_env_id.get(env_id(check_id), [])):
             by_env_id.setdefault(env_id(check_id), []).append(check_id)
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX + "CHECK__"):

@@ -93,16 +93,19 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     # config naming only checks exec does not run started the job unchecked, even --strict
     asked, named = (only, "--only") if only else (list(config.only), "the config's only (or ENVDOCTOR_ONLY)")
     known = set(registry.checks) | registry.unloaded_ids
-    # envdoctor's own that never run here were not even imported (registry.NOT_IN_EXEC): refused
-    # before planning, which would call a selection of only those "no check to run"
-    refused = sorted(set(asked) & registry.not_in_exec) if set(asked) <= known else []
+    # envdoctor's own checks that never run here were not even imported (registry.NOT_IN_EXEC):
+    # asked for and not skipped, they are refused here, and the plan looks at the rest of the
+    # selection (a plug-in's check-only id asked beside them is refused too)
+    early = (set(asked) - pipeline.skipped(only, skip, config)) & registry.not_in_exec if set(asked) <= known else set()
+    rest = [check_id for check_id in only if check_id not in registry.not_in_exec] if early else only
     try:
-        plans = [] if refused else pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
+        plans = [] if early and only and not rest else pipeline.plan(registry, config,
+                                                                       pipeline.Selection(only=rest, skip=skip))
     except pipeline.NothingToRun:  # said below, with the checks exec runs (those it never runs are not loaded)
         plans = []
     chosen = [p for p in plans if runs_in_exec(p.check)]
     chosen_ids = {p.check.id for p in chosen}
-    refused += [p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in asked]
+    refused = sorted(early | {p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in asked})
     if refused:
         # every check exec can run, not only those left of this selection (which is often none)
         runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
@@ -424,7 +427,7 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     try:
         # the settings of a check exec never runs wait unread, as a left-out plug-in's: `check` reads them
         config = load_config(registry.checks, known_ids=registry.unloaded_ids,
-                             left_out=registry.left_out | registry.not_in_exec)
+                             left_out=registry.left_out | registry.not_in_exec, unimported=registry.not_in_exec)
         ranks = launcher_ranks(argv)
         threads = config.checks.setdefault("cpu.threads", {})
         if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):

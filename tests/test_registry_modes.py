@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 
+import pytest
 from exec_log import events
+from test_plugin_misbehaviour import _site
 
 from envdoctor import registry
 
@@ -37,7 +39,7 @@ def test_a_load_for_exec_imports_none_of_them_and_names_them():
 
 
 def _exec(*args, env=None):
-    full = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
+    full = {**os.environ, "PYTHONPATH": REPO, **(env or {})}  # env may give its own PYTHONPATH
     full.pop("ENVDOCTOR_CONFIG", None)
     return subprocess.run([sys.executable, "-m", "envdoctor", "exec", *args], capture_output=True, text=True,
                           env=full, timeout=120, cwd=REPO)
@@ -61,3 +63,42 @@ def test_their_ids_are_known_to_skip_and_to_the_config():
     assert events(proc.stderr)[-1]["action"] == "start"
     proc = _exec("--only", "onnx.opsett", "--", "true")  # a typo is still a typo
     assert proc.returncode == 2 and "unknown check id 'onnx.opsett'" in proc.stderr
+
+
+def _ran(tmp_path, *args, env=None):
+    marker = tmp_path / "ran"
+    marker.unlink(missing_ok=True)
+    proc = _exec(*args, "--", "touch", str(marker), env=env)
+    return proc, marker.exists()
+
+
+def test_one_of_them_asked_and_skipped_is_skipped_as_before(tmp_path):
+    """helper-61: refused before --skip was applied, exec stopped jobs it used to start."""
+    for args, env in ((("--only", "cpu.threads,onnx.opset", "--skip", "onnx.opset"), None),
+                      ((), {"ENVDOCTOR_ONLY": "cpu.threads,onnx.opset", "ENVDOCTOR_SKIP": "onnx.opset"}),
+                      (("--skip", "onnx.opset"), {"ENVDOCTOR_ONLY": "cpu.threads,onnx.opset"})):
+        proc, ran = _ran(tmp_path, "--strict", *args, env=env)
+        assert proc.returncode == 0 and ran, (args, env, proc.stderr)
+        assert events(proc.stderr)[-1]["checks"] == "1"
+
+
+def test_a_plugin_asked_beside_one_of_them_is_named_too(tmp_path):
+    site = _site(tmp_path, "checkonly", "from envdoctor.check import Check\nfrom envdoctor.model import ok\n"
+                 "CHECK = Check(id='acme.checkonly', title='t', run=lambda ctx: ok('fine'), modes=('check',))\n",
+                 "[envdoctor.checks]\nacme.checkonly = checkonly:CHECK\n")
+    proc, ran = _ran(tmp_path, "--only", "acme.checkonly,onnx.opset", env={"PYTHONPATH": f"{site}:{REPO}"})
+    assert proc.returncode == 2 and not ran
+    assert "--only acme.checkonly, onnx.opset: does not run in exec" in events(proc.stderr)[-1]["msg"]
+
+
+@pytest.mark.parametrize("autoload", ["0", "1"])
+def test_their_variables_stay_theirs_beside_a_plugin_named_alike(tmp_path, autoload):
+    """helper-61: a plug-in entry point `onnx_opset` (left out, or failing to load) and the
+    unimported onnx.opset both read as ONNX_OPSET: exec called the variable ambiguous and
+    stopped the job; with onnx.opset loaded (check, or exec before) it is the built-in's."""
+    site = _site(tmp_path, "alike", "raise ImportError('never loads')\n", "[envdoctor.checks]\nonnx_opset = alike:CHECK\n")
+    env = {"PYTHONPATH": f"{site}:{REPO}", "ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD": autoload,
+           "ENVDOCTOR_CHECK__ONNX_OPSET__ENABLED": "0"}
+    proc, ran = _ran(tmp_path, env=env)
+    assert proc.returncode == 0 and ran, proc.stderr
+    assert "names onnx.opset and onnx_opset alike" not in proc.stderr
