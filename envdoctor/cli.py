@@ -227,11 +227,12 @@ def _run_app() -> int:
 
             log("error", f"{exc.format_message()}{hint}", exit=exc.exit_code)
             return exc.exit_code
-        # click quotes the value it refused, which may be a token pasted into the wrong flag
-        sys.stderr.write(f"envdoctor: {one_line(_scrubbed(exc.format_message()))}{hint}\n")
+        # click quotes the value it refused, which may be a token pasted into the wrong flag; said
+        # where stderr can take it, and the exit code says it either way (`2>&-` ended with 1)
+        check_command.say(f"envdoctor: {one_line(_scrubbed(exc.format_message()))}{hint}")
         return exc.exit_code
     except typer.Abort:
-        sys.stderr.write("envdoctor: aborted\n")
+        check_command.say("envdoctor: aborted")
         return 1
     return code if isinstance(code, int) else 0
 

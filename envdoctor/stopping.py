@@ -159,6 +159,6 @@ def run_command(command, say_interrupted: bool = True) -> int:
             raise
         try:  # `check` says this itself; the other commands write through click, which lets it escape
             sys.stderr.write(f"envdoctor: cannot write the output: {exc.strerror or exc}\n")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: started with stderr closed too
             pass
         return EXIT_IO

@@ -162,6 +162,25 @@ def test_a_usage_error_is_one_line_naming_the_help(args, said):
         assert " level=error " in lines[0] and lines[0].endswith(" exit=2 source=envdoctor.exec"), lines
 
 
+@pytest.mark.parametrize("stderr", ["closed", "full"])
+def test_a_usage_error_exits_2_whatever_stderr_is(stderr):
+    """helper-59: with stderr closed a click usage error ended with 1, into a full disk with
+    74; the message is lost there, the exit code still says bad usage. --help with both
+    closed or full is 74, what an unwritable output is."""
+    def started(args, out=None):
+        if stderr == "closed":
+            return subprocess.run([sys.executable, "-m", "envdoctor", *args], stdout=out or subprocess.DEVNULL,
+                                  timeout=60, preexec_fn=lambda: os.close(2))
+        with open("/dev/full", "w") as full:
+            return subprocess.run([sys.executable, "-m", "envdoctor", *args], stdout=out or subprocess.DEVNULL,
+                                  stderr=full, timeout=60)
+
+    assert started(["check", "stray"]).returncode == 2
+    assert started(["nosuch"]).returncode == 2
+    with open("/dev/full", "w") as full:
+        assert started(["check", "--help"], out=full).returncode == 74
+
+
 def test_a_usage_error_masks_a_secret_pasted_into_the_wrong_flag():
     """click quotes the value it refused: a token in the wrong flag went to stderr (and CI logs)."""
     env = {**os.environ, "HF_TOKEN": "hf_s3cr3tvalue1234"}
