@@ -92,20 +92,15 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     # the ids asked for, from --only or else the config's only (ENVDOCTOR_ONLY included): a
     # config naming only checks exec does not run started the job unchecked, even --strict
     asked, named = (only, "--only") if only else (list(config.only), "the config's only (or ENVDOCTOR_ONLY)")
-    known = set(registry.checks) | registry.unloaded_ids
-    # envdoctor's own checks that never run here were not even imported (registry.NOT_IN_EXEC):
-    # asked for and not skipped, they are refused here, and the plan looks at the rest of the
-    # selection (a plug-in's check-only id asked beside them is refused too)
-    early = (set(asked) - pipeline.skipped(only, skip, config)) & registry.not_in_exec if set(asked) <= known else set()
-    rest = [check_id for check_id in only if check_id not in registry.not_in_exec] if early else only
-    try:
-        plans = [] if early and only and not rest else pipeline.plan(registry, config,
-                                                                       pipeline.Selection(only=rest, skip=skip))
-    except pipeline.NothingToRun:  # said below, with the checks exec runs (those it never runs are not loaded)
+    try:  # an unknown id is refused here, as in `check`
+        plans = pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
+    except pipeline.NothingToRun:  # said below, in exec's words
         plans = []
     chosen = [p for p in plans if runs_in_exec(p.check)]
-    chosen_ids = {p.check.id for p in chosen}
-    refused = sorted(early | {p.check.id for p in plans if p.check.id not in chosen_ids and p.check.id in asked})
+    # asked for, not skipped, and never run here: a loaded check that says so, or one of
+    # envdoctor's own that a load for exec does not even import (registry.NOT_IN_EXEC)
+    elsewhere = registry.not_in_exec | {c.id for c in registry.checks.values() if not runs_in_exec(c)}
+    refused = sorted((set(asked) - pipeline.skipped(only, skip, config)) & elsewhere)
     if refused:
         # every check exec can run, not only those left of this selection (which is often none)
         runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
