@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from envdoctor.check import Check
     from envdoctor.model import Report, Result
     from envdoctor.serve.discovery import TargetInfo
+    from envdoctor.serve.exposition_cache import ExpositionCache
 
 PREFIX = "envdoctor_"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -119,10 +120,12 @@ def _exposition(*collectors: object) -> bytes:
 
 
 def render(report: "Report", catalog: Mapping[str, "Check"], serve: ServeCollector,
-           states: StateRendering | None = None) -> bytes:
+           states: StateRendering | None = None, lines: "ExpositionCache | None" = None) -> bytes:
     """The whole exposition for one run, rendered once (a scrape copies these bytes).
-    `states`: the daemon's StateRendering, kept from run to run; None renders all anew."""
+    `states` and `lines`: the daemon's StateRendering and ExpositionCache, kept from run
+    to run; None renders all anew."""
     from envdoctor.exporters.prometheus_format import ReportCollector
 
     states = states if states is not None else StateRendering()
-    return states.render(report.results) + _exposition(ReportCollector(report, catalog, with_states=False), serve)
+    rest = (ReportCollector(report, catalog, with_states=False), serve)
+    return states.render(report.results) + (lines.render(*rest) if lines is not None else _exposition(*rest))
