@@ -17,6 +17,7 @@ from envdoctor.paths import Roots
 from envdoctor.serve import discovery
 from envdoctor.serve.scheduler import _torch_from_files
 from envdoctor.serve.torchmaps import TorchMaps
+from envdoctor.torchfacts import copied
 from helpers import cli
 from test_torchfiles import arch_lib, start_holder, stub_torch
 
@@ -109,6 +110,39 @@ def test_a_removed_torch_file_is_a_change_too(tmp_path):
     assert not memo.confirmed(5, lines, Path)
 
 
+def test_torch_facts_are_worked_out_once_per_reading_of_the_lines_and_handed_out_as_copies():
+    memo = TorchMaps()
+    lines = memo.lines(5, (b"1", b"2"), lambda: "".join(["torch ", "lines"]))
+    calls: list[int] = []
+
+    def work_out() -> dict:
+        calls.append(1)
+        return {"torch_version": "2.13.0", "warnings": []}
+
+    first = memo.facts(5, lines, work_out, copied)
+    first["warnings"].append("a caller's change")
+    assert memo.facts(5, lines, work_out, copied) == {"torch_version": "2.13.0", "warnings": []}
+    assert len(calls) == 1
+    # lines the caller read itself this run (not the memo's): worked out every time, not kept
+    assert memo.facts(5, "read elsewhere", work_out, copied)["torch_version"] == "2.13.0"
+    assert memo.facts(5, "read elsewhere", work_out, copied) and len(calls) == 3
+
+    # a failure is the caller's, and nothing is kept: the next run works them out again
+    def broken() -> dict:
+        calls.append(1)
+        raise OSError("gone")
+
+    other = memo.lines(6, (b"1", b"2"), lambda: "".join(["other ", "lines"]))
+    with pytest.raises(OSError):
+        memo.facts(6, other, broken, copied)
+    assert memo.facts(6, other, work_out, copied) and len(calls) == 5
+    # lines read again (another image, the recheck time, a replaced file): worked out afresh
+    again = memo.lines(5, (b"7", b"2"), lambda: "".join(["torch ", "lines"]))
+    assert again is not lines
+    memo.facts(5, again, work_out, copied)
+    assert len(calls) == 6
+
+
 def test_processes_that_are_gone_are_forgotten():
     memo = TorchMaps()
     for pid in (1, 2, 3):
@@ -118,7 +152,7 @@ def test_processes_that_are_gone_are_forgotten():
 
 
 @pytest.mark.real
-def test_serve_reads_a_torch_process_maps_once_and_again_when_its_torch_is_replaced(tmp_path):
+def test_serve_reads_a_torch_process_maps_once_and_again_when_its_torch_is_replaced(tmp_path, monkeypatch):
     """A real process with (stub) libtorch mapped: the second run reuses the lines the first
     read; a `pip install` over it makes the torch facts read maps again and say so."""
     site = tmp_path / "site"
@@ -134,17 +168,28 @@ def test_serve_reads_a_torch_process_maps_once_and_again_when_its_torch_is_repla
         assert mine.source == "torch"
         return mine.torch_maps, _torch_from_files(Session(target=Target(holder.pid)), mine.torch_maps, memo)
 
+    import envdoctor.torchfacts as torchfacts
+
+    worked_out: list[int] = []
+    for_process = torchfacts.for_process
+
+    def counted(*args, **kwargs):
+        worked_out.append(1)
+        return for_process(*args, **kwargs)
+
+    monkeypatch.setattr(torchfacts, "for_process", counted)
     try:
         first_lines, first = run()
         second_lines, second = run()
         assert second_lines is first_lines  # not read again
         assert first["torch_files_replaced"] == second["torch_files_replaced"] == []
+        assert second == first and len(worked_out) == 1  # nor the facts those lines gave
         replacement = tmp_path / "new.so"
         replacement.write_bytes(lib.read_bytes())
         os.replace(replacement, lib)
         stale_lines, facts = run()
         assert stale_lines is first_lines and "(deleted)" not in stale_lines  # the memo's, checked by the facts
-        assert facts["torch_files_replaced"] == [str(lib)]
+        assert facts["torch_files_replaced"] == [str(lib)] and len(worked_out) == 2
         fresh_lines, again = run()
         assert fresh_lines is not first_lines and "(deleted)" in fresh_lines
         assert again["torch_files_replaced"] == [str(lib)]

@@ -102,19 +102,25 @@ def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | N
     """A pid target's torch facts from its files (the libtorch it has mapped, read through
     /proc/N/root); never an import, never a probe. `maps_hint`: its torch lines of maps,
     as discovery read them this run or remembered them (`memo`, which confirms here that
-    they still hold: else maps is read again)."""
-    from envdoctor.torchfacts import for_process
+    they still hold, else maps is read again, and keeps the facts they gave)."""
+    from envdoctor.torchfacts import copied, for_process
 
     pid = session.target.pid
     assert pid is not None
     if maps_hint and memo is not None and not memo.confirmed(pid, maps_hint,
                                                              lambda path: session.roots.seen_by(pid, path)):
         maps_hint = ""
-    try:
-        env = dict(session.env)
-    except Unavailable:  # its VIRTUAL_ENV/PYTHONPATH hints are lost, not the facts
-        env = {}
-    return for_process(session.roots, pid, env, maps_hint=maps_hint)
+
+    def work_out() -> Any:
+        try:
+            env = dict(session.env)
+        except Unavailable:  # its VIRTUAL_ENV/PYTHONPATH hints are lost, not the facts
+            env = {}
+        return for_process(session.roots, pid, env, maps_hint=maps_hint)
+
+    if maps_hint and memo is not None:  # confirmed: the facts those lines gave still hold
+        return memo.facts(pid, maps_hint, work_out, copied)
+    return work_out()
 
 
 def _no_torch(session: Session) -> Any:

@@ -24,6 +24,14 @@ trusted while:
 Discovery reads /proc only (it never stats a file a process's mount namespace may
 hold on a hung network mount): the stat comparison is done by `confirmed`, inside
 the target's bounded torch facts.
+
+The torch facts read from the files those lines name are kept with them (`facts`):
+they are a function of the process image and of the files it mapped, which is what
+the lines and their confirmation stand for. Working them out again every run (the
+folder from the lines, five stats and a copy of the installation's facts, the
+interpreter and its venv) was a tenth of a run's CPU over 64 torch processes. Read
+afresh with the lines: when a mapped file is replaced, at another image, and at
+least every RECHECK_SECONDS.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ class _Entry(Record):
         self.identity = identity
         self.lines = lines
         self.read_at = read_at
+        self.inodes: dict[str, int] | None = None  # mapped_inodes(lines), parsed on first use
+        self.facts: Any = None  # the torch facts these lines gave, once worked out
 
 
 def mapped_inodes(lines: str) -> dict[str, int]:
@@ -112,12 +122,31 @@ class TorchMaps:
             entry = self._entries.get(pid)
             if entry is None or entry.lines is not lines:
                 return True  # not ours to judge: read by the caller this run
-        if all(_inode(seen_by(path)) == inode for path, inode in mapped_inodes(lines).items()):
+        if entry.inodes is None:
+            entry.inodes = mapped_inodes(lines)
+        if all(_inode(seen_by(path)) == inode for path, inode in entry.inodes.items()):
             return True
         with self._lock:
             if self._entries.get(pid) is entry:
                 del self._entries[pid]
         return False
+
+    def facts(self, pid: int, lines: str, work_out: Callable[[], Any], copy: Callable[[Any], Any]) -> Any:
+        """`work_out()`'s facts for the lines `confirmed` has just confirmed, worked out once
+        for those lines and kept with them; `copy` makes what a caller may change of them.
+        Lines not remembered here (read by the caller this run) are worked out every time."""
+        with self._lock:
+            entry = self._entries.get(pid)
+            if entry is None or entry.lines is not lines:
+                entry = None
+            elif entry.facts is not None:
+                return copy(entry.facts)
+        facts = work_out()  # an exception is the caller's, and nothing is kept
+        if entry is not None:
+            with self._lock:
+                entry.facts = facts
+            return copy(facts)
+        return facts
 
     def keep_only(self, pids: set[int]) -> None:
         """Forget processes that are gone (or no longer looked at)."""

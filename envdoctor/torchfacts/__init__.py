@@ -207,7 +207,7 @@ def read_installation_cached(torch_dir: str, host: Callable[[str], Path] = Path)
             _MEMO[key] = hit
             while len(_MEMO) > _MEMO_SIZE:
                 _MEMO.popitem(last=False)
-    return _copied(hit)
+    return copied(hit)
 
 
 def _read_through_disk(torch_dir: str, host: Callable[[str], Path], key: tuple[Any, ...]) -> dict[str, Any]:
@@ -239,7 +239,7 @@ def _every_source(torch_dir: str, host: Callable[[str], Path], key: tuple[Any, .
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _copied(value: Any) -> Any:
+def copied(value: Any) -> Any:
     """A copy of the facts a caller may change: their dicts and lists, by their own type
     (copy.deepcopy's generic walk was two thirds of a cached read, which serve pays for
     every torch process every run); anything else by deepcopy."""
@@ -247,9 +247,9 @@ def _copied(value: Any) -> Any:
     if kind in _SCALARS:
         return value
     if kind is dict:
-        return {k: _copied(v) for k, v in value.items()}
+        return {k: copied(v) for k, v in value.items()}
     if kind is list:
-        return [_copied(v) for v in value]
+        return [copied(v) for v in value]
     return copy.deepcopy(value)
 
 
