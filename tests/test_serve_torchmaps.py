@@ -119,13 +119,16 @@ def test_torch_facts_are_worked_out_once_per_reading_of_the_lines_and_handed_out
         calls.append(1)
         return {"torch_version": "2.13.0", "warnings": []}
 
-    first = memo.facts(5, lines, work_out, copied)
+    def same(facts: dict) -> int:
+        return 1  # the files the facts come from, unchanged
+
+    first = memo.facts(5, lines, work_out, copied, same)
     first["warnings"].append("a caller's change")
-    assert memo.facts(5, lines, work_out, copied) == {"torch_version": "2.13.0", "warnings": []}
+    assert memo.facts(5, lines, work_out, copied, same) == {"torch_version": "2.13.0", "warnings": []}
     assert len(calls) == 1
     # lines the caller read itself this run (not the memo's): worked out every time, not kept
-    assert memo.facts(5, "read elsewhere", work_out, copied)["torch_version"] == "2.13.0"
-    assert memo.facts(5, "read elsewhere", work_out, copied) and len(calls) == 3
+    assert memo.facts(5, "read elsewhere", work_out, copied, same)["torch_version"] == "2.13.0"
+    assert memo.facts(5, "read elsewhere", work_out, copied, same) and len(calls) == 3
 
     # a failure is the caller's, and nothing is kept: the next run works them out again
     def broken() -> dict:
@@ -134,13 +137,21 @@ def test_torch_facts_are_worked_out_once_per_reading_of_the_lines_and_handed_out
 
     other = memo.lines(6, (b"1", b"2"), lambda: "".join(["other ", "lines"]))
     with pytest.raises(OSError):
-        memo.facts(6, other, broken, copied)
-    assert memo.facts(6, other, work_out, copied) and len(calls) == 5
+        memo.facts(6, other, broken, copied, same)
+    assert memo.facts(6, other, work_out, copied, same) and len(calls) == 5
     # lines read again (another image, the recheck time, a replaced file): worked out afresh
     again = memo.lines(5, (b"7", b"2"), lambda: "".join(["torch ", "lines"]))
     assert again is not lines
-    memo.facts(5, again, work_out, copied)
+    memo.facts(5, again, work_out, copied, same)
     assert len(calls) == 6
+    # the files they come from that are not mapped changed (a pip install beside torch)
+    stamp = [1]
+    memo.facts(5, again, work_out, copied, lambda facts: stamp[0])
+    assert len(calls) == 6
+    stamp[0] = 2
+    memo.facts(5, again, work_out, copied, lambda facts: stamp[0])
+    memo.facts(5, again, work_out, copied, lambda facts: stamp[0])
+    assert len(calls) == 7
 
 
 def test_processes_that_are_gone_are_forgotten():
@@ -204,6 +215,45 @@ def test_serve_reads_a_torch_process_maps_once_and_again_when_its_torch_is_repla
     run_after = discovery.discover(Roots(), max_targets=1000, announce_dirs=[], nvml_pids=lambda: [],
                                    torch_maps_memo=memo)
     assert holder.pid not in {t.pid for t in run_after.targets}
+
+
+@pytest.mark.real
+def test_a_pip_install_beside_a_running_jobs_torch_is_seen_at_the_next_run(tmp_path):
+    """The kept facts are checked against the files they come from that the process does
+    not map: a cuDNN wheel upgraded next to torch, a venv made of its prefix (helper-62:
+    both were seen up to 120 s late)."""
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    pkg = stub_torch(site)
+    lib = Path(shutil.copy(arch_lib(tmp_path), pkg / "lib" / "libtorch_python.so"))
+
+    def cudnn(version: str) -> None:
+        for old in site.glob("nvidia_cudnn_cu12-*.dist-info"):
+            shutil.rmtree(old)
+        info = site / f"nvidia_cudnn_cu12-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-cudnn-cu12\nVersion: {version}\n")
+
+    cudnn("9.1.0.70")
+    holder = start_holder(sys.executable, lib, site)
+    memo = TorchMaps()
+
+    def run() -> dict:
+        found = discovery.discover(Roots(), max_targets=1000, announce_dirs=[], nvml_pids=lambda: [],
+                                   torch_maps_memo=memo)
+        mine = next(t for t in found.targets if t.pid == holder.pid)
+        return _torch_from_files(Session(target=Target(holder.pid)), mine.torch_maps, memo)
+
+    try:
+        first = run()
+        assert first["cudnn_version"] == 90100 and first["venv"] is None
+        assert run()["cudnn_version"] == 90100
+        cudnn("9.8.0.87")
+        assert run()["cudnn_version"] == 90800
+        (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        assert run()["venv"] == str(tmp_path / "venv")
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.real

@@ -103,7 +103,7 @@ def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | N
     /proc/N/root); never an import, never a probe. `maps_hint`: its torch lines of maps,
     as discovery read them this run or remembered them (`memo`, which confirms here that
     they still hold, else maps is read again, and keeps the facts they gave)."""
-    from envdoctor.torchfacts import copied, for_process
+    from envdoctor.torchfacts import copied, for_process, process_files_key
 
     pid = session.target.pid
     assert pid is not None
@@ -119,7 +119,8 @@ def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | N
         return for_process(session.roots, pid, env, maps_hint=maps_hint)
 
     if maps_hint and memo is not None:  # confirmed: the facts those lines gave still hold
-        return memo.facts(pid, maps_hint, work_out, copied)
+        return memo.facts(pid, maps_hint, work_out, copied,
+                          lambda facts: process_files_key(facts, lambda path: session.roots.seen_by(pid, path)))
     return work_out()
 
 

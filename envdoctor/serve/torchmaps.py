@@ -26,12 +26,13 @@ hold on a hung network mount): the stat comparison is done by `confirmed`, insid
 the target's bounded torch facts.
 
 The torch facts read from the files those lines name are kept with them (`facts`):
-they are a function of the process image and of the files it mapped, which is what
-the lines and their confirmation stand for. Working them out again every run (the
-folder from the lines, five stats and a copy of the installation's facts, the
-interpreter and its venv) was a tenth of a run's CPU over 64 torch processes. Read
-afresh with the lines: when a mapped file is replaced, at another image, and at
-least every RECHECK_SECONDS.
+they are a function of the process image, of the files it mapped (what the lines
+and their confirmation stand for) and of a few files it did not map (the site
+directory a `pip install` beside torch changes, version.py, the venv's pyvenv.cfg),
+whose stamps are compared every run. Working them out again every run (the folder
+from the lines, a copy of the installation's facts, the interpreter and its venv)
+was a tenth of a run's CPU over 64 torch processes. Read afresh with the lines: when
+a mapped file is replaced, at another image, and at least every RECHECK_SECONDS.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class _Entry(Record):
         self.lines = lines
         self.read_at = read_at
         self.inodes: dict[str, int] | None = None  # mapped_inodes(lines), parsed on first use
-        self.facts: Any = None  # the torch facts these lines gave, once worked out
+        self.facts: tuple[Any, Any] | None = None  # (the torch facts these lines gave, their files' key)
 
 
 def mapped_inodes(lines: str) -> dict[str, int]:
@@ -131,22 +132,26 @@ class TorchMaps:
                 del self._entries[pid]
         return False
 
-    def facts(self, pid: int, lines: str, work_out: Callable[[], Any], copy: Callable[[Any], Any]) -> Any:
+    def facts(self, pid: int, lines: str, work_out: Callable[[], Any], copy: Callable[[Any], Any],
+              files_key: Callable[[Any], Any]) -> Any:
         """`work_out()`'s facts for the lines `confirmed` has just confirmed, worked out once
-        for those lines and kept with them; `copy` makes what a caller may change of them.
-        Lines not remembered here (read by the caller this run) are worked out every time."""
+        for those lines and kept with them while `files_key(facts)` (the files they come
+        from that are not mapped) is unchanged; `copy` makes what a caller may change of
+        them. Lines not remembered here (read by the caller this run) are worked out every time."""
         with self._lock:
             entry = self._entries.get(pid)
-            if entry is None or entry.lines is not lines:
-                entry = None
-            elif entry.facts is not None:
-                return copy(entry.facts)
+            kept = None if entry is None or entry.lines is not lines else entry.facts
+        if entry is not None and entry.lines is not lines:
+            entry = None
+        if kept is not None and files_key(kept[0]) == kept[1]:
+            return copy(kept[0])
         facts = work_out()  # an exception is the caller's, and nothing is kept
-        if entry is not None:
-            with self._lock:
-                entry.facts = facts
-            return copy(facts)
-        return facts
+        if entry is None:
+            return facts
+        key = files_key(facts)
+        with self._lock:
+            entry.facts = (facts, key)
+        return copy(facts)
 
     def keep_only(self, pids: set[int]) -> None:
         """Forget processes that are gone (or no longer looked at)."""

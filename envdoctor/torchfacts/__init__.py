@@ -36,7 +36,7 @@ from envdoctor.torchfacts import locate, metadata
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Mapping
 
 __all__ = ["gather", "read_installation", "TorchFilesError", "RUNTIME_ONLY"]
 
@@ -182,6 +182,31 @@ def _stamp(path: Path) -> tuple[int, int, int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_ctime_ns  # ctime: an edit `touch -r` hid
 
 
+_VENV_TORCH = re.compile(r"^(.*)/lib/python[^/]+/site-packages/torch$")  # a venv's torch: group 1 is the venv
+
+
+def installation_key(torch_dir: str, host: Callable[[str], Path] = Path) -> tuple[Any, ...]:
+    """What read_installation_cached keys an installation by: the path, and the stamps of
+    version.py, the two libraries the arch list comes from and the site directory."""
+    td, site = host(torch_dir), host(os.path.dirname(torch_dir))
+    return (torch_dir, _stamp(td / "version.py"), _stamp(td / "lib" / "libtorch_python.so"),
+            _stamp(td / "lib" / "libtorch_cuda.so"), _stamp(site))
+
+
+def process_files_key(facts: Mapping[str, Any], host: Callable[[str], Path]) -> tuple[Any, ...]:
+    """What for_process's facts depend on besides the process and the torch files it maps
+    (serve compares those by inode every run): the site directory (a pip install or
+    uninstall next to torch, such as a cuDNN upgrade, changes it), version.py, and
+    whether its venv is still one. serve keeps a process's facts while this is unchanged
+    (helper-62: without it, a cuDNN upgrade beside a running job was seen up to 120 s late)."""
+    torch_dir = str(facts.get("torch_dir") or "")
+    if not torch_dir:
+        return (None, None, None)
+    venv = _VENV_TORCH.match(torch_dir)
+    return (_stamp(host(os.path.dirname(torch_dir))), _stamp(host(torch_dir) / "version.py"),
+            _stamp(host(f"{venv.group(1)}/pyvenv.cfg")) if venv else None)
+
+
 def read_installation_cached(torch_dir: str, host: Callable[[str], Path] = Path) -> dict[str, Any]:
     """read_installation(), remembered while torch's files are unchanged: in this process,
     and on disk (envdoctor.diskcache) for the next one.
@@ -194,9 +219,7 @@ def read_installation_cached(torch_dir: str, host: Callable[[str], Path] = Path)
     parsing version.py and the package metadata took 4-8 ms of every warm `check`
     and of every container start's `exec` (its slowest check's, so the run's).
     """
-    td, site = host(torch_dir), host(os.path.dirname(torch_dir))
-    key = (torch_dir, _stamp(td / "version.py"), _stamp(td / "lib" / "libtorch_python.so"),
-           _stamp(td / "lib" / "libtorch_cuda.so"), _stamp(site))
+    key = installation_key(torch_dir, host)
     with _MEMO_LOCK:
         hit = _MEMO.get(key)
         if hit is not None:
@@ -303,7 +326,7 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None, maps_hi
                                  f"({os.path.basename(replaced[0])}): these facts describe the files there now, "
                                  "not the torch the process runs; restart the job to run what is installed")
     # /proc/N/exe is the base interpreter even in a venv; name the venv torch came from
-    m = re.match(r"^(.*)/lib/python[^/]+/site-packages/torch$", torch_dir)
+    m = _VENV_TORCH.match(torch_dir)
     facts["venv"] = m.group(1) if m and host(f"{m.group(1)}/pyvenv.cfg").is_file() else None
     return facts
 
