@@ -4,7 +4,7 @@ the run before.
 Why: on a settled node serve renders the same series run after run (64 torch
 processes: ~800 samples of durations, facts and target info), and only their values
 change. prometheus_client escapes and validates every label of every sample on every
-render: that was about a fifth of a run's CPU. Here each family's header lines and each
+render: 9.1 ms of a ~135 ms run, 5.2 ms this way. Here each family's header lines and each
 sample's `name{labels} ` are prometheus_client's own bytes, rendered once the first
 time that series appears (by `generate_latest`, over that one family or sample); only
 the value is spelt anew each run, by prometheus_client's `floatToGoString`. So the
