@@ -60,7 +60,8 @@ NOISY_GROWTH = """
 import random, time
 kept, churn = [], None
 """ + READY + """
-for i in range(600):                      # bounded: ~60 s
+for i in range(1200):                     # bounded: ~120 s, beyond the 60 s of sampling that may
+                                          # start 20 s late (torch's import beside it, on a loaded machine)
     kept.append(b"\\x01" * (512 * 1024))   # 5 MiB/s that is never freed
     churn = None
     churn = b"\\x01" * random.randint(0, 30 * 1024 * 1024)   # noise: up to 30 MiB, freed next round
