@@ -173,9 +173,9 @@ def _start_as_the_command() -> None:
     """What both entry points do first: note what the process inherited, hold serve's
     reloads, and run a relaunched daemon (which leaves with its exit code)."""
     global relaunch_serve
+    _hold_reloads_while_starting()  # first: the window before it is the interpreter's start alone
     _note_inherited_descriptors()
     _note_inherited_children()
-    _hold_reloads_while_starting()
     code = _daemon_exit_code()
     if code is not None:
         exit_now(code)
