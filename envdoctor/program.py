@@ -170,8 +170,8 @@ def _interrupted_while_starting() -> int:
 
 
 def _start_as_the_command() -> None:
-    """What both entry points do first: note what the process inherited, hold serve's
-    reloads, and run a relaunched daemon (which leaves with its exit code)."""
+    """What both entry points do first: hold serve's reloads, note what the process
+    inherited, and run a relaunched daemon (which leaves with its exit code)."""
     global relaunch_serve
     _hold_reloads_while_starting()  # first: the window before it is the interpreter's start alone
     _note_inherited_descriptors()
