@@ -308,16 +308,16 @@ class Sampler:
         if self.nvml is None:
             return
         try:
-            devices = self.nvml.devices()
+            devices = self.nvml.gpu_use()
         except Exception as exc:  # Unavailable, a hung driver: the GPU series are just absent
             notes.append(f"NVML: {exc}")
             return
         pid = self._host_pid()
         for gpu in devices:
-            if getattr(gpu, "mig_mode", None):
+            if gpu.mig_mode:
                 notes.append(f"GPU {gpu.index}: MIG mode, per-process memory not available")
                 continue
-            for proc_pid, used in getattr(gpu, "processes", ()) or ():
+            for proc_pid, used in gpu.processes:
                 if proc_pid != pid:
                     continue
                 if used is None:

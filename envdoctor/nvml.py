@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import time
+from collections import namedtuple
 
 from envdoctor.errors import Unavailable
 from envdoctor.record import Record
@@ -73,6 +74,17 @@ NO_DRIVER_HINT = (
     "(NVIDIA Container Toolkit) or request nvidia.com/gpu in Kubernetes so the driver's libraries are mounted"
 )
 NVML_LIBRARY = "libnvidia-ml.so.1"  # the name pynvml loads on Linux
+
+
+class GpuUse(namedtuple("GpuUse", (
+    "index", "mig_mode", "memory_total_bytes", "memory_free_bytes",
+    "processes",  # ((pid, used bytes or None), ...)
+))):
+    """Who uses one GPU's memory, and how much is left: what serve asks of every device
+    once per process it examines. Immutable, so one is shared by every caller of a
+    snapshot, where `devices()` copies every device's whole record for each caller."""
+
+    __slots__ = ()
 
 
 class NvmlHung(Unavailable):
@@ -373,6 +385,7 @@ class Nvml:
         self.timeout = timeout
         self.hung: str | None = None  # set when nvmlInit hung: nothing can be queried
         self._snapshot: tuple[float, list[GpuInfo]] | None = None
+        self._use: tuple[GpuUse, ...] | None = None  # gpu_use() of the current snapshot
         self._snapshot_lock = threading.Lock()
         e = lambda name: _error_class(lib, name)  # noqa: E731
         self._NVMLError = e("NVMLError")
@@ -444,12 +457,25 @@ class Nvml:
         comes back with `timed_out` set and what was read before it stuck.
         """
         with self._snapshot_lock:
-            now = time.monotonic()
-            if self._snapshot is not None and now - self._snapshot[0] <= max_age:
-                return _deepcopy(self._snapshot[1])
+            return _deepcopy(self._current(max_age))
+
+    def gpu_use(self, max_age: float = 1.0) -> tuple[GpuUse, ...]:
+        """Each device's processes and free memory, from the same snapshot as `devices()`,
+        shared as it is: serve asks once per process it examines, and copying 8 GPUs'
+        records for each of 64 processes cost ~10 ms a run (148 against ~1 us a call)."""
+        with self._snapshot_lock:
+            infos = self._current(max_age)
+            if self._use is None:
+                self._use = tuple(GpuUse(g.index, g.mig_mode, g.memory_total_bytes, g.memory_free_bytes,
+                                         tuple((pid, used) for pid, used in g.processes)) for g in infos)
+            return self._use
+
+    def _current(self, max_age: float) -> list[GpuInfo]:
+        """The snapshot, read again when older than `max_age` seconds; under _snapshot_lock."""
+        if self._snapshot is None or time.monotonic() - self._snapshot[0] > max_age:
             infos = self._read_devices()
-            self._snapshot = (time.monotonic(), infos)
-            return _deepcopy(infos)
+            self._snapshot, self._use = (time.monotonic(), infos), None
+        return self._snapshot[1]
 
     def _read_devices(self) -> list[GpuInfo]:
         count = self.device_count()

@@ -205,6 +205,30 @@ def test_snapshot_is_shared_for_max_age_and_is_a_copy(fakes):
     assert len(fake.calls) > calls
 
 
+def test_gpu_use_is_the_snapshots_processes_and_memory_shared_until_it_is_read_again(fakes):
+    fake = fakes(devices=[FakeDevice(processes=[(4242, 3 * GIB), (4243, None)], memory_total=80 * GIB,
+                                     memory_used=20 * GIB),
+                          FakeDevice(mig=True, mig_uuids=["MIG-1"])])
+    n = connect(fake)
+    use = n.gpu_use()
+    [gpu0, gpu1] = n.devices(max_age=60)
+    assert use[0] == (0, gpu0.mig_mode, gpu0.memory_total_bytes, gpu0.memory_free_bytes, ((4242, 3 * GIB), (4243, None)))
+    assert use[0].memory_total_bytes == 80 * GIB and use[0].memory_free_bytes == gpu0.memory_free_bytes
+    assert use[1].index == 1 and use[1].mig_mode is True
+    calls = len(fake.calls)
+    assert n.gpu_use(max_age=60) is use and len(fake.calls) == calls  # shared, not copied, not read again
+    fake.devices[0].processes = [(5151, GIB)]
+    n.devices(max_age=0)  # a new snapshot: gpu_use follows it
+    assert n.gpu_use(max_age=60)[0].processes == ((5151, GIB),)
+    assert n.gpu_use(max_age=0) is not use and len(fake.calls) > calls
+
+
+def test_gpu_use_of_a_driver_that_went_away_is_unavailable(fakes):
+    n = connect(fakes(devices=[FakeDevice(errors={"memory": pynvml.NVMLError_DriverNotLoaded})]))
+    with pytest.raises(Unavailable, match="went away"):
+        n.gpu_use()
+
+
 # -- hangs: bounded, marked, not repeated ---------------------------------------------------------
 
 

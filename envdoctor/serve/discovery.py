@@ -284,4 +284,4 @@ def own_family(procfs: Path, me: int | None = None) -> set[int]:
 
 def nvml_pids_of(nvml: Any) -> list[int]:
     """Every compute process NVML lists on any GPU."""
-    return sorted({pid for dev in nvml.devices() for pid, _used in getattr(dev, "processes", [])})
+    return sorted({pid for dev in nvml.gpu_use() for pid, _used in dev.processes})
