@@ -127,6 +127,9 @@ def main() -> None:
     parser.add_argument("--torch", action="store_true",
                         help="targets are python processes that imported torch (this interpreter's; ~250 MiB each "
                              "with a CPU build), as on a training node, instead of sleep processes")
+    parser.add_argument("--spread", action="store_true",
+                        help="let a run's threads go to any CPU, as before 2026-11-26 (serve.onecpu keeps them on "
+                             "one while a run lasts); compares the two on one machine")
     args = parser.parse_args()
 
     tag = f"ENVDOCTOR_RUNCPU_{os.getpid()}"
@@ -145,6 +148,8 @@ def main() -> None:
         from envdoctor.serve import Daemon, Options
 
         scheduler = Daemon(Options(once=True, config_file=str(config))).scheduler
+        if args.spread:
+            scheduler.one_cpu_runs = False  # an attribute older versions lack, and ignore
         tidy = getattr(scheduler, "collect_garbage", lambda: None)  # absent before 2026-11-23: versions compare
         for _ in range(2):
             scheduler.run_once()
@@ -169,7 +174,8 @@ def main() -> None:
         print(f"{args.targets} targets + node: CPU {cpu * 1000:.1f} ms per run (rounds: "
               f"{', '.join(f'{c * 1000:.1f}' for c, _ in per_run)}), wall {wall * 1000:.1f} ms; "
               f"at a {args.interval:g} s interval {cpu / args.interval * 100:.2f} % of one core; "
-              f"history {args.history_points or 'as sampled'}; pause {args.pause:g} s; VmRSS {rss_mib():.1f} MiB; "
+              f"history {args.history_points or 'as sampled'}; pause {args.pause:g} s; "
+              f"{'spread' if args.spread else 'one CPU a run'} of {len(os.sched_getaffinity(0))}; VmRSS {rss_mib():.1f} MiB; "
               f"{switched / (args.rounds * args.runs):.0f} voluntary context switches a run")
     finally:
         subprocess.run(["pkill", "-f", f"time.sleep\\({marker}\\)$" if args.torch else f"^sleep {marker}$"])

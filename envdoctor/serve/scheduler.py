@@ -41,6 +41,7 @@ from envdoctor.record import Record
 from envdoctor.registry import Registry
 from envdoctor.serve import discovery, malloc, metrics
 from envdoctor.serve.exposition_cache import ExpositionCache
+from envdoctor.serve.onecpu import OneCpu
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
 from envdoctor.serve.torchmaps import TorchMaps
@@ -173,9 +174,15 @@ class Scheduler:
         self._run_lock = threading.Lock()
         self._states = metrics.StateRendering()  # the check state set's bytes, redone when a status changes
         self._lines = ExpositionCache()  # every other series' name and labels, rendered when it first appears
+        self.one_cpu_runs = True  # False: a run's threads go wherever the kernel puts them (benchmarks compare)
 
     # -- one run ------------------------------------------------------------------
     def run_once(self) -> Snapshot:
+        """One run, its threads kept on one CPU while it lasts (serve.onecpu says why)."""
+        with OneCpu(self.one_cpu_runs):
+            return self._run()
+
+    def _run(self) -> Snapshot:
         t0 = time.perf_counter()
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         host_kwargs: dict[str, Any] = dict(roots=self.roots, watchdog=self.watchdog)
