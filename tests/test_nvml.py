@@ -49,6 +49,27 @@ def test_system_queries(fakes):
     assert n.device_count() == 2
 
 
+def test_the_drivers_versions_are_asked_once_per_facade_and_a_failure_is_not_kept(fakes):
+    fake = fakes(driver="550.54.15", cuda=12040)
+    n = connect(fake)
+    for _ in range(3):
+        assert n.driver_version() == "550.54.15" and n.cuda_driver_version() == (12, 4)
+    asked = [fn for fn, _ in fake.calls if fn.startswith("nvmlSystemGet")]
+    assert asked.count("nvmlSystemGetDriverVersion") == 1 and len(asked) == 2, asked
+    fake.driver = "560.35.03"
+    assert connect(fake).driver_version() == "560.35.03"  # the next run's facade asks again
+
+    hung = fakes(system_hangs={"nvmlSystemGetDriverVersion"})
+    n = connect(hung)
+    with pytest.raises(nvml.NvmlHung):
+        n.driver_version()
+    hung.release()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and n._state.stuck_since("driver_version") is not None:
+        time.sleep(0.02)
+    assert n.driver_version() == "550.54.15"  # asked again once the stuck call returned
+
+
 @pytest.mark.parametrize("raw, expected", [(12040, (12, 4)), (11080, (11, 8)), (12000, (12, 0)), (13010, (13, 1))])
 def test_cuda_driver_version_decoding(fakes, raw, expected):
     assert connect(fakes(cuda=raw)).cuda_driver_version() == expected
@@ -203,6 +224,40 @@ def test_snapshot_is_shared_for_max_age_and_is_a_copy(fakes):
     assert len(fake.calls) == calls and again[0].name == "NVIDIA H100 80GB HBM3"
     n.devices(max_age=0)
     assert len(fake.calls) > calls
+
+
+def test_a_callers_copy_shares_nothing_mutable_with_the_snapshot(fakes):
+    """devices() copies each record one level down (nvml._copy_info): that is a deep copy
+    only while every field is immutable, or a list or dict of immutable values. Every
+    field of records with everything filled in is held to that here."""
+    fake = fakes(devices=[FakeDevice(processes=[(4242, GIB), (4243, None)], throttle=0x4 | 0x40, mig=True,
+                                     mig_uuids=["MIG-a", "MIG-b"], errors={"power": pynvml.NVMLError_NoPermission},
+                                     unsupported={"ecc"}),
+                          FakeDevice(lost=True)])
+    n = connect(fake)
+    immutable = (str, int, float, bool, type(None))
+
+    def frozen(value) -> bool:
+        return isinstance(value, immutable) or (isinstance(value, tuple) and all(frozen(v) for v in value))
+
+    first = n.devices()
+    for info in first:
+        for name, value in vars(info).items():
+            if type(value) is list:
+                assert all(frozen(v) for v in value), (name, value)
+            elif type(value) is dict:
+                assert all(frozen(k) and frozen(v) for k, v in value.items()), (name, value)
+            else:
+                assert frozen(value), (name, value)
+    assert first[0].processes and first[0].errors and first[0].throttle_reasons and first[0].mig_devices
+    for info in first:
+        for value in vars(info).values():
+            if type(value) in (list, dict):
+                value.clear()
+    again = n.devices(max_age=60)
+    assert again[0].processes == [(4242, GIB), (4243, None)] and again[0].mig_devices == ["MIG-a", "MIG-b"]
+    assert again[0].errors and again[0].unsupported == ["ecc", "ecc_aggregate"] and again[0].throttle_reasons
+    assert again == n.devices(max_age=60) and again[1].lost
 
 
 def test_gpu_use_is_the_snapshots_processes_and_memory_shared_until_it_is_read_again(fakes):
