@@ -78,12 +78,27 @@ def _is_live_procfs(procfs: Path) -> bool:
         return False
 
 
+# What this process may run on while serve keeps a run's threads on one CPU
+# (serve.onecpu): that narrowing is the daemon's own, for the length of a run, and
+# the node's CPUs are what it was narrowed from.
+_own_while_narrowed: frozenset[int] | None = None
+
+
+def narrowed(allowed: frozenset[int] | None) -> None:
+    """Say that this process's threads are narrowed from `allowed` for now (None: no longer)."""
+    global _own_while_narrowed
+    _own_while_narrowed = allowed
+
+
 def affinity(procfs: Path, pid: int | None) -> frozenset[int]:
     """The CPUs `pid` (None: this process) may run on.
 
     Raises OSError when the process cannot be examined (gone, or not ours to read)
     and ParseError when its status file does not say.
     """
+    own = _own_while_narrowed
+    if own is not None and (pid is None or pid == os.getpid()):
+        return own
     if _is_live_procfs(procfs):
         return frozenset(os.sched_getaffinity(0 if pid is None else pid))
     who = "self" if pid is None else str(pid)

@@ -122,3 +122,22 @@ def test_a_serve_run_examines_on_one_cpu_and_leaves_every_thread_as_it_found_it(
     seen.clear()
     sched.run_once()
     assert seen and all(cpus == ALLOWED for cpus in seen), seen
+
+
+@needs_two
+def test_the_nodes_cpus_are_what_the_daemon_may_use_not_the_one_cpu_of_its_run():
+    """serve's node target is read from the daemon's own process, whose threads a run
+    keeps on one CPU: the node must still show every CPU it was allowed (helper-64 saw
+    `envdoctor_cpu_effective{target="node"} 1.0` on a 2-CPU machine)."""
+    import json
+
+    from fake_pynvml import FakeNvml
+    from test_serve_scheduler import _scheduler
+
+    from envdoctor import affinity
+
+    sched = _scheduler(FakeNvml(devices=[]))
+    report = json.loads(sched.run_once().report)
+    [node] = [r for r in report["results"] if r["check"] == "cpu.threads" and r["target"] == "node"]
+    assert node["facts"]["affinity_cpus"] == len(ALLOWED), node["facts"]
+    assert affinity.affinity(__import__("pathlib").Path("/proc"), None) == ALLOWED  # and nothing left narrowed after

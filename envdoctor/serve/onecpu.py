@@ -11,6 +11,10 @@ hypervisor. Measured with `benchmarks/serve_run_cpu.py` over 64 processes: on a
 node 144 against 202 ms (README, "Running the monitor"). Kept on the CPU the run started
 on, a handoff is a plain switch there.
 
+What the node's checks read as this process's CPUs (its affinity) stays what it was
+allowed, not the one CPU of the run (`affinity.narrowed`): serve's node target is read
+from the daemon's own process.
+
 Only for the length of a run (~0.1 s every interval): between runs the daemon's
 threads (the HTTP server's among them) may run anywhere they were allowed to, and
 a CPU the training job keeps busy is not the daemon's for good. Where the kernel
@@ -20,6 +24,8 @@ refuses (a seccomp profile, a thread that just ended), nothing changes.
 from __future__ import annotations
 
 import os
+
+from envdoctor import affinity
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -76,8 +82,11 @@ class OneCpu:
         if len(allowed) < 2:
             return self
         cpu = current_cpu(allowed)
+        affinity.narrowed(frozenset(allowed))  # before: what the node's checks read is its CPUs, not the run's one
         if _set_all({cpu}):
             self.allowed, self.cpu = allowed, cpu
+        else:
+            affinity.narrowed(None)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
@@ -85,3 +94,4 @@ class OneCpu:
         if self.allowed is not None:
             _set_all(self.allowed)
             self.allowed = None
+            affinity.narrowed(None)
