@@ -342,7 +342,8 @@ def serve(
     """Monitor the node and every training process on it; serve Prometheus metrics.
 
     Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config;
-    74 when --once could not write --textfile.
+    74 when --once could not write --textfile; 75 when the listen address is in use or not
+    on this host yet (a later start may succeed).
     """
     from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError
@@ -365,7 +366,8 @@ def serve(
     try:
         daemon = Daemon(options)
     except StartError as exc:
-        _die(str(exc))
+        check_command.usage_error(str(exc))
+        raise typer.Exit(exc.code) from None
     from envdoctor.forked import contained
 
     with contained(orphans=once):  # what a plug-in's check started ends with the run (cron's --once too)

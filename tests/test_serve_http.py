@@ -86,6 +86,48 @@ def test_a_scrape_is_a_copy_of_the_last_run(serve):
     assert a == b
 
 
+@pytest.mark.parametrize("how", ["taken", "not on this host"])
+def test_an_address_it_cannot_take_now_is_one_line_and_exit_75_so_a_supervisor_retries(how):
+    """A port another process holds (a predecessor still stopping) or an address not up yet
+    at boot: a later start may succeed, so not 2, which the systemd unit's
+    RestartPreventExitStatus=2 would hold for good (helper-64)."""
+    import socket
+
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        address = f"127.0.0.1:{holder.getsockname()[1]}" if how == "taken" else "192.0.2.1:10061"  # TEST-NET-1
+        out = cli("serve", "--web.listen-address", address, timeout=60)
+    finally:
+        holder.close()
+    assert out.returncode == 75, (out.returncode, out.stderr)
+    [line] = out.stderr.splitlines()
+    assert line.startswith(f"envdoctor: cannot listen on {address}: ") and line.endswith("exit 75 so that a supervisor tries again")
+    assert "Traceback" not in out.stderr
+
+
+def test_the_daemon_says_why_it_cannot_listen_with_the_code_for_it(tmp_path):
+    """The same through Daemon itself (the typer command's path), and 2 for what a retry
+    cannot mend: an address that is not one."""
+    import socket
+
+    from envdoctor.serve import EXIT_TEMPFAIL, Daemon, Options, StartError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        with pytest.raises(StartError) as taken:
+            Daemon(Options(listen_address=f"127.0.0.1:{holder.getsockname()[1]}", config_file=None))
+    finally:
+        holder.close()
+    assert taken.value.code == EXIT_TEMPFAIL == 75 and "Address already in use" in str(taken.value)
+    with pytest.raises(StartError) as garbage:
+        Daemon(Options(listen_address="no-such-host.invalid:x", config_file=None))
+    assert garbage.value.code == 2
+
+
 def test_sigterm_and_sigint_stop_within_a_second():
     for sig in (signal.SIGTERM, signal.SIGINT):
         s = Serve("--interval", "1")

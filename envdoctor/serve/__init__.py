@@ -16,6 +16,7 @@ CLI decides the exit code.
 
 from __future__ import annotations
 
+import errno
 import signal
 import threading
 from pathlib import Path
@@ -58,8 +59,16 @@ class Options(Record):
         self.rootfs = rootfs
 
 
+EXIT_TEMPFAIL = 75  # sysexits' EX_TEMPFAIL: the listen address is taken, or not on this host yet; try again
+
+
 class StartError(Exception):
-    """Bad usage, config or web config at start: the CLI prints it and exits 2."""
+    """Why the daemon cannot start: the CLI prints it and exits with `code` (2: bad usage,
+    config or web config, which a restart would not mend)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _print_exposition(metrics: bytes) -> bool:
@@ -129,7 +138,14 @@ class Daemon:
                 self.server = httpd.Server(address, lambda: self.scheduler.snapshot, self.web,
                                            httpd.Health(lambda: self.scheduler.settings.interval, self.scheduler.stuck_calls))
             except OSError as exc:
-                raise StartError(f"cannot listen on {options.listen_address}: {exc.strerror or exc}") from None
+                # Another process holds the port (a predecessor still stopping), or the address
+                # is not up yet at boot: a later start may succeed, so not 2, which a unit's
+                # RestartPreventExitStatus=2 holds for good. Anything else (no permission for a
+                # low port) is the setup's to mend: 2.
+                transient = exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
+                raise StartError(f"cannot listen on {options.listen_address}: {exc.strerror or exc}"
+                                 + ("; exit 75 so that a supervisor tries again" if transient else ""),
+                                 EXIT_TEMPFAIL if transient else 2) from None
 
     def _load(self):
         """The config and [serve] settings, checked as a run will use them: an unknown id in

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 PATH_OPTIONS = ("textfile", "procfs", "sysfs", "rootfs")  # Options fields that are Paths (JSON carries str)
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
@@ -83,7 +82,8 @@ def waiting_options() -> Any | None:
 
 def run(options: Any) -> int:
     """Build and run the daemon as `envdoctor serve` does; its exit code. A bad start is
-    one line on stderr and exit 2, a Ctrl-C before the daemon is up exit 130."""
+    one line on stderr and exit 2 (75 for a listen address taken or not up yet), a Ctrl-C
+    before the daemon is up exit 130."""
     from envdoctor.serve import Daemon, StartError
 
     try:
@@ -95,7 +95,7 @@ def run(options: Any) -> int:
             from envdoctor.redact import mask_own_secrets
 
             sys.stderr.write(f"envdoctor: {one_line(mask_own_secrets(str(exc)))}\n")
-            return EXIT_USAGE
+            return exc.code
         from envdoctor.forked import contained
 
         with contained(orphans=False):  # on SIGTERM, what a plug-in's check started (a hung tool) goes too
