@@ -256,5 +256,8 @@ CHECK = Check(
         Metric("gpu_temperature_celsius", "temperature_celsius", "GPU core temperature", label="gpu"),
         Metric("gpu_power_watts", "power_watts", "GPU power draw", label="gpu"),
         Metric("gpu_ecc_uncorrected_errors", "ecc_uncorrected", "Uncorrectable ECC errors since the driver loaded", label="gpu"),
+        Metric("gpu_info", "gpus", "One series per GPU, value 1: join on gpu for its UUID, PCI bus id and model "
+               "(dcgm-exporter's UUID and pci_bus_id labels)",
+               info=(("gpu", "index"), ("uuid", "uuid"), ("pci_bus_id", "pci_bus_id"), ("name", "name"))),
     ),
 )

@@ -49,6 +49,13 @@ class Metric(Value):
     {label value: number} and becomes one sample per entry (for example
     `memory="host"` / `memory="gpu0"`). Label values must be bounded names, never
     free-form text (DESIGN principle 3).
+
+    When `info` is set, the fact is a list of mappings and each becomes one sample of
+    value 1 whose labels are read from its keys: `info=(("gpu", "index"), ("uuid",
+    "uuid"))` makes `{gpu="0",uuid="GPU-..."} 1` of `{"index": 0, "uuid": "GPU-..."}`.
+    That is the info-metric pattern: one series per thing, to join other series on
+    (as target_info does for processes). Its values are identifiers, cut at 128
+    characters; the name should end in `_info`.
     """
 
     def __init__(
@@ -57,11 +64,13 @@ class Metric(Value):
         fact: str,
         help: str,
         label: str | None = None,
+        info: tuple[tuple[str, str], ...] = (),  # (label, key of each mapping) pairs
     ) -> None:
         self.name = name
         self.fact = fact
         self.help = help
         self.label = label
+        self.info = info
 
 
 class Check(Value):

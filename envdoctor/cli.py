@@ -192,7 +192,8 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
     if check.metrics:
         say("\nMetrics:")
         for m in check.metrics:
-            label = f"{{target,{m.label}}}" if m.label else "{target}"
+            extra = [name for name, _key in m.info] if m.info else [m.label] if m.label else []
+            label = "{" + ",".join(["target", *extra]) + "}"
             say(f"  envdoctor_{m.name}{label}  {m.help}")
     # a plug-in's title, explanation and defaults are its own text: masked as its rows are
     typer.echo(_scrubbed("\n".join(lines)))

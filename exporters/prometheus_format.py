@@ -61,6 +61,12 @@ def state_families(results: Sequence[Result]) -> Iterator[PromMetric]:
     yield success
 
 
+def _info_value(value: object) -> str:
+    """An info series' label value: the identifier as text, "" when absent, at most 128
+    characters (a plug-in's runaway value must not make a runaway series)."""
+    return "" if value is None else str(value)[:128]
+
+
 class ReportCollector:
     """A custom collector yielding fresh families from one finished report.
     `with_states=False` leaves out state_families(), for a caller that renders them itself."""
@@ -95,16 +101,25 @@ class ReportCollector:
             if check is None:
                 continue
             for m in check.metrics:
-                if not _NAME.match(PREFIX + m.name) or (m.label and (not _LABEL.match(m.label) or m.label == "target")):
+                info = getattr(m, "info", ())  # a Metric pickled before it had one
+                extra = [label for label, _key in info] if info else ([m.label] if m.label else [])
+                if not _NAME.match(PREFIX + m.name) or not all(_LABEL.match(x) and x != "target" for x in extra):
                     continue  # a plug-in's malformed declaration costs its gauge, not the whole exposition
+                if len(set(extra)) != len(extra):
+                    continue
                 value = r.facts.get(m.fact) if isinstance(r.facts, Mapping) else None
-                labels = ["target"] + ([m.label] if m.label else [])
+                labels = ["target"] + extra
                 family = families.get(m.name)
                 if family is not None and list(family._labelnames) != labels:
                     continue  # two checks declaring one name with different labels: keep the first
                 if family is None:
                     family = families[m.name] = GaugeMetricFamily(PREFIX + m.name, m.help, labels=labels)
-                if m.label:
+                if info:
+                    if isinstance(value, (list, tuple)):
+                        for item in value:
+                            if isinstance(item, Mapping):
+                                family.add_metric([r.target] + [_info_value(item.get(key)) for _l, key in info], 1.0)
+                elif m.label:
                     if isinstance(value, Mapping):
                         for label_value, v in sorted(value.items(), key=lambda item: str(item[0])):
                             number = _number(v)

@@ -169,3 +169,43 @@ def test_the_text_table_says_the_rest_of_a_huge_cell_instead_of_wrapping_it_for_
 
     assert compact(f"({20_000_000 - CELL_CHARS} more characters; -f json has them all)") in compact(text)
     assert len(render("json", report, OPTIONS)) > 20_000_000  # JSON keeps every character
+
+
+def _gpu_report(gpus, extra_checks=()):
+    from envdoctor.checks.gpu_health import CHECK as GPU_HEALTH
+
+    catalog = {"gpu.health": GPU_HEALTH, **{c.id: c for c in extra_checks}}
+    results = [_result("gpu.health", "ok", "2 GPUs healthy", target="node",
+                       facts={"gpus": gpus, "memory_used_bytes": {"0": 1024**3}})]
+    results += [_result(c.id, "ok", "x", target="node", facts={"things": gpus}) for c in extra_checks]
+    report = Report(host="n", version="0.1.0", started_at="2026-11-26T06:00:00+00:00", target="node",
+                    duration_seconds=1.0, system={"python_version": "3.11.7"}, results=results)
+    return render("prometheus", report, ExportOptions(catalog=catalog, fail_on="fail", color=False, width=120))
+
+
+def test_gpu_info_names_each_gpus_uuid_pci_bus_id_and_model_to_join_on():
+    gpus = [{"index": 0, "uuid": "GPU-aaaa", "pci_bus_id": "00000000:18:00.0", "name": "NVIDIA H100 80GB HBM3"},
+            {"index": 1, "uuid": None, "pci_bus_id": "00000000:2A:00.0", "name": "x" * 300}]  # a uuid NVML did not give
+    text = _gpu_report(gpus)
+    assert ('envdoctor_gpu_info{gpu="0",name="NVIDIA H100 80GB HBM3",pci_bus_id="00000000:18:00.0",'
+            'target="node",uuid="GPU-aaaa"} 1.0') in text
+    assert f'envdoctor_gpu_info{{gpu="1",name="{"x" * 128}",pci_bus_id="00000000:2A:00.0",target="node",uuid=""}} 1.0' in text
+    assert 'envdoctor_gpu_memory_used_bytes{gpu="0",target="node"}' in text  # the same gpu label, to join on
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+        assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
+
+
+def test_a_plugins_malformed_info_metric_costs_its_own_series_only():
+    def plugin(id_, info):
+        return Check(id=id_, title="t", run=lambda c: ok("x"), metrics=(Metric(f"{id_.replace('.', '_')}_info", "things", "h", info=info),))
+
+    bad = [plugin("acme.target", (("target", "index"),)),     # would clash with the target label
+           plugin("acme.twice", (("gpu", "index"), ("gpu", "uuid"))),
+           plugin("acme.badname", (("not-a-label", "index"),))]
+    good = plugin("acme.good", (("thing", "index"),))
+    text = _gpu_report([{"index": 0, "uuid": "GPU-a"}, "not a mapping"], [*bad, good])
+    assert 'envdoctor_acme_good_info{target="node",thing="0"} 1.0' in text
+    assert "acme_target_info" not in text and "acme_twice_info" not in text and "acme_badname_info" not in text
+    assert 'envdoctor_gpu_info{gpu="0",name="",pci_bus_id="",target="node",uuid="GPU-a"} 1.0' in text

@@ -189,5 +189,6 @@ def test_judge_directly_on_facts():
 def test_metrics_declared_with_gpu_label():
     names = {m.name: m for m in CHECK.metrics}
     assert {"gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_temperature_celsius", "gpu_power_watts"} <= set(names)
-    assert all(m.label == "gpu" for m in CHECK.metrics)
+    assert all(m.label == "gpu" for m in CHECK.metrics if not m.info)
+    assert names["gpu_info"].info[0] == ("gpu", "index")  # joins on the same gpu label as the gauges
     assert CHECK.needs == ("nvml",)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from envdoctor.watchdog import DONE, Watchdog, default_watchdog
 
@@ -131,6 +132,9 @@ def test_processes_nvml_lists_become_targets_and_gpu_health_runs_on_the_node():
         assert f'source="nvml",target="pid:{pid}"' in text
         assert 'envdoctor_check_status{check="gpu.health",status="error",target="node"} 0.0' in text
         assert 'envdoctor_gpu_memory_used_bytes{gpu="0",target="node"}' in text
+        assert 'envdoctor_gpu_info{gpu="0",name="NVIDIA H100 80GB HBM3",pci_bus_id="' in text  # to join on
+        readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+        assert "| `envdoctor_gpu_info` | `target`, `gpu`, `uuid`, `pci_bus_id`, `name` |" in readme
     finally:
         os.kill(pid, 9)
 
