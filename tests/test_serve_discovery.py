@@ -149,3 +149,50 @@ def test_a_torch_process_keeps_its_torch_lines_and_they_give_the_whole_maps_fact
     finally:
         proc.kill()
         proc.wait()
+
+
+OUT_OF_FILES = r'''
+import json, os, resource, sys
+from envdoctor.serve import Daemon, Options
+daemon = Daemon(Options(once=True, config_file=None))
+snap = daemon.scheduler.run_once()          # a run with descriptors to spare: processes are found
+held = []
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))   # every descriptor this process may have
+except OSError:
+    pass
+try:
+    daemon.scheduler.run_once()
+    outcome = "ran"
+except Exception as exc:
+    outcome = f"{type(exc).__name__}: {exc}"
+code = daemon.run()                          # --once: the same, through the command's path
+for fd in held:
+    os.close(fd)
+print(json.dumps({"before": len(snap.targets), "outcome": outcome, "code": code,
+                  "after": len(daemon.scheduler.snapshot.targets)}))
+'''
+
+
+def test_a_run_out_of_descriptors_fails_and_says_so_instead_of_losing_every_process(tmp_path):
+    """With every descriptor in use, /proc cannot be listed. That read as "no processes":
+    every target logged as gone, and back a run later, with no error (helper-63). Now the
+    run fails, says why and what to raise, and the last snapshot stands; --once exits 74."""
+    keep = subprocess.Popen(["sleep", "60"])  # one process for certain, even on a quiet node
+    try:
+        out = subprocess.run([sys.executable, "-c", OUT_OF_FILES], capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path, env={**os.environ, "ENVDOCTOR_SERVE__SELECT_COMM": "sleep"})
+    finally:
+        keep.kill()
+        keep.wait()
+    assert out.returncode == 0, out.stderr
+    result = __import__("json").loads(out.stdout)
+    assert result["before"] >= 2
+    assert result["outcome"].startswith("DiscoveryFailed: cannot list /proc: Too many open files"), result
+    assert "LimitNOFILE=" in result["outcome"]
+    assert result["code"] == 74 and result["after"] == result["before"]  # the last run's snapshot stands
+    assert 'level=error msg="run failed"' in out.stderr and "Traceback" not in out.stderr
+    assert "target gone" not in out.stderr

@@ -185,8 +185,14 @@ class Daemon:
 
         scheduler = self.scheduler
         if self.options.once:
-            with deadman.Heartbeat():
-                snap = scheduler.run_once()
+            from envdoctor.serve.discovery import DiscoveryFailed
+
+            try:
+                with deadman.Heartbeat():
+                    snap = scheduler.run_once()
+            except DiscoveryFailed as exc:  # nothing was examined: no exposition that says all is well
+                log.event("error", "run failed", error=str(exc))
+                return EXIT_IO
             if self.textfile_error:  # the run's last word must not read as success (exit 74)
                 log.event("error", "one run complete, but the textfile was not written", targets=len(snap.targets),
                           seconds=f"{snap.run_seconds:.3f}", textfile=str(self.options.textfile or ""))

@@ -18,6 +18,7 @@ the scan and its checks becomes a result with the reason, never a crash.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import re
@@ -195,6 +196,13 @@ def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
     return any(n.encode() in keys for n in names)
 
 
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+
+
+class DiscoveryFailed(Exception):
+    """The process list could not be read this run for want of descriptors or memory."""
+
+
 def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors(),
              nvml_pids: Callable[[], list[int]] | None = None, exclude: Iterable[int] = (),
              announce_dirs: Sequence[str] | None = None, torch_maps_memo: TorchMaps | None = None) -> Found:
@@ -222,6 +230,11 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     try:
         entries = [pid for pid in map(_pid_name, os.listdir(procfs)) if pid is not None]
     except OSError as exc:
+        if exc.errno in OUT_OF_DESCRIPTORS:
+            # Not "no processes": every target would be reported gone and come back a run
+            # later (helper-63). The run fails instead, says why, and the last one stands.
+            raise DiscoveryFailed(f"cannot list {procfs}: {exc.strerror or exc} "
+                                  "(raise the daemon's open-file limit: LimitNOFILE= in its unit)") from None
         found.notes.append(f"cannot list {procfs}: {exc.strerror or exc}")
         entries = []
     comms: dict[int, str] = {}
