@@ -178,6 +178,8 @@ def test_serve_ignores_sighup_from_its_first_line_and_no_other_command_does(comm
     """The mechanism the test below relies on, alone: `serve`'s first step ignores SIGHUP
     (its handler comes later); every other command keeps SIGHUP's default action (129)."""
     code = ("import signal, sys\n"
+            # as a shell starts it: a suite run under nohup hands every child SIGHUP ignored
+            "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
             f"sys.argv = ['envdoctor', {command!r}]\n"
             "from envdoctor import program\n"
             "program._start_as_the_command()\n"
