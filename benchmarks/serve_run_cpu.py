@@ -40,6 +40,7 @@ import os
 import random
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -179,6 +180,7 @@ def main() -> None:
               f"{switched / (args.rounds * args.runs):.0f} voluntary context switches a run")
     finally:
         subprocess.run(["pkill", "-f", f"time.sleep\\({marker}\\)$" if args.torch else f"^sleep {marker}$"])
+        shutil.rmtree(tmp, ignore_errors=True)  # its config file
 
 
 if __name__ == "__main__":
