@@ -115,11 +115,28 @@ def make_target(pid: int | None, roots: Roots) -> Target:
     return Target(pid)
 
 
-def run_checks(registry: Registry, config: Config, session: Session, selection: Selection = Selection(),
-               mode: str = "check") -> list[Result]:
-    """The selected checks that may run in `mode`, on one target; rows sorted by check id.
-    Not yet redacted: redact before anything leaves (execute() does)."""
-    planned = plan(registry, config, selection)
+class Prepared(Record):
+    """A target's run before it runs: the checks to start, and the rows it has already (a
+    plug-in that could not be loaded, a check asked for that runs in another mode)."""
+
+    def __init__(self, plans: list[runner.Plan], failures: list[Result], elsewhere: list[Result]) -> None:
+        self.plans = plans
+        self.failures = failures
+        self.elsewhere = elsewhere
+
+    def finish(self, ran: list[Result]) -> list[Result]:
+        """Every row of the target, the checks' results among them, sorted by check id."""
+        results = self.failures + ran + self.elsewhere
+        results.sort(key=lambda r: r.check)
+        return results
+
+
+def prepare(registry: Registry, config: Config, session: Session, selection: Selection = Selection(),
+            mode: str = "check", planned: list[runner.Plan] | None = None) -> Prepared:
+    """What run_checks runs on one target. `planned`: plan(registry, config, selection),
+    when the caller has it already (serve's targets share a few selections)."""
+    if planned is None:
+        planned = plan(registry, config, selection)
     plans = [p for p in planned if p.check.runs_in(mode)]
     only = set(selection.only) | set(config.only)
     failures = registry.failures_selected(only, skipped(selection.only, selection.skip, config), disabled_in(config))
@@ -132,9 +149,15 @@ def run_checks(registry: Registry, config: Config, session: Session, selection: 
         # --skip of all but a check that runs elsewhere (preflight.live): "0 checks" and exit 0
         raise UsageError(f"--only/--skip (or the config's only/skip) leave no check that runs in `check`: "
                          f"left are {', '.join(p.check.id for p in planned)}, which run only inside a job (envdoctor.preflight())")
-    results = runner.load_failure_results(failures, session) + runner.run(plans, session) + elsewhere
-    results.sort(key=lambda r: r.check)
-    return results
+    return Prepared(plans, runner.load_failure_results(failures, session), elsewhere)
+
+
+def run_checks(registry: Registry, config: Config, session: Session, selection: Selection = Selection(),
+               mode: str = "check") -> list[Result]:
+    """The selected checks that may run in `mode`, on one target; rows sorted by check id.
+    Not yet redacted: redact before anything leaves (execute() does)."""
+    prepared = prepare(registry, config, session, selection, mode)
+    return prepared.finish(runner.run(prepared.plans, session))
 
 
 def _elsewhere(checks: Sequence[Check], mode: str, session: Session) -> list[Result]:

@@ -21,6 +21,7 @@ check every interval keeps one stuck thread for it, not one per interval.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from envdoctor.check import Check
@@ -32,7 +33,7 @@ from envdoctor.watchdog import DONE, RAISED, STUCK, Outcome, Pending, describe_e
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
-    from typing import Iterable
+    from typing import Any, Callable, Iterable, Sequence
 
 DEFAULT_TIMEOUT = 15.0
 # Started all at once, the ~7 checks of each process contended for the GIL and for its
@@ -112,7 +113,7 @@ def run_one(plan: Plan, session: Session) -> Result:
     return run([plan], session)[0]
 
 
-def _leave_slow_ones_behind(plans: list[Plan], calls: list[Pending]) -> None:
+def _leave_slow_ones_behind(timeouts: list[float], calls: list[Pending]) -> None:
     """Wait until every call of the chain has returned or has run SLOW_CHECK_SECONDS (or
     its timeout, if shorter); then the calls after a slow one go on beside it, on another
     worker. The wait is on the chain's last call, so a run of quick checks wakes the
@@ -120,11 +121,11 @@ def _leave_slow_ones_behind(plans: list[Plan], calls: list[Pending]) -> None:
     last = next((call for call in reversed(calls) if not call.is_done()), None)
     at = 0
     while last is not None and at < len(calls):
-        call, plan = calls[at], plans[at]
+        call, timeout = calls[at], timeouts[at]
         if call.is_done():
             at += 1
             continue
-        limit = min(SLOW_CHECK_SECONDS, plan.timeout)
+        limit = min(SLOW_CHECK_SECONDS, timeout)
         since = call.runnable_since()
         ran = 0.0 if since is None else time.monotonic() - since
         if ran >= limit:
@@ -134,28 +135,76 @@ def _leave_slow_ones_behind(plans: list[Plan], calls: list[Pending]) -> None:
         last.finished_within(limit - ran)
 
 
+class Batch(Record):
+    """One target's checks for run_batches, and what must run just before them on the same
+    chain (serve's memory sample of the process, which its memory check then judges)."""
+
+    def __init__(
+        self,
+        plans: list[Plan],
+        session: Session,
+        before: Callable[[], Any] | None = None,  # its value and exceptions are dropped: it must report its own
+        before_key: str = "before",  # with the target's label, its watchdog key (a stuck one names it)
+        before_timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.plans = plans
+        self.session = session
+        self.before = before
+        self.before_key = before_key
+        self.before_timeout = before_timeout
+
+
 def run(plans: Iterable[Plan], session: Session) -> list[Result]:
     """Run every plan, overlapping only slow ones; return one result per plan, in plan order."""
-    plans = list(plans)
-    # One chain: a worker starts each check as soon as the one before it returns, and
-    # each computes its deadline when it starts.
-    calls = session.watchdog.start_chain([
-        ((plan.check.id, session.target.label), lambda plan=plan: _call(plan, session, time.monotonic() + plan.timeout))
-        for plan in plans])
-    _leave_slow_ones_behind(plans, calls)
-    pending = []
-    for plan, call in zip(plans, calls):
+    return run_batches([Batch(list(plans), session)])[0]
+
+
+def run_batches(batches: Sequence[Batch]) -> list[list[Result]]:
+    """Every batch's checks, as one chain on one worker: the checks of many targets (serve's
+    run) start one after another without waking the caller between targets, and the calls
+    after a slow one go on beside it. One list of results per batch, each in plan order.
+    The batches' sessions share one watchdog (a HostSession's)."""
+    links: list[tuple[tuple[str, str], Callable[[], Any], float]] = []
+    for batch in batches:
+        label = batch.session.target.label
+        if batch.before is not None:
+            links.append(((batch.before_key, label), batch.before, batch.before_timeout))
+        for plan in batch.plans:
+            links.append(((plan.check.id, label), functools.partial(_call_now, plan, batch.session), plan.timeout))
+    if not links:
+        return [[] for _ in batches]
+    # One chain: a worker starts each call as soon as the one before it returns, and each
+    # computes its deadline when it starts.
+    calls = batches[0].session.watchdog.start_chain([(key, fn) for key, fn, _ in links])
+    timeouts = [timeout for _, _, timeout in links]
+    _leave_slow_ones_behind(timeouts, calls)
+    deadlines = []
+    for call, timeout in zip(calls, timeouts):
         since = call.runnable_since()
-        pending.append((call, (time.monotonic() if since is None else since) + plan.timeout))
-    results: list[Result] = []
-    for plan, (call, deadline) in zip(plans, pending):
-        outcome = call.wait(deadline)
-        result = _row(plan, outcome)
-        result.check = plan.check.id
-        result.target = session.target.label
-        result.duration_seconds = outcome.seconds
-        results.append(result)
-    return results
+        deadlines.append((time.monotonic() if since is None else since) + timeout)
+    out: list[list[Result]] = []
+    at = 0
+    for batch in batches:
+        if batch.before is not None:
+            calls[at].wait(deadlines[at])  # settled, so one that never returns is stuck, not waited for again
+            at += 1
+        label = batch.session.target.label
+        results: list[Result] = []
+        for plan in batch.plans:
+            outcome = calls[at].wait(deadlines[at])
+            at += 1
+            result = _row(plan, outcome)
+            result.check = plan.check.id
+            result.target = label
+            result.duration_seconds = outcome.seconds
+            results.append(result)
+        out.append(results)
+    return out
+
+
+def _call_now(plan: Plan, session: Session) -> Result:
+    """_call with its deadline counted from when the worker starts it."""
+    return _call(plan, session, time.monotonic() + plan.timeout)
 
 
 def load_failure_results(failures, session: Session) -> list[Result]:

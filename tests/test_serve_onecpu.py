@@ -103,15 +103,18 @@ def test_a_serve_run_examines_on_one_cpu_and_leaves_every_thread_as_it_found_it(
     from fake_pynvml import FakeNvml
     from test_serve_scheduler import _scheduler
 
+    from envdoctor import runner
+
     sched = _scheduler(FakeNvml(devices=[]))
     seen: list[set[int]] = []
+    call_now = runner._call_now
 
-    def examine(target, host):
-        seen.append(set(os.sched_getaffinity(0)))  # on the pool's thread
-        return []
+    def call(plan, session):
+        seen.append(set(os.sched_getaffinity(0)))  # on the watchdog's worker, as each check starts
+        return call_now(plan, session)
 
-    monkeypatch.setattr(sched, "_examine", examine)
-    sched.run_once()  # starts the pool's threads
+    monkeypatch.setattr(runner, "_call_now", call)
+    sched.run_once()  # starts the watchdog's threads
     before = _affinities()
     seen.clear()
     sched.run_once()

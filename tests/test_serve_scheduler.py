@@ -141,41 +141,104 @@ def test_processes_nvml_lists_become_targets_and_gpu_health_runs_on_the_node():
 
 def test_targets_are_examined_one_at_a_time_and_slow_ones_overlap(monkeypatch):
     """16 processes examined at once cost 2.5x the CPU of one at a time (GIL hand-offs at
-    every read), so a run examines them in turn; one still running after
-    SLOW_TARGET_SECONDS (a hung read waiting out its timeout) is left to finish beside the
-    next, so a node of slow processes still takes about one's time, not the sum."""
+    every read), so a run's targets are one chain: each one's memory sample and checks,
+    in turn. A call still running after SLOW_CHECK_SECONDS (a hung read waiting out its
+    timeout) is left behind while the rest go on, so a node of slow processes still takes
+    about one's time, not the sum, and each target keeps its own rows, in order."""
     from fake_pynvml import FakeNvml
-    from envdoctor.serve import scheduler as scheduler_module
+    from envdoctor import runner
+    from envdoctor.context import HostSession
     from envdoctor.serve.discovery import TargetInfo
 
     sched = _scheduler(FakeNvml(devices=[]))
-    targets = [TargetInfo(label=f"pid:{1000 + i}", pid=1000 + i, source="test", comm="t") for i in range(6)]
+    pids = [_orphan_sleeper() for _ in range(6)]
+    targets = [TargetInfo(label=f"pid:{pid}", pid=pid, source="test", comm="sleep") for pid in pids]
     lock = threading.Lock()
-    running, most = [0], [0]
+    running, most, sampled = [0], [0], []
 
-    def examine(seconds):
+    def sample(seconds):
         def fn(target, host):
             with lock:
                 running[0] += 1
                 most[0] = max(most[0], running[0])
+                sampled.append(target.label)
             time.sleep(seconds)
             with lock:
                 running[0] -= 1
-            return [target.pid]
         return fn
 
-    monkeypatch.setattr(scheduler_module, "SLOW_TARGET_SECONDS", 30.0)
-    monkeypatch.setattr(sched, "_examine", examine(0.02))
-    assert sched._examine_all(targets, None) == [[t.pid] for t in targets]  # in order
-    assert most[0] == 1, "quick targets overlapped"
+    def examine_all():
+        host = HostSession(roots=sched.roots, watchdog=sched.watchdog, nvml_factory=sched.nvml_factory)
+        return sched._examine_all(targets, host)
 
-    monkeypatch.setattr(scheduler_module, "SLOW_TARGET_SECONDS", 0.05)
-    monkeypatch.setattr(sched, "_examine", examine(1.0))
-    most[0] = 0
-    started = time.monotonic()
-    assert sched._examine_all(targets, None) == [[t.pid] for t in targets]
-    assert most[0] == 6, "slow targets waited for one another"
-    assert time.monotonic() - started < 6 * 1.0
+    try:
+        monkeypatch.setattr(runner, "SLOW_CHECK_SECONDS", 30.0)
+        monkeypatch.setattr(sched, "_sample_memory", sample(0.02))
+        rows = examine_all()
+        assert sampled == [t.label for t in targets], "each target sampled once, in turn"
+        assert most[0] == 1, "quick targets overlapped"
+        assert [{r.target for r in target_rows} for target_rows in rows] == [{t.label} for t in targets]
+        checks = [r.check for r in rows[0]]
+        assert "cpu.threads" in checks and checks == sorted(checks) and "gpu.health" not in checks  # node-only
+
+        monkeypatch.setattr(runner, "SLOW_CHECK_SECONDS", 0.05)
+        monkeypatch.setattr(sched, "_sample_memory", sample(1.0))
+        most[0] = 0
+        started = time.monotonic()
+        rows = examine_all()
+        assert most[0] == 6, "slow targets waited for one another"
+        assert time.monotonic() - started < 6 * 1.0
+        assert [{r.target for r in target_rows} for target_rows in rows] == [{t.label} for t in targets]
+    finally:
+        for pid in pids:
+            os.kill(pid, 9)
+
+
+def test_a_hung_memory_sample_costs_its_own_call_not_the_run_or_the_other_targets(monkeypatch):
+    """A process's memory sample is the first call of its part of the run's chain: one
+    that never returns (a /proc file that blocks) is left behind, every target still gets
+    its checks, the run ends at the call's timeout, /healthz's list names it, and the next
+    run does not start it again while it is stuck."""
+    from fake_pynvml import FakeNvml
+    from envdoctor.context import HostSession
+    from envdoctor.serve.discovery import TargetInfo
+
+    sched = _scheduler(FakeNvml(devices=[]))  # Config(timeout=3)
+    pids = [_orphan_sleeper() for _ in range(3)]
+    targets = [TargetInfo(label=f"pid:{pid}", pid=pid, source="test", comm="sleep") for pid in pids]
+    release = threading.Event()
+    sampled: list[str] = []
+
+    def sample(target, host):
+        sampled.append(target.label)
+        if target.pid == pids[1]:
+            release.wait(60)
+
+    monkeypatch.setattr(sched, "_sample_memory", sample)
+
+    def examine_all():
+        host = HostSession(roots=sched.roots, watchdog=sched.watchdog, nvml_factory=sched.nvml_factory)
+        started = time.monotonic()
+        rows = sched._examine_all(targets, host)
+        return rows, time.monotonic() - started
+
+    try:
+        rows, took = examine_all()
+        assert sampled == [t.label for t in targets]
+        assert 2.5 < took < 15, took  # the hung sample's 3 s timeout, not 60 s
+        for target, target_rows in zip(targets, rows):
+            assert "cpu.threads" in {r.check for r in target_rows} and {r.target for r in target_rows} == {target.label}
+        stuck = [c.split(" for ")[0] for c in sched.stuck_calls() if c.startswith("memory.sample")]
+        assert stuck == [f"memory.sample:pid:{pids[1]}"]  # (the watchdog is the process's: other tests' may be there)
+
+        sampled.clear()
+        rows, took = examine_all()
+        assert sampled == [targets[0].label, targets[2].label], "the stuck sample was started again"
+        assert took < 2.5 and "cpu.threads" in {r.check for r in rows[1]}
+    finally:
+        release.set()
+        for pid in pids:
+            os.kill(pid, 9)
 
 
 def test_a_hung_gpu_costs_one_stuck_call_not_the_daemon():
