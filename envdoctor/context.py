@@ -87,6 +87,7 @@ class _Once:
                     self._value = self._factory()
                 except BaseException as exc:  # kept and re-raised to every caller
                     self._error, self._where = exc, exc.__traceback__
+                    _forget_locals(exc.__traceback__)
                 self._done = True
         if self._error is not None:
             # Each `raise` of one exception object adds the raising frames to its traceback.
@@ -96,6 +97,19 @@ class _Once:
             # failure's own traceback first: where it failed stays the innermost frame.
             raise self._error.with_traceback(self._where)
         return self._value
+
+
+def _forget_locals(tb: Any) -> None:
+    """Let the finished frames of a kept failure's traceback go of their local variables,
+    as traceback.clear_frames does: where it was raised (file, line) stays, what the
+    factory had read goes. Kept whole, a torch-less process's "no torch" held its maps
+    text, and its session, until every target of a serve run was done."""
+    while tb is not None:
+        try:
+            tb.tb_frame.clear()
+        except RuntimeError:  # a frame still running (the caller's own): nothing to let go of yet
+            pass
+        tb = tb.tb_next
 
 
 def _default_nvml() -> Any:
@@ -193,6 +207,13 @@ class Session(Record):
     def watchdog(self) -> Watchdog:
         assert self.host is not None
         return self.host.watchdog
+
+    def forget(self) -> None:
+        """Let go of what was read for this target (its environment, its torch facts); a need
+        asked after this is met again. serve calls it once a target's checks have all
+        returned, so a run does not hold every target's at once until its last one is done."""
+        self._env = _Once(self._read_env)
+        self._torch = _Once(lambda: self.torch_factory(self))
 
     # -- the target's environment -------------------------------------------------
     def _read_env(self) -> Mapping[str, str]:

@@ -22,6 +22,7 @@ check every interval keeps one stuck thread for it, not one per interval.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 
 from envdoctor.check import Check
@@ -146,12 +147,15 @@ class Batch(Record):
         before: Callable[[], Any] | None = None,  # its value and exceptions are dropped: it must report its own
         before_key: str = "before",  # with the target's label, its watchdog key (a stuck one names it)
         before_timeout: float = DEFAULT_TIMEOUT,
+        after: Callable[[], None] | None = None,  # once every check of the batch has returned (if it raises: ignored)
     ) -> None:
         self.plans = plans
         self.session = session
         self.before = before
         self.before_key = before_key
         self.before_timeout = before_timeout
+        self.after = after
+        self._returned = itertools.count(1)  # next() is one step under the GIL: two workers cannot both miss it
 
 
 def run(plans: Iterable[Plan], session: Session) -> list[Result]:
@@ -170,7 +174,7 @@ def run_batches(batches: Sequence[Batch]) -> list[list[Result]]:
         if batch.before is not None:
             links.append(((batch.before_key, label), batch.before, batch.before_timeout))
         for plan in batch.plans:
-            links.append(((plan.check.id, label), functools.partial(_call_now, plan, batch.session), plan.timeout))
+            links.append(((plan.check.id, label), functools.partial(_call_now, plan, batch), plan.timeout))
     if not links:
         return [[] for _ in batches]
     # One chain: a worker starts each call as soon as the one before it returns, and each
@@ -202,9 +206,17 @@ def run_batches(batches: Sequence[Batch]) -> list[list[Result]]:
     return out
 
 
-def _call_now(plan: Plan, session: Session) -> Result:
-    """_call with its deadline counted from when the worker starts it."""
-    return _call(plan, session, time.monotonic() + plan.timeout)
+def _call_now(plan: Plan, batch: Batch) -> Result:
+    """_call with its deadline counted from when the worker starts it; the batch's `after`
+    once the last of its checks has returned, on whichever worker ran that one."""
+    try:
+        return _call(plan, batch.session, time.monotonic() + plan.timeout)
+    finally:
+        if next(batch._returned) == len(batch.plans) and batch.after is not None:
+            try:
+                batch.after()
+            except Exception:  # noqa: BLE001 - what it does is a saving (serve lets a session go early),
+                pass  # and raised here it would become this check's row instead of its own result
 
 
 def load_failure_results(failures, session: Session) -> list[Result]:

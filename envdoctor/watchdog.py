@@ -370,6 +370,10 @@ class Watchdog:
         finally:
             job.t1 = time.monotonic()
             job.done.set()
+            # The error's traceback holds this frame, and this frame the job: a cycle that
+            # only the cyclic collector frees, and with it the call's frames and what they
+            # held (a serve target's session). As concurrent.futures does, let go of it here.
+            job = None  # type: ignore[assignment]
 
     def _settle(self, job: _Job, waited: float) -> Outcome:
         with self._lock:

@@ -209,3 +209,37 @@ def test_a_comment_ending_one_step_does_not_swallow_the_steps_after_it():
     pasted = subprocess.run(["bash", "-c", fix + "\necho $A ${B-unset} $C $D"], capture_output=True, text=True,
                             env={"B": "1", "PATH": "/usr/bin:/bin"})
     assert pasted.stdout.split() == ["eth0", "unset", "WARN", "1"], (fix, pasted.stderr)
+
+
+def test_a_kept_failure_keeps_where_it_was_raised_not_what_its_factory_had_read():
+    """A session keeps a need's failure for the run and re-raises it to every check that
+    asks. Its frames keep their file and line (an error row says where) but not their
+    local variables: in serve, a torch-less process's "no torch" held its maps text, and
+    its session, until every target of the run was done."""
+    import gc
+    import weakref
+
+    import pytest
+
+    from envdoctor.context import _Once
+    from envdoctor.errors import Unavailable
+    from envdoctor.watchdog import where_raised
+
+    class Text(str):
+        pass
+
+    for kind in (Unavailable, RuntimeError):
+        read: list[weakref.ref] = []
+
+        def factory():
+            maps_text = Text("x" * 4096)  # a local of the failing frame
+            read.append(weakref.ref(maps_text))
+            raise kind("no torch in pid:1")
+
+        once = _Once(factory)
+        for _ in range(2):
+            with pytest.raises(kind, match="no torch in pid:1") as raised:
+                once.get()
+            assert where_raised(raised.value).startswith("test_runner.py:"), kind  # factory's raise, innermost
+        gc.collect()
+        assert read[0]() is None, f"{kind.__name__}: the frames' locals (what was read) were kept"

@@ -109,9 +109,9 @@ def test_a_serve_run_examines_on_one_cpu_and_leaves_every_thread_as_it_found_it(
     seen: list[set[int]] = []
     call_now = runner._call_now
 
-    def call(plan, session):
+    def call(plan, batch):
         seen.append(set(os.sched_getaffinity(0)))  # on the watchdog's worker, as each check starts
-        return call_now(plan, session)
+        return call_now(plan, batch)
 
     monkeypatch.setattr(runner, "_call_now", call)
     sched.run_once()  # starts the watchdog's threads

@@ -241,6 +241,37 @@ def test_a_hung_memory_sample_costs_its_own_call_not_the_run_or_the_other_target
             os.kill(pid, 9)
 
 
+def test_a_targets_secrets_are_masked_in_its_rows_whether_its_session_was_let_go_or_not(monkeypatch):
+    """A process's rows are redacted with its environment. Once its checks have all
+    returned, its session lets go of what it read (the chain's worker takes the secret
+    values first); when a check had not returned by then, the values are read from the
+    session as it is. Either way the secret never reaches a row."""
+    from fake_pynvml import FakeNvml
+    from envdoctor.context import HostSession
+    from envdoctor.serve import scheduler as scheduler_module
+    from envdoctor.serve.discovery import TargetInfo
+
+    secret = "hf_Zq8vN3xT5mK1pL7wR2cY9bJ4"
+    out = subprocess.run(["sh", "-c", "sleep 30 > /dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "HF_TOKEN": secret, "CUDA_VISIBLE_DEVICES": f"0,{secret}"})
+    pid = int(out.stdout.strip())
+    sched = _scheduler(FakeNvml(devices=[]))
+    target = TargetInfo(label=f"pid:{pid}", pid=pid, source="test", comm="sleep")
+    try:
+        for let_go in (True, False):
+            if not let_go:
+                monkeypatch.setattr(scheduler_module._Examination, "let_go", lambda self: None)
+            host = HostSession(roots=sched.roots, watchdog=sched.watchdog, nvml_factory=sched.nvml_factory)
+            sched._own_env = dict(os.environ)
+            rows = sched._examine_all([target], host)[0]
+            visible = next(r for r in rows if r.check == "cuda.visible_devices")
+            assert visible.status.value in ("fail", "warn"), visible  # it read the variable and judged it
+            text = repr([(r.summary, r.remediation, r.facts) for r in rows])
+            assert secret not in text and secret[:12] not in text, (let_go, text)
+    finally:
+        os.kill(pid, 9)
+
+
 def test_a_hung_gpu_costs_one_stuck_call_not_the_daemon():
     """NVML blocks on one device: the run still completes, the check says it is stuck,
     the next run does not start it again, and /healthz names it."""

@@ -87,12 +87,49 @@ JITTER = 0.1
 
 
 class _Examination(Record):
-    """One target's part of a run: its session, its rows so far, its calls on the chain."""
+    """One target's part of a run: its session, its rows so far, what its redaction masks."""
 
-    def __init__(self, session: Session, prepared: pipeline.Prepared, batch: runner.Batch) -> None:
+    def __init__(self, session: Session, prepared: pipeline.Prepared, own_env: Mapping[str, str]) -> None:
         self.session = session
         self.prepared = prepared
-        self.batch = batch
+        self.own_env = own_env
+        self.before: Callable[[], None] | None = None  # its memory sample, for a process
+        self.sample_timeout = 0.0
+        self._secrets: list[str] | None = None  # taken by let_go, or by secrets() if that comes first
+        self._lock = threading.Lock()  # let_go (a worker) and secrets() (the caller) take them in turn
+
+    def batch(self) -> runner.Batch:
+        """Its part of the run's chain. Made when asked, not kept: the batch holds let_go,
+        and kept here the two would be a cycle, freed only by the cyclic collector."""
+        return runner.Batch(self.prepared.plans, self.session, before=self.before, before_key=MEMORY_SAMPLE_KEY,
+                            before_timeout=self.sample_timeout, after=self.let_go)
+
+    def let_go(self) -> None:
+        """On the chain's worker, once every check of the target has returned: what
+        redaction needs is taken from the session, which then lets go of what it read.
+        Until a run's last target was done every target's session was held, a higher
+        high-water mark for malloc."""
+        with self._lock:
+            if self._secrets is None:
+                self._secrets = self._from_session()
+                self.session.forget()
+
+    def secrets(self) -> list[str]:
+        """What redaction masks in the target's rows: let_go's, or read now (a check of it
+        had not returned when its rows were made; the session is then kept as it is)."""
+        with self._lock:
+            if self._secrets is None:
+                self._secrets = self._from_session()
+            return self._secrets
+
+    def _from_session(self) -> list[str]:
+        """Ours and, if a check read it, the target's: only so can its environment have
+        leaked into a result."""
+        envs: list[Mapping[str, str]] = [self.own_env]
+        env = self.session.env_if_read()
+        if env is not None:
+            envs.append(env)
+        return redact.secret_values(envs)
 
 
 class _Rings(threading.Event):
@@ -255,7 +292,7 @@ class Scheduler:
         self._workers = _dataloader_workers(targets, self.roots)
         self._plans = {}  # this run's plan per selection: its settings and timeouts (config may be reloaded)
         examinations = [self._prepare(target, host) for target in targets]
-        ran = iter(runner.run_batches([e.batch for e in examinations if e is not None]))
+        ran = iter(runner.run_batches([e.batch() for e in examinations if e is not None]))
         return [[] if e is None else self._finish(e, next(ran)) for e in examinations]
 
     def _selection(self, target: discovery.TargetInfo) -> pipeline.Selection:
@@ -297,21 +334,16 @@ class Scheduler:
                 return None  # the config switched memory.cache_growth off: nothing runs on a worker
             log.event("error", "target not examined", target=target.label, reason=str(exc))
             return None
-        batch = runner.Batch(prepared.plans, session, before=before, before_key=MEMORY_SAMPLE_KEY,
-                             before_timeout=self.config.timeout)
-        return _Examination(session, prepared, batch)
+        examination = _Examination(session, prepared, self._own_env)
+        examination.before, examination.sample_timeout = before, self.config.timeout
+        return examination
 
     def _finish(self, examination: _Examination, ran: list[Result]) -> list[Result]:
         """A target's rows, redacted with its environment and ours."""
         results = examination.prepared.finish(ran)
-        # A target's environment can only have leaked into a result if a check read it.
         # (Not passed to log.protect: that set lives for the daemon's life and would grow
         # with every short job's tokens; no log line here carries a target's values.)
-        envs: list[Mapping[str, str]] = [self._own_env]
-        env = examination.session.env_if_read()
-        if env is not None:
-            envs.append(env)
-        scrub = self._scrubber(redact.secret_values(envs))
+        scrub = self._scrubber(examination.secrets())
         return [scrub.result(r) for r in results]
 
     def _scrubber(self, secrets: list[str]) -> redact.Scrubber:
