@@ -400,3 +400,24 @@ def test_the_loop_sleeps_through_its_interval_and_wakes_at_once_to_stop_or_reloa
     assert seen["idle_wakeups"] <= 1, seen
     assert seen["reload_after"] is not None and seen["reload_after"] < 1.0, seen
     assert seen["runs"] == 2 and not seen["alive"] and seen["stopped_after"] < 1.0, seen
+
+
+def test_healthz_names_a_stuck_calls_kind_and_target_not_what_its_key_read():
+    """A stuck call's key can carry what a check read from a process: dist.env's name
+    lookup keys on MASTER_ADDR's host, which held a secret in helper-65's test, and
+    /healthz is not redacted. It shows the kind and a target label only."""
+    from fake_pynvml import FakeNvml
+
+    sched = _scheduler(FakeNvml(devices=[]))
+    secret = "k23WIK6VmIJ2OOD2NiNW9LOocCE4mD"
+    fake = {("resolve", f"{secret}.example", None): time.time() - 2, ("memory.sample", "pid:4242"): time.time() - 3,
+            ("cpu.threads", "node"): None}
+
+    class Dog:
+        def stuck(self):
+            return fake
+
+    sched.watchdog = Dog()
+    names = sched.stuck_calls()
+    assert not any(secret in n for n in names), names
+    assert [n.split(" for ")[0] for n in names] == ["cpu.threads:node", "memory.sample:pid:4242", "resolve:...:..."]

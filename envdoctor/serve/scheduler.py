@@ -132,6 +132,11 @@ class _Examination(Record):
         return redact.secret_values(envs)
 
 
+def _is_target_label(value: Any) -> bool:
+    """`node` or `pid:N`: a label serve gave, safe to show."""
+    return value == "node" or (isinstance(value, str) and value.startswith("pid:") and value[4:].isdigit())
+
+
 class _Rings(threading.Event):
     """An Event that also rings a doorbell when set, so one wait hears any of several."""
 
@@ -454,9 +459,14 @@ class Scheduler:
                   max_targets=self.settings.max_targets)
 
     def stuck_calls(self) -> list[str]:
+        """What /healthz names: each stuck call's kind (a check id, `memory.sample`,
+        `resolve`) and its target, nothing else of its key. A key can carry what a check
+        read from a process (dist.env's name lookup keys on MASTER_ADDR's host), and
+        /healthz answers without redaction: helper-65 saw a secret there."""
         out = []
         now = time.time()
         for key, since in self.watchdog.stuck().items():
-            name = ":".join(str(k) for k in key) if isinstance(key, tuple) else str(key)
+            parts = key if isinstance(key, tuple) else (key,)
+            name = ":".join(str(k) if i == 0 or _is_target_label(k) else "..." for i, k in enumerate(parts))
             out.append(f"{name} for {now - since:.0f} s" if since else name)
         return sorted(out)
