@@ -89,12 +89,14 @@ JITTER = 0.1
 class _Examination(Record):
     """One target's part of a run: its session, its rows so far, what its redaction masks."""
 
-    def __init__(self, session: Session, prepared: pipeline.Prepared, own_env: Mapping[str, str]) -> None:
+    def __init__(self, session: Session, prepared: pipeline.Prepared, own_env: Mapping[str, str],
+                 before: Callable[[], None] | None = None,  # its memory sample, for a process
+                 sample_timeout: float = 0.0) -> None:
         self.session = session
         self.prepared = prepared
         self.own_env = own_env
-        self.before: Callable[[], None] | None = None  # its memory sample, for a process
-        self.sample_timeout = 0.0
+        self.before = before
+        self.sample_timeout = sample_timeout
         self._secrets: list[str] | None = None  # taken by let_go, or by secrets() if that comes first
         self._lock = threading.Lock()  # let_go (a worker) and secrets() (the caller) take them in turn
 
@@ -339,9 +341,7 @@ class Scheduler:
                 return None  # the config switched memory.cache_growth off: nothing runs on a worker
             log.event("error", "target not examined", target=target.label, reason=str(exc))
             return None
-        examination = _Examination(session, prepared, self._own_env)
-        examination.before, examination.sample_timeout = before, self.config.timeout
-        return examination
+        return _Examination(session, prepared, self._own_env, before, self.config.timeout)
 
     def _finish(self, examination: _Examination, ran: list[Result]) -> list[Result]:
         """A target's rows, redacted with its environment and ours."""
