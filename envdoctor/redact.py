@@ -22,7 +22,10 @@ and the probe's stderr, which are free text from places we do not control):
    that is public anyway (the value of a shown, non-secret variable, the host
    name, an interpreter path, a network interface name) is not masked because a
    secret-looking variable happens to hold the same text; that would hide what
-   was judged and protect nothing. Very short values are left alone in reports
+   was judged and protect nothing. A secret-looking variable's value of 8
+   characters or more is a credential, though, and wins over a shown variable:
+   `OMP_NUM_THREADS=<the token>` shows the token, so it is masked there too, and
+   inside longer words (`LOCAL_RANK=x<the token>`). Very short values are left alone in reports
    (masking every "1" would make them unreadable and a secret is not one
    character long) but not in the probe's stderr (`scrub_free_text`), which is
    another program's output and may print a short password whole.
@@ -71,6 +74,9 @@ HARMLESS_PREFIXES = ("LC_", "XDG_", "PYENV_", "CONDA_", "PIP_", "PYTHON")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSW(OR)?D|PASS$|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|SIGNATURE|CERT", re.I)
 MIN_SECRET_LENGTH = 4  # shortest value of a secret-named variable that we scrub from reports
 MIN_UNKNOWN_LENGTH = 8  # shortest value of an unknown variable that we scrub
+# A secret-named variable's value this long is a credential, not a coincidence: it is
+# masked even where a shown variable holds the same text, and inside longer words.
+MIN_CREDENTIAL_LENGTH = 8
 
 # -- credentials recognised by their shape ---------------------------------------------
 # scheme://userinfo@host: the password (or, without one, the whole userinfo) is masked.
@@ -169,25 +175,43 @@ def writable(text: str) -> str:
     return _SURROGATE.sub(spell, text)
 
 
+class Credential(str):
+    """A secret-named variable's value of MIN_CREDENTIAL_LENGTH characters or more. Scrubbers
+    mask it wherever it appears, glued inside a longer word too (`LOCAL_RANK=x<token>`
+    showed the token whole), and `secret_values` keeps it even where a shown variable
+    holds the same text (`OMP_NUM_THREADS=<token>` is the leak, not a coincidence)."""
+
+    __slots__ = ()
+
+
 def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SECRET_LENGTH,
                   min_unknown: int = MIN_UNKNOWN_LENGTH, public: Iterable[str] = ()) -> list[str]:
     """Every value that must not appear in output, longest first (so a secret that
     contains another is masked whole). Values that are public anyway (see
-    `public_values`) are left out: they are coincidences, not secrets."""
+    `public_values`) are left out: they are coincidences, not secrets. A credential
+    (see `Credential`) is public only as the host's own names are (`public` and
+    `_host_public`): a shown variable that holds it shows a secret."""
     envs = list(envs)
-    public = public_values(envs, public)
-    values: set[str] = set()
+    public = set(public)
+    system = public | _host_public()
+    shown = public_values(envs, public)
+    values: dict[str, str] = {}
     for env in envs:
         for name, value in env.items():
-            if not value or value in public:
+            if not value:
                 continue
             kind = _name_kind(name)
-            if kind is _SECRET:
+            if kind is _SECRET and len(value) >= MIN_CREDENTIAL_LENGTH:
+                if value not in system:
+                    values[value] = Credential(value)  # over the same text from an unknown variable
+            elif value in shown or value in values:
+                continue
+            elif kind is _SECRET:
                 if len(value) >= min_secret:
-                    values.add(value)
+                    values[value] = value
             elif kind is _UNKNOWN and len(value) >= min_unknown:
-                values.add(value)
-    return sorted(values, key=len, reverse=True)
+                values[value] = value
+    return sorted(values.values(), key=len, reverse=True)
 
 
 _SECRET, _SHOWN, _UNKNOWN = "secret", "shown", "unknown"
@@ -282,9 +306,12 @@ def free_text_scrubber(envs: Iterable[Mapping[str, str]]) -> "Scrubber":
     return Scrubber(secret_values(envs, min_secret=1))
 
 
-def _token(form: str) -> str:
+def _token(form: str, anywhere: bool = False) -> str:
     """A pattern matching `form` as a whole token: not glued to letters or digits on either side
-    (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345")."""
+    (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345"); a credential's
+    forms (`anywhere`) wherever they are."""
+    if anywhere:
+        return re.escape(form)
     left = r"(?<![A-Za-z0-9])" if form[:1].isalnum() else ""
     right = r"(?![A-Za-z0-9])" if form[-1:].isalnum() else ""
     return left + re.escape(form) + right
@@ -298,12 +325,14 @@ class Scrubber:
     """Masks secrets and credentials in any JSON-like structure, and makes every string writable."""
 
     def __init__(self, secrets: Iterable[str], *, credentials: bool = True, memo: bool = False):
-        forms: set[str] = set()
+        forms: dict[str, bool] = {}  # each spelling, and whether it is a credential's (masked anywhere)
         for secret in secrets:
             if secret and not secret.isspace():  # blanks identify nothing; "\n" would mask every line break
-                forms |= _spellings(secret)
+                anywhere = isinstance(secret, Credential)
+                for form in _spellings(secret):
+                    forms[form] = forms.get(form, False) or anywhere
         ordered = sorted(forms, key=len, reverse=True)
-        self._pattern = re.compile("|".join(_token(f) for f in ordered)) if ordered else None
+        self._pattern = re.compile("|".join(_token(f, forms[f]) for f in ordered)) if ordered else None
         self._credentials = credentials
         self._overlapping: re.Pattern[str] | None = None  # built on first use by spans()
         # memo=True where one scrubber sees the same texts again and again: in a serve run,

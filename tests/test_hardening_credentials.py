@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import string
+import subprocess
 import sys
 import urllib.parse
 
@@ -128,6 +129,44 @@ def test_values_that_are_public_anyway_are_not_masked():
     assert host in summary and sys.executable in summary and f"NCCL_SOCKET_IFNAME={interfaces[0]}" in summary
     assert "tok-planted-0123456789" not in summary  # a real secret in the same line still goes
     assert clean.host == host
+
+
+def test_a_credential_wins_over_a_shown_variable_that_holds_it_a_short_coincidence_does_not():
+    """A secret-named variable's value of 8 characters or more is masked even where a shown
+    variable holds it (helper-65: `OMP_NUM_THREADS=<HF_TOKEN>` was quoted whole) and when it is
+    glued inside a longer word (`LOCAL_RANK=x<token>`). A shorter secret-named value that a shown
+    variable also holds, and an unknown variable's value glued to other text, stay visible."""
+    token = "hf_Qw7Zp2Lk9Rt4"
+    env = {"HF_TOKEN": token, "OMP_NUM_THREADS": token, "LOCAL_RANK": f"x{token}", "AUTH_MODE": "local",
+           "NCCL_SOCKET_IFNAME": "local", "CLUSTER_NAME": "gpu-pool", "PATH": "/usr/bin"}
+    text = (f"OMP_NUM_THREADS='{token}' is invalid; LOCAL_RANK='x{token}' is not an integer; "
+            f"NCCL_SOCKET_IFNAME=local; host gpu-pool7")
+    report = Report("h", "0", "2026-01-01T00:00:00+00:00", "self", [Result(Status.FAIL, text, "", {}, "x.y", "self")], {})
+    summary = redact.redact_report(report, [env]).results[0].summary
+    assert token not in summary and token[:8] not in summary, summary
+    assert "OMP_NUM_THREADS='***'" in summary and "LOCAL_RANK='x***'" in summary  # the judgement stays readable
+    assert "NCCL_SOCKET_IFNAME=local" in summary and "gpu-pool7" in summary
+
+
+def test_check_pid_masks_a_token_that_the_ddp_and_thread_variables_hold(tmp_path):
+    """The same through the CLI on a real process: the token stands in the variables the checks
+    quote, and no output format shows it, while the checks still judge those variables."""
+    token = "hf_Vb3Nm8Qs1Xw6Ty0"
+    child_env = {**os.environ, "HF_TOKEN": token, "OMP_NUM_THREADS": token, "LOCAL_RANK": f"x{token}",
+                 "WORLD_SIZE": token, "MASTER_PORT": token, "NCCL_SOCKET_IFNAME": token}
+    child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"], env=child_env,
+                             stdout=subprocess.PIPE)
+    child.stdout.readline()
+    try:
+        for fmt in FORMATS:
+            proc = cli("check", "--pid", str(child.pid), "--format", fmt)
+            assert proc.returncode == 1, proc.stderr  # cpu.threads and dist.env fail on these values
+            assert token not in proc.stdout + proc.stderr and token[:8] not in proc.stdout, (fmt, proc.stdout)
+        rows = {r["check"]: r for r in json.loads(cli("check", "--pid", str(child.pid), "--format", "json").stdout)["results"]}
+        assert rows["cpu.threads"]["status"] == "fail" and "OMP_NUM_THREADS='***'" in rows["cpu.threads"]["summary"]
+    finally:
+        child.kill()
+        child.wait()
 
 
 SECRET_PW = "Pl4nted-Pw-9f8e7d"

@@ -253,7 +253,8 @@ def test_a_targets_secrets_are_masked_in_its_rows_whether_its_session_was_let_go
 
     secret = "hf_Zq8vN3xT5mK1pL7wR2cY9bJ4"
     out = subprocess.run(["sh", "-c", "sleep 30 > /dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "HF_TOKEN": secret, "CUDA_VISIBLE_DEVICES": f"0,{secret}"})
+                         env={**os.environ, "HF_TOKEN": secret, "CUDA_VISIBLE_DEVICES": f"0,{secret}",
+                              "OMP_NUM_THREADS": secret, "LOCAL_RANK": f"x{secret}"})
     pid = int(out.stdout.strip())
     sched = _scheduler(FakeNvml(devices=[]))
     target = TargetInfo(label=f"pid:{pid}", pid=pid, source="test", comm="sleep")

@@ -354,7 +354,7 @@ class Scheduler:
     def _scrubber(self, secrets: list[str]) -> redact.Scrubber:
         """One Scrubber per distinct set of secrets in a run: the processes of one job share
         their environment, so they share its compiled pattern and what it already scrubbed."""
-        key = tuple(secrets)
+        key = tuple((s, isinstance(s, redact.Credential)) for s in secrets)  # a credential is masked anywhere
         with self._run_lock:
             scrub = self._scrubbers.get(key)
             if scrub is None:
