@@ -25,7 +25,8 @@ and the probe's stderr, which are free text from places we do not control):
    was judged and protect nothing. A secret-looking variable's value of 8
    characters or more is a credential, though, and wins over a shown variable:
    `OMP_NUM_THREADS=<the token>` shows the token, so it is masked there too, and
-   inside longer words (`LOCAL_RANK=x<the token>`). Very short values are left alone in reports
+   inside longer words (`LOCAL_RANK=x<the token>`), unless it is part of the host
+   name, an interface name or an interpreter path. Very short values are left alone in reports
    (masking every "1" would make them unreadable and a secret is not one
    character long) but not in the probe's stderr (`scrub_free_text`), which is
    another program's output and may print a short password whole.
@@ -201,9 +202,8 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
             if not value:
                 continue
             kind = _name_kind(name)
-            if kind is _SECRET and len(value) >= MIN_CREDENTIAL_LENGTH:
-                if value not in system:
-                    values[value] = Credential(value)  # over the same text from an unknown variable
+            if kind is _SECRET and len(value) >= MIN_CREDENTIAL_LENGTH and not _inside(value, system):
+                values[value] = Credential(value)  # over the same text from an unknown variable
             elif value in shown or value in values:
                 continue
             elif kind is _SECRET:
@@ -215,6 +215,13 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
 
 
 _SECRET, _SHOWN, _UNKNOWN = "secret", "shown", "unknown"
+
+
+def _inside(value: str, texts: Iterable[str]) -> bool:
+    """Whether `value` is part of one of `texts` (the host's names, the interpreters): such
+    a value is masked as before, as a whole token and not where a shown variable holds it,
+    so that `gpu-node-001` held by a token does not turn the host gpu-node-0017 into `***7`."""
+    return any(value in text for text in texts)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -353,11 +360,24 @@ class Scrubber:
         return done
 
     def _scrub(self, value: str) -> str:
-        if self._pattern is not None:  # whole values first: a credential mask would split them
-            value = self._pattern.sub(MASK, value)
+        if self._pattern is not None and self._pattern.search(value):  # whole values first: a credential mask would split them
+            value = self._mask_spans(value)
         if self._credentials:
             value = mask_credentials(value)
         return writable(value)
+
+    def _mask_spans(self, text: str) -> str:
+        """`text` with every secret's span masked, overlapping ones as one: a single left-to-right
+        substitution masks the first of two secrets that overlap (A_TOKEN=aaaa1111bbbb and
+        B_TOKEN=bbbbcccc2222 in aaaa1111bbbbcccc2222) and leaves the second's tail (helper-66)."""
+        out: list[str] = []
+        done = 0
+        for start, end in self.spans(text):
+            out.append(text[done:start])
+            out.append(MASK)
+            done = end
+        out.append(text[done:])
+        return "".join(out)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Where secret values (in any spelling) occur in `text`: sorted, merged (start, end)

@@ -148,6 +148,23 @@ def test_a_credential_wins_over_a_shown_variable_that_holds_it_a_short_coinciden
     assert "NCCL_SOCKET_IFNAME=local" in summary and "gpu-pool7" in summary
 
 
+def test_overlapping_credentials_are_masked_as_one_and_the_hosts_names_stay_whole():
+    """helper-66: two credentials that overlap in a text (A's end is B's start) left B's
+    tail after A was masked; and a credential that is part of the host name or of the
+    interpreter's path turned them into `***7.cluster.local` and `***3`."""
+    host = "gpu-node-0017.cluster.local"
+    env = {"A_TOKEN": "aaaa1111bbbb", "B_TOKEN": "bbbbcccc2222", "OMP_NUM_THREADS": "aaaa1111bbbbcccc2222",
+           "HOST_TOKEN": "gpu-node-001", "PYTHON_SECRET": sys.executable[:-1]}
+    text = f"OMP_NUM_THREADS='aaaa1111bbbbcccc2222' is invalid; host {host}; interpreter {sys.executable}"
+    report = Report(host, "0", "2026-01-01T00:00:00+00:00", "self", [Result(Status.FAIL, text, "", {}, "x.y", "self")],
+                    {"python_executable": sys.executable})
+    clean = redact.redact_report(report, [env])
+    summary = clean.results[0].summary
+    assert "OMP_NUM_THREADS='***' is invalid" in summary, summary
+    assert f"host {host};" in summary and f"interpreter {sys.executable}" in summary, summary
+    assert clean.host == host and clean.system["python_executable"] == sys.executable
+
+
 def test_check_pid_masks_a_token_that_the_ddp_and_thread_variables_hold(tmp_path):
     """The same through the CLI on a real process: the token stands in the variables the checks
     quote, and no output format shows it, while the checks still judge those variables."""
