@@ -296,6 +296,8 @@ def _spellings(secret: str) -> set[str]:
     extra = {secret.strip(), os.fsencode(secret).decode("utf-8", "surrogateescape")}
     if all(ord(c) < 256 for c in secret):
         extra.add(secret.encode("latin-1").decode("utf-8", "surrogateescape"))
+    if _SURROGATE.search(secret):  # bytes that were not UTF-8, read as Latin-1's: the same text as a
+        extra.add(raw.decode("latin-1"))  # UTF-8 variable holds it (helper-66: p\xe4ssw\xf6rd99 shown as pässwörd99)
     forms = extra | {secret, secret.encode("unicode_escape", "backslashreplace").decode("ascii", "replace"),
              json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1],
              urllib.parse.quote(raw, safe=""), urllib.parse.quote_plus(raw, safe="")}

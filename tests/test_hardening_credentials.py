@@ -165,6 +165,15 @@ def test_overlapping_credentials_are_masked_as_one_and_the_hosts_names_stay_whol
     assert clean.host == host and clean.system["python_executable"] == sys.executable
 
 
+def test_a_latin1_secret_is_masked_where_a_utf8_variable_spells_the_same_text():
+    """helper-66: HF_TOKEN held p\\xe4ssw\\xf6rd99 as bytes (a Latin-1 environment) and
+    OMP_NUM_THREADS the same text in UTF-8; the check quoted `pässwörd99` unmasked."""
+    secret = os.fsdecode(b"p\xe4ssw\xf6rd99")
+    env = {"HF_TOKEN": secret, "OMP_NUM_THREADS": "pässwörd99"}
+    text = "OMP_NUM_THREADS='pässwörd99' is invalid"
+    assert redact.Scrubber(redact.secret_values([env])).text(text) == "OMP_NUM_THREADS='***' is invalid"
+
+
 def test_check_pid_masks_a_token_that_the_ddp_and_thread_variables_hold(tmp_path):
     """The same through the CLI on a real process: the token stands in the variables the checks
     quote, and no output format shows it, while the checks still judge those variables."""
