@@ -194,7 +194,7 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
     `_host_public`): a shown variable that holds it shows a secret."""
     envs = list(envs)
     public = set(public)
-    system = public | _host_public()
+    host = _host_public()
     shown = public_values(envs, public)
     values: dict[str, str] = {}
     for env in envs:
@@ -202,7 +202,8 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
             if not value:
                 continue
             kind = _name_kind(name)
-            if kind is _SECRET and len(value) >= MIN_CREDENTIAL_LENGTH and not _inside(value, system):
+            if (kind is _SECRET and len(value) >= MIN_CREDENTIAL_LENGTH and not _inside(value, public)
+                    and not _inside_host(value, host)):
                 values[value] = Credential(value)  # over the same text from an unknown variable
             elif value in shown or value in values:
                 continue
@@ -222,6 +223,24 @@ def _inside(value: str, texts: Iterable[str]) -> bool:
     a value is masked as before, as a whole token and not where a shown variable holds it,
     so that `gpu-node-001` held by a token does not turn the host gpu-node-0017 into `***7`."""
     return any(value in text for text in texts)
+
+
+_INSIDE_HOST: tuple[frozenset[str], dict[str, bool]] = (frozenset(), {})
+
+
+def _inside_host(value: str, host: frozenset[str]) -> bool:
+    """`_inside` the host's names, remembered while they stay the same set (10 s): serve asks
+    for every secret of every process every run, and a node may have thousands of interfaces."""
+    global _INSIDE_HOST
+    names, known = _INSIDE_HOST
+    if names is not host:
+        names, known = _INSIDE_HOST = (host, {})
+    found = known.get(value)
+    if found is None:
+        if len(known) >= 4096:
+            known.clear()
+        found = known[value] = _inside(value, host)
+    return found
 
 
 @functools.lru_cache(maxsize=4096)
