@@ -343,8 +343,10 @@ def serve(
     """Monitor the node and every training process on it; serve Prometheus metrics.
 
     Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config;
-    74 when --once could not write --textfile; 75 when the listen address is in use or not
-    on this host yet (a later start may succeed).
+    74 when --once could not write --textfile or its metrics to stdout, or could not list
+    the processes for want of open files; 75 when the listen address is in use or not on
+    this host yet (a later start may succeed); 1, with every thread's stack on stderr, when
+    a plug-in check held the interpreter for 20 s (so that the supervisor restarts it).
     """
     from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError

@@ -6,6 +6,7 @@ and curl gets the same answer from both for every client."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import bcrypt
@@ -233,3 +234,21 @@ def test_a_failed_tls_handshake_is_logged_at_most_every_ten_seconds(tmp_path):
         assert sum("TLS handshake failed" in entry for entry in serve.lines) == 1, serve.lines  # not one a scrape
     finally:
         serve.stop()
+
+
+def test_the_hash_command_a_bad_hash_suggests_makes_one_that_serve_accepts(tmp_path):
+    """helper-67: htpasswd (Apache's utilities) is seldom on a GPU node, so the error also
+    names a command of envdoctor's own interpreter. It is run here as the message gives it,
+    with the password on its standard input (no terminal: a new session has none)."""
+    path = write(tmp_path, "basic_auth_users:\n  prometheus: not-a-hash\n")
+    with pytest.raises(webconfig.WebConfigError) as caught:
+        webconfig.load(str(path))
+    command = str(caught.value).split("without apache2-utils: ", 1)[1].removesuffix(")")
+    made = subprocess.run(command, shell=True, input="s3cret-pw\n", capture_output=True, text=True,
+                          start_new_session=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    hashed = made.stdout.strip().splitlines()[-1]
+    assert hashed.startswith("$2b$10$"), made.stdout
+    config = webconfig.load(str(write(tmp_path, f"basic_auth_users:\n  prometheus: '{hashed}'\n")))
+    assert config.check_password("prometheus", "s3cret-pw")
+    assert not config.check_password("prometheus", "wrong")

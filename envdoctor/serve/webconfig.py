@@ -211,7 +211,8 @@ def load(path: str | None) -> WebConfig:
     config = WebConfig(source=name)
     for key in data:
         if key not in TOP_KEYS:
-            raise WebConfigError(name, str(key), f"unknown key; known: {', '.join(sorted(TOP_KEYS))}")
+            supported = sorted(TOP_KEYS - NOT_IMPLEMENTED.keys())  # rate_limit is known, then refused (helper-67)
+            raise WebConfigError(name, str(key), f"unknown key; known: {', '.join(supported)}")
         if key in NOT_IMPLEMENTED:
             raise WebConfigError(name, key, f"{NOT_IMPLEMENTED[key]} is not supported by envdoctor serve")
     config.users = _users(name, data.get("basic_auth_users"))
@@ -238,6 +239,16 @@ def _users(name: str, users: Any) -> dict[str, bytes]:
     return out
 
 
+def _hash_command() -> str:
+    """A command that makes a bcrypt hash with this interpreter, which has bcrypt: htpasswd
+    comes with Apache's utilities, which a GPU node seldom has (helper-67)."""
+    import shlex
+    import sys
+
+    return (f"{shlex.quote(sys.executable or 'python3')} -c 'import bcrypt, getpass; "
+            "print(bcrypt.hashpw(getpass.getpass().encode(), bcrypt.gensalt(10)).decode())'")
+
+
 def _bcrypt_hash(name: str, key: str, hashed: str) -> bytes:
     """The hash as bytes, checked without paying its cost. Checking it with checkpw at its
     own cost ran 2^cost rounds: a $2b$31$ hash hung the start for days. So the shape is
@@ -245,7 +256,8 @@ def _bcrypt_hash(name: str, key: str, hashed: str) -> bytes:
     refused: every scrape with a wrong (or first) password would pay it."""
     raw = hashed.encode("utf-8", "replace")
     shape = _BCRYPT.fullmatch(raw)
-    how = "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
+    how = ("make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n', or without apache2-utils: "
+           f"{_hash_command()}")
     if shape is None:
         raise WebConfigError(name, key, f"not a bcrypt hash ({how})")
     cost = int(shape.group(1))
