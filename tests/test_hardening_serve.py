@@ -210,3 +210,17 @@ def test_an_unknown_check_id_from_the_environment_is_refused_at_start(variable, 
     proc = cli("serve", *args, env={variable: "no.such_check"}, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "unknown check id 'no.such_check'" in proc.stderr
+
+
+def test_a_path_procfs_that_is_not_a_procfs_is_said_at_start(tmp_path):
+    """helper-67: `--path.procfs /tmp` ran with the node alone and said nothing. It still runs
+    (a container whose /proc mount is late is not refused) but warns once, naming the path;
+    the real /proc does not warn."""
+    textfile = tmp_path / "out.prom"
+    for procfs, warned in ((tmp_path, True), (Path("/proc"), False)):
+        proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(textfile),
+                               "--path.procfs", str(procfs)], capture_output=True, text=True, env=_env(), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        line = f'msg="no process under --path.procfs" path={procfs}'
+        assert (line in proc.stderr) is warned, proc.stderr
+        assert 'target="node"' in textfile.read_text()

@@ -62,6 +62,19 @@ class Options(Record):
 EXIT_TEMPFAIL = 75  # sysexits' EX_TEMPFAIL: the listen address is taken, or not on this host yet; try again
 
 
+def _lists_processes(procfs: Path) -> bool:
+    """Whether `procfs` holds a process's directory, as a procfs does: a wrong --path.procfs
+    (helper-67: /tmp) ran with the node alone and said nothing. Unreadable counts as
+    holding one: the runs say why."""
+    import os
+
+    try:
+        with os.scandir(procfs) as entries:
+            return any(entry.name.isdigit() for entry in entries)
+    except OSError:
+        return True
+
+
 class StartError(Exception):
     """Why the daemon cannot start: the CLI prints it and exits with `code` (2: bad usage,
     config or web config, which a restart would not mend)."""
@@ -109,6 +122,11 @@ class Daemon:
         for flag, path in (("--path.procfs", options.procfs), ("--path.sysfs", options.sysfs), ("--path.rootfs", options.rootfs)):
             if not Path(path).is_dir():
                 raise StartError(f"{flag} {path} is not a directory")
+        if not _lists_processes(options.procfs):
+            from envdoctor import log
+
+            log.event("warn", "no process under --path.procfs", path=str(options.procfs),
+                      hint="not a procfs mount? only the node is examined (in a container: mount the host's /proc)")
         if options.interval is not None and not settings.valid_interval(options.interval):
             raise StartError(f"--interval must be {settings.INTERVAL_RULE}, not {options.interval:g}")
         if options.textfile is not None:
