@@ -48,6 +48,7 @@ def test_selectors_bounds_and_exclusions():
 
         bounded = discovery.discover(Roots(), max_targets=2, selectors=discovery.Selectors(env=(tag,)), announce_dirs=[])
         assert len(bounded.targets) == 2 and bounded.overflow >= 2
+        assert len(bounded.left_out) == bounded.overflow and not bounded.left_out & {t.label for t in bounded.targets}
     finally:
         for p in procs:
             p.kill()

@@ -422,3 +422,29 @@ def test_healthz_names_a_stuck_calls_kind_and_target_not_what_its_key_read():
     names = sched.stuck_calls()
     assert not any(secret in n for n in names), names
     assert [n.split(" for ")[0] for n in names] == ["cpu.threads:node", "memory.sample:pid:4242", "resolve:...:..."]
+
+
+def test_a_target_left_out_for_max_targets_is_not_logged_as_gone():
+    """helper-67: when max_targets shrank on SIGHUP, processes still running were logged
+    `target gone`. One left out for the bound says so; one that exited is gone."""
+    import io
+
+    from fake_pynvml import FakeNvml
+    from envdoctor import log
+    from envdoctor.serve import discovery
+
+    sched = _scheduler(FakeNvml(devices=[]))
+    node = discovery.TargetInfo("node", None, "node")
+    stream = io.StringIO()
+    log.configure("info", stream)
+    try:
+        sched._log_changes(discovery.Found([node, discovery.TargetInfo("pid:11", 11, "torch"),
+                                            discovery.TargetInfo("pid:12", 12, "torch")]), 0.1)
+        sched._log_changes(discovery.Found([node], overflow=1, left_out=frozenset({"pid:11"})), 0.1)
+    finally:
+        log.configure("info", None)
+    lines = stream.getvalue().splitlines()
+    assert any('msg="target no longer examined" target=pid:11 reason="more targets than max_targets"' in line
+               for line in lines), lines
+    assert any('msg="target gone" target=pid:12' in line for line in lines), lines
+    assert not any('msg="target gone" target=pid:11' in line for line in lines), lines

@@ -82,10 +82,12 @@ class Found(Record):
         targets: list[TargetInfo] | None = None,
         overflow: int = 0,  # found but not examined (max_targets)
         notes: list[str] | None = None,  # sources that could not be read, for the log
+        left_out: frozenset[str] = frozenset(),  # the labels of those `overflow` counts
     ) -> None:
         self.targets = [] if targets is None else targets
         self.overflow = overflow
         self.notes = [] if notes is None else notes
+        self.left_out = left_out
 
 
 def _read(path: Path | str, limit: int = 4096) -> bytes | None:
@@ -267,6 +269,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
                     key=lambda p: (order[chosen[p]], p))
     room = max(0, max_targets - 1)
     found.overflow = max(0, len(ranked) - room)
+    found.left_out = frozenset(f"pid:{pid}" for pid in ranked[room:])
     for pid in ranked[:room]:
         cgroup = (_read(f"{procfs}/{pid}/cgroup", 65536) or b"").decode("utf-8", "replace")
         container, pod = container_of(cgroup)

@@ -387,7 +387,10 @@ class Scheduler:
             if t.label not in self._known_targets and t.pid is not None:
                 log.event("info", "target appeared", target=t.label, source=t.source, comm=metrics.label_value(t.comm))
         for gone in sorted(self._known_targets - labels):
-            log.event("info", "target gone", target=gone)
+            if gone in found.left_out:  # still running: max_targets shrank, or more came first (helper-67)
+                log.event("warn", "target no longer examined", target=gone, reason="more targets than max_targets")
+            else:
+                log.event("info", "target gone", target=gone)
         self._known_targets = labels
         for note in found.notes:
             log.event("debug", "discovery note", reason=note)
