@@ -25,8 +25,9 @@ and the probe's stderr, which are free text from places we do not control):
    was judged and protect nothing. A secret-looking variable's value of 8
    characters or more is a credential, though, and wins over a shown variable:
    `OMP_NUM_THREADS=<the token>` shows the token, so it is masked there too, and
-   inside longer words (`LOCAL_RANK=x<the token>`), unless it is part of the host
-   name, an interface name or an interpreter path. Very short values are left alone in reports
+   inside longer words (`LOCAL_RANK=x<the token>`; up to MAX_ANYWHERE_LENGTH) and
+   from its first FRAGMENT_LENGTH characters on (a message's cut quote of it), unless
+   it is part of the host name, an interface name or an interpreter path. Very short values are left alone in reports
    (masking every "1" would make them unreadable and a secret is not one
    character long) but not in the probe's stderr (`scrub_free_text`), which is
    another program's output and may print a short password whole.
@@ -78,6 +79,13 @@ MIN_UNKNOWN_LENGTH = 8  # shortest value of an unknown variable that we scrub
 # A secret-named variable's value this long is a credential, not a coincidence: it is
 # masked even where a shown variable holds the same text, and inside longer words.
 MIN_CREDENTIAL_LENGTH = 8
+# Longer spellings of one are masked as whole tokens only: matching with no word boundary to
+# start from costs the text's length times the form's (helper-68: a value of 30,000 "a"s in
+# another of 60,000 took 6.8 s a format). A token this long glued inside a word is not a case.
+MAX_ANYWHERE_LENGTH = 256
+# A credential's first characters, and the rest of the word they start, are masked wherever they
+# appear: a message that cuts a long value ('Zq9vK2mP...U7i...') showed most of it (helper-68).
+FRAGMENT_LENGTH = 16
 
 # -- credentials recognised by their shape ---------------------------------------------
 # scheme://userinfo@host: the password (or, without one, the whole userinfo) is masked.
@@ -202,8 +210,9 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
             if not value:
                 continue
             kind = _name_kind(name)
-            if (kind is _SECRET and len(value) >= MIN_CREDENTIAL_LENGTH and not _inside(value, public)
-                    and not _inside_host(value, host)):
+            core = value.strip()  # a spelling of it too: "e" and seven blanks masked every "e" (helper-68)
+            if (kind is _SECRET and len(core) >= MIN_CREDENTIAL_LENGTH and not _inside(core, public)
+                    and not _inside_host(core, host)):
                 values[value] = Credential(value)  # over the same text from an unknown variable
             elif value in shown or value in values:
                 continue
@@ -337,8 +346,12 @@ def free_text_scrubber(envs: Iterable[Mapping[str, str]]) -> "Scrubber":
 def _token(form: str, anywhere: bool = False) -> str:
     """A pattern matching `form` as a whole token: not glued to letters or digits on either side
     (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345"); a credential's
-    forms (`anywhere`) wherever they are."""
+    forms (`anywhere`) wherever they are, and from their first FRAGMENT_LENGTH characters
+    to the end of the word they start (a cut quote of one)."""
     if anywhere:
+        if len(form) > FRAGMENT_LENGTH and not form.startswith("/"):  # a path's start is other paths' too
+            # the whole form first: one holding a delimiter would otherwise leave what follows it
+            return f"(?:{re.escape(form)}|{re.escape(form[:FRAGMENT_LENGTH])}" r"[^\s'\"<>,;)}\]]*)"
         return re.escape(form)
     left = r"(?<![A-Za-z0-9])" if form[:1].isalnum() else ""
     right = r"(?![A-Za-z0-9])" if form[-1:].isalnum() else ""
@@ -356,8 +369,9 @@ class Scrubber:
         forms: dict[str, bool] = {}  # each spelling, and whether it is a credential's (masked anywhere)
         for secret in secrets:
             if secret and not secret.isspace():  # blanks identify nothing; "\n" would mask every line break
-                anywhere = isinstance(secret, Credential)
+                credential = isinstance(secret, Credential)
                 for form in _spellings(secret):
+                    anywhere = credential and MIN_CREDENTIAL_LENGTH <= len(form.strip()) <= MAX_ANYWHERE_LENGTH
                     forms[form] = forms.get(form, False) or anywhere
         ordered = sorted(forms, key=len, reverse=True)
         self._pattern = re.compile("|".join(_token(f, forms[f]) for f in ordered)) if ordered else None
@@ -381,24 +395,11 @@ class Scrubber:
         return done
 
     def _scrub(self, value: str) -> str:
-        if self._pattern is not None and self._pattern.search(value):  # whole values first: a credential mask would split them
-            value = self._mask_spans(value)
+        if self._pattern is not None:  # whole values first: a credential mask would split them
+            value = self._pattern.sub(MASK, value)
         if self._credentials:
             value = mask_credentials(value)
         return writable(value)
-
-    def _mask_spans(self, text: str) -> str:
-        """`text` with every secret's span masked, overlapping ones as one: a single left-to-right
-        substitution masks the first of two secrets that overlap (A_TOKEN=aaaa1111bbbb and
-        B_TOKEN=bbbbcccc2222 in aaaa1111bbbbcccc2222) and leaves the second's tail (helper-66)."""
-        out: list[str] = []
-        done = 0
-        for start, end in self.spans(text):
-            out.append(text[done:start])
-            out.append(MASK)
-            done = end
-        out.append(text[done:])
-        return "".join(out)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Where secret values (in any spelling) occur in `text`: sorted, merged (start, end)

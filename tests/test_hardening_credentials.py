@@ -148,30 +148,41 @@ def test_a_credential_wins_over_a_shown_variable_that_holds_it_a_short_coinciden
     assert "NCCL_SOCKET_IFNAME=local" in summary and "gpu-pool7" in summary
 
 
-def test_overlapping_credentials_are_masked_as_one_and_the_hosts_names_stay_whole():
-    """helper-66: two credentials that overlap in a text (A's end is B's start) left B's
-    tail after A was masked; and a credential that is part of the host name or of the
-    interpreter's path turned them into `***7.cluster.local` and `***3`."""
+def test_a_credential_that_is_part_of_the_hosts_names_leaves_them_whole():
+    """helper-66: a credential that is part of the host name or of the interpreter's path turned
+    them into `***7.cluster.local` and `***3`; helper-68: one of an "e" and seven blanks, whose
+    stripped spelling is "e", turned "Debian" into "D***bian"."""
     host = "gpu-node-0017.cluster.local"
-    env = {"A_TOKEN": "aaaa1111bbbb", "B_TOKEN": "bbbbcccc2222", "OMP_NUM_THREADS": "aaaa1111bbbbcccc2222",
-           "HOST_TOKEN": "gpu-node-001", "PYTHON_SECRET": sys.executable[:-1]}
-    text = f"OMP_NUM_THREADS='aaaa1111bbbbcccc2222' is invalid; host {host}; interpreter {sys.executable}"
+    env = {"HOST_TOKEN": "gpu-node-001", "PYTHON_SECRET": sys.executable[:-1], "MY_TOKEN": "e       "}
+    text = f"host {host}; interpreter {sys.executable}; Debian GNU/Linux 12"
     report = Report(host, "0", "2026-01-01T00:00:00+00:00", "self", [Result(Status.FAIL, text, "", {}, "x.y", "self")],
-                    {"python_executable": sys.executable})
+                    {"python_executable": sys.executable, "os": "Debian GNU/Linux 12 (bookworm)"})
     clean = redact.redact_report(report, [env])
-    summary = clean.results[0].summary
-    assert "OMP_NUM_THREADS='***' is invalid" in summary, summary
-    assert f"host {host};" in summary and f"interpreter {sys.executable}" in summary, summary
+    assert clean.results[0].summary == text
     assert clean.host == host and clean.system["python_executable"] == sys.executable
+    assert clean.system["os"] == "Debian GNU/Linux 12 (bookworm)"
 
 
-def test_a_latin1_secret_is_masked_where_a_utf8_variable_spells_the_same_text():
-    """helper-66: HF_TOKEN held p\\xe4ssw\\xf6rd99 as bytes (a Latin-1 environment) and
-    OMP_NUM_THREADS the same text in UTF-8; the check quoted `pässwörd99` unmasked."""
-    secret = os.fsdecode(b"p\xe4ssw\xf6rd99")
-    env = {"HF_TOKEN": secret, "OMP_NUM_THREADS": "pässwörd99"}
-    text = "OMP_NUM_THREADS='pässwörd99' is invalid"
-    assert redact.Scrubber(redact.secret_values([env])).text(text) == "OMP_NUM_THREADS='***' is invalid"
+def test_a_cut_quote_of_a_credential_is_masked_from_its_first_characters():
+    """helper-68: a message that cuts a long value to 37 characters (dist.consistency quoting
+    SLURM_PROCID) showed 36 of a 40-character token, which as a whole never appeared."""
+    from envdoctor import launch
+
+    token = "Zq9vK2mP7xLw4RtY8nB3cH6jD1fG5sA0eU7iO2pQ"
+    text = f"SLURM_PROCID ({launch._short(token)} of {launch._short('x' + token)}): nothing to compare"
+    assert token[:30] in text  # what the message shows before redaction
+    clean = redact.Scrubber(redact.secret_values([{"MY_TOKEN": token}])).text(text)
+    assert token[:8] not in clean and clean.count(redact.MASK) == 2, clean
+    assert clean.startswith("SLURM_PROCID ('***") and "nothing to compare" in clean, clean
+
+
+def test_a_very_long_credential_is_masked_where_a_shown_variable_holds_it_whole():
+    """A credential longer than MAX_ANYWHERE_LENGTH is matched as a whole token only (helper-68:
+    matched anywhere, 30,000 "a"s inside 60,000 took 6.8 s a format), and still wins over
+    the shown variable that holds it."""
+    token = "a" * 30000
+    scrub = redact.Scrubber(redact.secret_values([{"MY_TOKEN": token, "OMP_NUM_THREADS": token}]))
+    assert scrub.text(f"OMP_NUM_THREADS='{token}' is invalid") == "OMP_NUM_THREADS='***' is invalid"
 
 
 def test_check_pid_masks_a_token_that_the_ddp_and_thread_variables_hold(tmp_path):
