@@ -27,7 +27,8 @@ and the probe's stderr, which are free text from places we do not control):
    `OMP_NUM_THREADS=<the token>` shows the token, so it is masked there too, and
    inside longer words (`LOCAL_RANK=x<the token>`; up to MAX_ANYWHERE_LENGTH) and
    from its first FRAGMENT_LENGTH characters on (a message's cut quote of it), unless
-   it is part of the host name, an interface name or an interpreter path. Very short values are left alone in reports
+   it is part of the host name, an interface name or an interpreter path. Very
+   short values are left alone in reports
    (masking every "1" would make them unreadable and a secret is not one
    character long) but not in the probe's stderr (`scrub_free_text`), which is
    another program's output and may print a short password whole.
