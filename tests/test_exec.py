@@ -443,8 +443,10 @@ def test_fix_under_torchrun_shares_the_cpus_between_its_ranks(tmp_path):
     if not torchrun.exists():
         pytest.skip("torchrun is not installed beside this interpreter")
     worker = tmp_path / "worker.py"
-    worker.write_text("import os\nprint(os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'], "
-                      "os.environ['OMP_NUM_THREADS'], os.environ['MKL_NUM_THREADS'], flush=True)\n")
+    # One write(2) per worker: print() under PYTHONUNBUFFERED writes each field apart, and
+    # the two ranks' fields then interleave on the shared pipe ("1 2 1 01" in CI).
+    worker.write_text("import os\nos.write(1, ' '.join(os.environ[k] for k in ('LOCAL_RANK', 'LOCAL_WORLD_SIZE', "
+                      "'OMP_NUM_THREADS', 'MKL_NUM_THREADS')).encode() + b'\\n')\n")
     proc = envdoctor_exec("--fix", "--", str(torchrun), "--nproc-per-node", "2", "--master-port", "0", str(worker),
                           env={"OMP_NUM_THREADS": TOO_MANY}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
