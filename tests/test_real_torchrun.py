@@ -164,19 +164,33 @@ def test_a_rank_that_never_starts_the_check_is_reported_missing_within_the_timeo
     assert row["facts"]["ranks_present"] == 1
 
 
+def torch_cuda_version() -> str | None:
+    """The CUDA version this interpreter's torch was built for; None for a CPU build. The
+    local wheel is the CPU build; on a Python it has no wheel for, PyPI's torch is the CUDA one."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.version.cuda)"],
+                           capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    return None if probe.stdout.strip() == "None" else probe.stdout.strip()
+
+
 def test_two_local_ranks_on_one_gpu_are_caught(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     # two fake GPUs; rank 1 is pinned to GPU 0, which is rank 0's cuda:LOCAL_RANK.
-    # This machine's torch is a CPU build, which uses no GPU: by default ("auto") the
-    # GPUs are not compared and the launch passes; compare_gpus = "always" compares them.
+    # A CPU build of torch uses no GPU: by default ("auto") the GPUs are then not
+    # compared and the launch passes; a CUDA build's are, as compare_gpus = "always" does.
     env = launch_env(tmp_path, DIST_TEST_FAKE_GPUS="2", DIST_TEST_SET="1:CUDA_VISIBLE_DEVICES=0")
     proc = torchrun(tmp_path, 2, str(RANK_SCRIPT), str(out), "--only", "dist.consistency", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = rows(rank_outputs(out, 2)[0][1])["dist.consistency"]
-    assert row["status"] == "ok" and "is a CPU build, which uses no GPU" in row["summary"], row
-    # both ranks did resolve a GPU through (fake) NVML: the same one
-    assert set(row["facts"]["gpus"].values()) == {"GPU-fa4e0000-0000-0000-0000-000000000000"}
+    rc, report = rank_outputs(out, 2)[0]
+    row = rows(report)["dist.consistency"]
+    if torch_cuda_version() is None:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert row["status"] == "ok" and "is a CPU build, which uses no GPU" in row["summary"], row
+        # both ranks did resolve a GPU through (fake) NVML: the same one
+        assert set(row["facts"]["gpus"].values()) == {"GPU-fa4e0000-0000-0000-0000-000000000000"}
+    else:
+        assert proc.returncode != 0 and rc == "1" and row["status"] == "fail", row
+        assert "use one GPU, GPU-fa4e0000-0000-0000-0000-000000000000" in row["summary"], row
 
     out = tmp_path / "out-always"
     out.mkdir()
