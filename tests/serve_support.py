@@ -115,7 +115,10 @@ def make_certs(d: Path) -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1 signed by it, a client certificate signed
     by it, and a client certificate from an unrelated CA (refused under mTLS)."""
     def ca(name: str) -> None:
+        # keyUsage as a real CA has it: Python 3.13's default client context verifies
+        # strictly (VERIFY_X509_STRICT) and refuses a CA certificate without one.
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+                "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
                 "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=d)
 
     def leaf(name: str, issuer: str, ext: str) -> None:
