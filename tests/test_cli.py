@@ -125,7 +125,10 @@ def test_only_accepts_a_comma_list_and_an_empty_selection_is_bad_usage():
 @pytest.mark.parametrize("check_id", ["shm.size", "dist.env", "cpu.threads", "torch.pin_memory", "onnx.opset"])
 def test_explain_settings_paste_into_envdoctor_toml(check_id, tmp_path):
     """What `explain` lists under Settings is valid TOML that the config loader accepts."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, as envdoctor.config reads it there
+        import tomli as tomllib
 
     text = cli("explain", check_id).stdout
     block = text.split("Settings, in envdoctor.toml")[1].split("\n\n")[0].splitlines()[1:]

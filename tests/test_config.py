@@ -326,7 +326,10 @@ def test_an_envdoctor_toml_that_is_no_file_is_bad_config(tmp_path, make, said):
 def test_explain_writes_a_table_default_as_toml_and_says_a_none_default(tmp_path):
     """Helper-37: a dict default was shown as Python's repr, `table = {'x': 1}`, which is no
     TOML, and a None default as `maybe = ""`, though the check then got None."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, as envdoctor.config reads it there
+        import tomli as tomllib
 
     assert tomllib.loads(f"t = {cfg.toml_value({'x': 1, 'a b': 'c', 'n': [1, 2]})}")["t"] == {"x": 1, "a b": "c", "n": [1, 2]}
     odd = 'a "quoted"\\ line\nand\ttab\x01\x7f é'  # helper-39: a newline in a default was written raw
