@@ -130,8 +130,12 @@ def test_runtime_runs_its_max_opset_and_refuses_the_next():
     session = ort.InferenceSession(identity_model(top).SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.array([3.5], np.float32)
     assert session.run(None, {"x": x})[0].tolist() == [3.5]
+    # only the opset past it: the next opset may need an IR version the runtime does not load
+    # either (onnxruntime 1.23.2, the last for Python 3.10: opset 24 needs IR 12, it loads 11)
+    beyond = identity_model(top + 1)
+    beyond.ir_version = min(beyond.ir_version, runtime_facts().max_ir_version)
     with pytest.raises(Exception, match=f"Opset {top + 1}"):
-        ort.InferenceSession(identity_model(top + 1).SerializeToString(), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(beyond.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def test_runtime_limit_falls_back_to_its_schemas_and_says_so(monkeypatch):
