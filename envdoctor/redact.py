@@ -40,6 +40,7 @@ exporter and no `-o FILE` fails to encode a report.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import os
@@ -344,6 +345,10 @@ def free_text_scrubber(envs: Iterable[Mapping[str, str]]) -> "Scrubber":
     return Scrubber(secret_values(envs, min_secret=1))
 
 
+# What ends a word that a credential's cut quote runs to (_token, Scrubber.spans).
+_DELIMITERS = r"\s'\"<>,;)}\]"
+
+
 def _token(form: str, anywhere: bool = False) -> str:
     """A pattern matching `form` as a whole token: not glued to letters or digits on either side
     (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345"); a credential's
@@ -352,7 +357,7 @@ def _token(form: str, anywhere: bool = False) -> str:
     if anywhere:
         if len(form) > FRAGMENT_LENGTH and not form.startswith("/"):  # a path's start is other paths' too
             # the whole form first: one holding a delimiter would otherwise leave what follows it
-            return f"(?:{re.escape(form)}|{re.escape(form[:FRAGMENT_LENGTH])}" r"[^\s'\"<>,;)}\]]*)"
+            return f"(?:{re.escape(form)}|{re.escape(form[:FRAGMENT_LENGTH])}[^{_DELIMITERS}]*)"
         return re.escape(form)
     left = r"(?<![A-Za-z0-9])" if form[:1].isalnum() else ""
     right = r"(?![A-Za-z0-9])" if form[-1:].isalnum() else ""
@@ -360,6 +365,7 @@ def _token(form: str, anywhere: bool = False) -> str:
 
 
 _MEMO_TEXTS = 4096
+_WORD_END = re.compile(f"[{_DELIMITERS}]")
 _PLAIN = (int, float, bool, type(None))
 
 
@@ -377,7 +383,9 @@ class Scrubber:
         ordered = sorted(forms, key=len, reverse=True)
         self._pattern = re.compile("|".join(_token(f, forms[f]) for f in ordered)) if ordered else None
         self._credentials = credentials
+        self._forms = (ordered, forms)
         self._overlapping: re.Pattern[str] | None = None  # built on first use by spans()
+        self._fragments: frozenset[str] = frozenset()
         # memo=True where one scrubber sees the same texts again and again: in a serve run,
         # check ids, target labels, fact names and the same summary for every process of a
         # job, ~7,000 texts a run. Off by default: a log line's or a report's scrubber sees
@@ -396,28 +404,58 @@ class Scrubber:
         return done
 
     def _scrub(self, value: str) -> str:
-        if self._pattern is not None:  # whole values first: a credential mask would split them
-            value = self._pattern.sub(MASK, value)
+        # whole values first (a credential mask would split them); most texts hold none, and
+        # one search says so: the overlapping search below is slower per character
+        if self._pattern is not None and self._pattern.search(value) is not None:
+            value = _masked(value, self.spans(value))
         if self._credentials:
             value = mask_credentials(value)
         return writable(value)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Where secret values (in any spelling) occur in `text`: sorted, merged (start, end)
-        ranges. Overlapping occurrences count too (a secret whose text begins inside
-        another's), which a plain left-to-right search skips."""
+        ranges, a credential's cut quote to the end of its word. Overlapping occurrences
+        count too (a secret whose text begins inside another's), which a plain
+        left-to-right search skips: masked one after the other, the second's tail showed.
+
+        Linear in the text: only fixed texts are searched for at every position (the
+        forms, and credentials' first FRAGMENT_LENGTH characters); where such a start
+        runs to the end of its word is found from the word ends, listed once. Searched
+        for with that tail at every position, a word of repeated starts cost its
+        length squared."""
         if self._pattern is None:
             return []
         if self._overlapping is None:
-            self._overlapping = re.compile(f"(?=({self._pattern.pattern}))")
+            self._overlapping, self._fragments = self._starts()
         merged: list[tuple[int, int]] = []
+        word_ends: list[int] | None = None
         for m in self._overlapping.finditer(text):
-            start, end = m.start(), m.start() + len(m.group(1))
+            found = m.group(1)
+            start, end = m.start(), m.start() + len(found)
+            if found in self._fragments:
+                if word_ends is None:
+                    word_ends = [w.start() for w in _WORD_END.finditer(text)]
+                after = bisect.bisect_left(word_ends, end)
+                end = word_ends[after] if after < len(word_ends) else len(text)
             if merged and start <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], end))
             else:
                 merged.append((start, end))
         return merged
+
+    def _starts(self) -> tuple[re.Pattern[str], frozenset[str]]:
+        """The pattern of every fixed text spans() looks for, in lookahead (so every position is
+        tried), and which of those texts are credentials' fragments (masked to the word's end)."""
+        ordered, anywhere = self._forms
+        alternatives: list[str] = []
+        fragments: set[str] = set()
+        for form in ordered:
+            if anywhere[form] and len(form) > FRAGMENT_LENGTH and not form.startswith("/"):
+                fragments.add(form[:FRAGMENT_LENGTH])
+                alternatives.append(f"(?:{re.escape(form)}|{re.escape(form[:FRAGMENT_LENGTH])})")
+            else:
+                alternatives.append(_token(form, anywhere[form]))
+        return re.compile(f"(?=({'|'.join(alternatives)}))"), frozenset(fragments)
 
     def any(self, value: Any) -> Any:
         kind = type(value)
@@ -454,6 +492,18 @@ class Scrubber:
         return result.replace(summary=self.text(result.summary), remediation=self.text(result.remediation),
                        facts=self.any(result.facts), target=writable(result.target), check=writable(result.check),
                        fix_env=self.any(result.fix_env))
+
+
+def _masked(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` with each of the sorted, disjoint `spans` replaced by MASK."""
+    out: list[str] = []
+    done = 0
+    for start, end in spans:
+        out.append(text[done:start])
+        out.append(MASK)
+        done = end
+    out.append(text[done:])
+    return "".join(out)
 
 
 def scrubber_for(envs: Iterable[Mapping[str, str]], public: Iterable[str] = ()) -> Scrubber:

@@ -176,6 +176,34 @@ def test_a_cut_quote_of_a_credential_is_masked_from_its_first_characters():
     assert clean.startswith("SLURM_PROCID ('***") and "nothing to compare" in clean, clean
 
 
+@pytest.mark.parametrize("first, second", [("alpha1234567beta", "beta987654321gamma"),
+                                           ("Zq9vK2mP7xLw4RtY8nB3", "4RtY8nB3cH6jD1fG5sA0eU7i")])
+def test_two_credentials_that_overlap_in_a_text_are_both_masked_whole(first, second):
+    """Where one credential's end is another's start, masking them one after the other left the
+    second's tail (`x ***987654321gamma y`): what is masked is every character either covers."""
+    overlap = next(n for n in range(min(len(first), len(second)), 0, -1) if first.endswith(second[:n]))
+    glued = first + second[overlap:]
+    envs = [{"API_TOKEN": first, "DB_PASSWORD": second}]
+    for text in (f"x {glued} y", f"x {glued}", f"{second[:overlap]}{glued}:{first}"):
+        for clean in (redact.scrub_free_text(text, envs),
+                      redact.Scrubber(redact.secret_values(envs)).text(text)):
+            assert first[:6] not in clean and second[-6:] not in clean, (text, clean)
+    assert redact.scrub_free_text(f"x {glued} y", envs) == "x *** y"
+    scrubber = redact.free_text_scrubber(envs)
+    assert scrubber.spans(f"x {glued} y") == [(2, 2 + len(glued))]
+
+
+def test_a_word_of_repeated_credential_starts_is_masked_to_its_end():
+    """Each credential start in a word is masked to the word's end (a cut quote of it): a word of
+    hundreds of them, glued, is one masked word, found in one pass (searched for with that tail
+    at every start, such a word cost its length squared)."""
+    token = "Zq9vK2mP7xLw4RtY8nB3cH6jD1fG5sA0eU7iO2pQ"
+    word = token[:20] * 3000 + "tail"
+    scrubber = redact.Scrubber(redact.secret_values([{"MY_TOKEN": token}]))
+    assert scrubber.text(f"a {word} b '{token[:17]}...' c") == "a *** b '***' c"
+    assert scrubber.spans(f"a {word} b") == [(2, 2 + len(word))]
+
+
 def test_a_very_long_credential_is_masked_where_a_shown_variable_holds_it_whole():
     """A credential longer than MAX_ANYWHERE_LENGTH is matched as a whole token only (helper-68:
     matched anywhere, 30,000 "a"s inside 60,000 took 6.8 s a format), and still wins over
