@@ -25,8 +25,8 @@ and the probe's stderr, which are free text from places we do not control):
    was judged and protect nothing. A secret-looking variable's value of 8
    characters or more is a credential, though, and wins over a shown variable:
    `OMP_NUM_THREADS=<the token>` shows the token, so it is masked there too, and
-   inside longer words (`LOCAL_RANK=x<the token>`; up to MAX_ANYWHERE_LENGTH) and
-   from its first FRAGMENT_LENGTH characters on (a message's cut quote of it), unless
+   inside longer words (`LOCAL_RANK=x<the token>`) and from its first
+   FRAGMENT_LENGTH characters on (a message's cut quote of it), unless
    it is part of the host name, an interface name or an interpreter path. Very
    short values are left alone in reports
    (masking every "1" would make them unreadable and a secret is not one
@@ -81,9 +81,10 @@ MIN_UNKNOWN_LENGTH = 8  # shortest value of an unknown variable that we scrub
 # A secret-named variable's value this long is a credential, not a coincidence: it is
 # masked even where a shown variable holds the same text, and inside longer words.
 MIN_CREDENTIAL_LENGTH = 8
-# Longer spellings of one are masked as whole tokens only: matching with no word boundary to
-# start from costs the text's length times the form's (helper-68: a value of 30,000 "a"s in
-# another of 60,000 took 6.8 s a format). A token this long glued inside a word is not a case.
+# Longer spellings of one are matched whole as tokens only: with no word boundary to start
+# from, that costs the text's length times the form's (helper-68: a value of 30,000 "a"s in
+# another of 60,000 took 6.8 s a format). Glued inside a word, one is found by its first
+# FRAGMENT_LENGTH characters instead, and masked from there to the end of the word.
 MAX_ANYWHERE_LENGTH = 256
 # A credential's first characters, and the rest of the word they start, are masked wherever they
 # appear: a message that cuts a long value ('Zq9vK2mP...U7i...') showed most of it (helper-68).
@@ -345,19 +346,22 @@ def free_text_scrubber(envs: Iterable[Mapping[str, str]]) -> "Scrubber":
     return Scrubber(secret_values(envs, min_secret=1))
 
 
-# What ends a word that a credential's cut quote runs to (_token, Scrubber.spans).
-_DELIMITERS = r"\s'\"<>,;)}\]"
+# How a form is matched: as a whole token (a secret); anywhere (a credential's); as a whole token,
+# or from its first FRAGMENT_LENGTH characters anywhere (a credential's, too long to match whole
+# anywhere in linear time).
+_WHOLE, _LONG, _ANYWHERE = 0, 1, 2
 
 
-def _token(form: str, anywhere: bool = False) -> str:
-    """A pattern matching `form` as a whole token: not glued to letters or digits on either side
-    (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345"); a credential's
-    forms (`anywhere`) wherever they are, and from their first FRAGMENT_LENGTH characters
-    to the end of the word they start (a cut quote of one)."""
-    if anywhere:
-        if len(form) > FRAGMENT_LENGTH and not form.startswith("/"):  # a path's start is other paths' too
-            # the whole form first: one holding a delimiter would otherwise leave what follows it
-            return f"(?:{re.escape(form)}|{re.escape(form[:FRAGMENT_LENGTH])}[^{_DELIMITERS}]*)"
+def _has_fragment(form: str, kind: int) -> bool:
+    """Whether `form` is also matched by its first FRAGMENT_LENGTH characters, to the end of
+    their word: a credential's, longer than those, and not a path (whose start other paths share)."""
+    return kind != _WHOLE and len(form) > FRAGMENT_LENGTH and not form.startswith("/")
+
+
+def _whole(form: str, kind: int = _WHOLE) -> str:
+    """A pattern matching `form` itself: anywhere, or as a whole token, not glued to letters or
+    digits on either side (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345")."""
+    if kind == _ANYWHERE:
         return re.escape(form)
     left = r"(?<![A-Za-z0-9])" if form[:1].isalnum() else ""
     right = r"(?![A-Za-z0-9])" if form[-1:].isalnum() else ""
@@ -365,7 +369,8 @@ def _token(form: str, anywhere: bool = False) -> str:
 
 
 _MEMO_TEXTS = 4096
-_WORD_END = re.compile(f"[{_DELIMITERS}]")
+# What ends the word that a credential's cut quote runs to.
+_WORD_END = re.compile(r"[\s'\"<>,;)}\]]")
 _PLAIN = (int, float, bool, type(None))
 
 
@@ -373,19 +378,24 @@ class Scrubber:
     """Masks secrets and credentials in any JSON-like structure, and makes every string writable."""
 
     def __init__(self, secrets: Iterable[str], *, credentials: bool = True, memo: bool = False):
-        forms: dict[str, bool] = {}  # each spelling, and whether it is a credential's (masked anywhere)
+        forms: dict[str, int] = {}  # each spelling, and how it is matched (_WHOLE, _LONG, _ANYWHERE)
         for secret in secrets:
             if secret and not secret.isspace():  # blanks identify nothing; "\n" would mask every line break
                 credential = isinstance(secret, Credential)
                 for form in _spellings(secret):
-                    anywhere = credential and MIN_CREDENTIAL_LENGTH <= len(form.strip()) <= MAX_ANYWHERE_LENGTH
-                    forms[form] = forms.get(form, False) or anywhere
+                    kind = _WHOLE
+                    if credential and len(form.strip()) >= MIN_CREDENTIAL_LENGTH:
+                        kind = _ANYWHERE if len(form.strip()) <= MAX_ANYWHERE_LENGTH else _LONG
+                    forms[form] = max(forms.get(form, _WHOLE), kind)
         ordered = sorted(forms, key=len, reverse=True)
-        self._pattern = re.compile("|".join(_token(f, forms[f]) for f in ordered)) if ordered else None
+        # every form, and apart, the credentials' first characters (their cut quotes' starts)
+        self._wholes = "|".join(_whole(f, forms[f]) for f in ordered)
+        self._starts = "|".join(sorted({re.escape(f[:FRAGMENT_LENGTH]) for f in ordered if _has_fragment(f, forms[f])}))
+        self._pattern = re.compile("|".join(filter(None, (self._wholes, self._starts)))) if ordered else None
         self._credentials = credentials
-        self._forms = (ordered, forms)
-        self._overlapping: re.Pattern[str] | None = None  # built on first use by spans()
-        self._fragments: frozenset[str] = frozenset()
+        # built on first use by spans(): the same in lookahead, to find overlaps too
+        self._overlapping: re.Pattern[str] | None = None
+        self._fragments: re.Pattern[str] | None = None
         # memo=True where one scrubber sees the same texts again and again: in a serve run,
         # check ids, target labels, fact names and the same summary for every process of a
         # job, ~7,000 texts a run. Off by default: a log line's or a report's scrubber sees
@@ -419,43 +429,31 @@ class Scrubber:
         left-to-right search skips: masked one after the other, the second's tail showed.
 
         Linear in the text: only fixed texts are searched for at every position (the
-        forms, and credentials' first FRAGMENT_LENGTH characters); where such a start
-        runs to the end of its word is found from the word ends, listed once. Searched
-        for with that tail at every position, a word of repeated starts cost its
-        length squared."""
+        forms; credentials' first FRAGMENT_LENGTH characters, apart, so that one never
+        hides a whole form starting at the same place); where such a start runs to the
+        end of its word is found from the word ends, listed once. Searched for with that
+        tail at every position, a word of repeated starts cost its length squared."""
         if self._pattern is None:
             return []
         if self._overlapping is None:
-            self._overlapping, self._fragments = self._starts()
+            self._overlapping = re.compile(f"(?=({self._wholes}))")
+            self._fragments = re.compile(f"(?=(?:{self._starts}))") if self._starts else None
+        found = [(m.start(), m.start() + len(m.group(1))) for m in self._overlapping.finditer(text)]
+        if self._fragments is not None:
+            fragments = [m.start() for m in self._fragments.finditer(text)]
+            if fragments:
+                word_ends = [w.start() for w in _WORD_END.finditer(text)]
+                for start in fragments:
+                    after = bisect.bisect_left(word_ends, start + FRAGMENT_LENGTH)
+                    found.append((start, word_ends[after] if after < len(word_ends) else len(text)))
+                found.sort()
         merged: list[tuple[int, int]] = []
-        word_ends: list[int] | None = None
-        for m in self._overlapping.finditer(text):
-            found = m.group(1)
-            start, end = m.start(), m.start() + len(found)
-            if found in self._fragments:
-                if word_ends is None:
-                    word_ends = [w.start() for w in _WORD_END.finditer(text)]
-                after = bisect.bisect_left(word_ends, end)
-                end = word_ends[after] if after < len(word_ends) else len(text)
+        for start, end in found:
             if merged and start <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], end))
             else:
                 merged.append((start, end))
         return merged
-
-    def _starts(self) -> tuple[re.Pattern[str], frozenset[str]]:
-        """The pattern of every fixed text spans() looks for, in lookahead (so every position is
-        tried), and which of those texts are credentials' fragments (masked to the word's end)."""
-        ordered, anywhere = self._forms
-        alternatives: list[str] = []
-        fragments: set[str] = set()
-        for form in ordered:
-            if anywhere[form] and len(form) > FRAGMENT_LENGTH and not form.startswith("/"):
-                fragments.add(form[:FRAGMENT_LENGTH])
-                alternatives.append(f"(?:{re.escape(form)}|{re.escape(form[:FRAGMENT_LENGTH])})")
-            else:
-                alternatives.append(_token(form, anywhere[form]))
-        return re.compile(f"(?=({'|'.join(alternatives)}))"), frozenset(fragments)
 
     def any(self, value: Any) -> Any:
         kind = type(value)

@@ -211,6 +211,17 @@ def test_a_very_long_credential_is_masked_where_a_shown_variable_holds_it_whole(
     token = "a" * 30000
     scrub = redact.Scrubber(redact.secret_values([{"MY_TOKEN": token, "OMP_NUM_THREADS": token}]))
     assert scrub.text(f"OMP_NUM_THREADS='{token}' is invalid") == "OMP_NUM_THREADS='***' is invalid"
+    assert scrub.text("a" * 60000 + " b") == "*** b"
+
+
+def test_a_long_credential_glued_inside_a_word_is_masked_from_its_first_characters():
+    """A credential longer than MAX_ANYWHERE_LENGTH, glued inside a longer word, showed whole: it
+    is found there by its first FRAGMENT_LENGTH characters and masked to the end of the word."""
+    token = "".join(string.ascii_letters[i * 7 % 52] + str(i % 10) for i in range(200))  # 400 characters
+    assert len(token) > redact.MAX_ANYWHERE_LENGTH
+    scrub = redact.Scrubber(redact.secret_values([{"MY_TOKEN": token, "LOCAL_RANK": "x" + token}]))
+    assert scrub.text(f"LOCAL_RANK='x{token}y' is not a number; {token}.") == "LOCAL_RANK='x***' is not a number; ***"
+    assert scrub.text(f"cut: {token[:40]}...") == "cut: ***"
 
 
 def test_check_pid_masks_a_token_that_the_ddp_and_thread_variables_hold(tmp_path):
