@@ -40,7 +40,6 @@ exporter and no `-o FILE` fails to encode a report.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import json
 import os
@@ -51,6 +50,7 @@ import urllib.parse
 from collections import abc
 from collections.abc import Mapping
 
+from envdoctor import secret_spans
 from envdoctor.model import Report, Result
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
@@ -88,7 +88,7 @@ MIN_CREDENTIAL_LENGTH = 8
 MAX_ANYWHERE_LENGTH = 256
 # A credential's first characters, and the rest of the word they start, are masked wherever they
 # appear: a message that cuts a long value ('Zq9vK2mP...U7i...') showed most of it (helper-68).
-FRAGMENT_LENGTH = 16
+FRAGMENT_LENGTH = secret_spans.FRAGMENT_LENGTH
 
 # -- credentials recognised by their shape ---------------------------------------------
 # scheme://userinfo@host: the password (or, without one, the whole userinfo) is masked.
@@ -106,6 +106,8 @@ _SECRET_NAME_END = re.compile(r"(?:^|[_.-])(?:token|secret|password|passwd|passp
 _BEARER = re.compile(r"(?i)(?P<head>\bauthorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:(?:bearer|basic|digest|token|negotiate)[ \t]+)?"
                      r"|\bbearer[ \t]+)(?P<value>[^\s'\"<>,;]+)")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Characters that every spelling (_spellings) leaves as they are: URL quoting's unreserved ones.
+_SPELLED_ONE_WAY = re.compile(r"[A-Za-z0-9_.~-]+")
 
 
 def looks_secret(name: str) -> bool:
@@ -320,6 +322,8 @@ def _spellings(secret: str) -> set[str]:
     """The ways a program may print a value: as is, repr-escaped, JSON-escaped, URL-quoted.
     A value holding a byte that is not UTF-8 (an environment in Latin-1) comes from
     os.environ as a surrogate escape; it is quoted as the bytes it was, not refused."""
+    if _SPELLED_ONE_WAY.fullmatch(secret):  # most values: every spelling is the value (a 70,000-variable
+        return {secret}                     # environment spent 0.3 s of a serve run on them)
     raw = secret.encode("utf-8", "surrogateescape")
     # As printed by a program that strips it (a Kubernetes --from-file secret keeps its
     # trailing newline), and as its bytes read back as UTF-8 (a Latin-1 locale's "é"
@@ -346,31 +350,7 @@ def free_text_scrubber(envs: Iterable[Mapping[str, str]]) -> "Scrubber":
     return Scrubber(secret_values(envs, min_secret=1))
 
 
-# How a form is matched: as a whole token (a secret); anywhere (a credential's); as a whole token,
-# or from its first FRAGMENT_LENGTH characters anywhere (a credential's, too long to match whole
-# anywhere in linear time).
-_WHOLE, _LONG, _ANYWHERE = 0, 1, 2
-
-
-def _has_fragment(form: str, kind: int) -> bool:
-    """Whether `form` is also matched by its first FRAGMENT_LENGTH characters, to the end of
-    their word: a credential's, longer than those, and not a path (whose start other paths share)."""
-    return kind != _WHOLE and len(form) > FRAGMENT_LENGTH and not form.startswith("/")
-
-
-def _whole(form: str, kind: int = _WHOLE) -> str:
-    """A pattern matching `form` itself: anywhere, or as a whole token, not glued to letters or
-    digits on either side (a secret "abcd1234" is masked in "x=abcd1234;", not in "xabcd12345")."""
-    if kind == _ANYWHERE:
-        return re.escape(form)
-    left = r"(?<![A-Za-z0-9])" if form[:1].isalnum() else ""
-    right = r"(?![A-Za-z0-9])" if form[-1:].isalnum() else ""
-    return left + re.escape(form) + right
-
-
 _MEMO_TEXTS = 4096
-# What ends the word that a credential's cut quote runs to.
-_WORD_END = re.compile(r"[\s'\"<>,;)}\]]")
 _PLAIN = (int, float, bool, type(None))
 
 
@@ -378,24 +358,18 @@ class Scrubber:
     """Masks secrets and credentials in any JSON-like structure, and makes every string writable."""
 
     def __init__(self, secrets: Iterable[str], *, credentials: bool = True, memo: bool = False):
-        forms: dict[str, int] = {}  # each spelling, and how it is matched (_WHOLE, _LONG, _ANYWHERE)
+        forms: dict[str, int] = {}  # each spelling, and how it is matched (secret_spans: WHOLE, LONG, ANYWHERE)
         for secret in secrets:
             if secret and not secret.isspace():  # blanks identify nothing; "\n" would mask every line break
                 credential = isinstance(secret, Credential)
                 for form in _spellings(secret):
-                    kind = _WHOLE
+                    kind = secret_spans.WHOLE
                     if credential and len(form.strip()) >= MIN_CREDENTIAL_LENGTH:
-                        kind = _ANYWHERE if len(form.strip()) <= MAX_ANYWHERE_LENGTH else _LONG
-                    forms[form] = max(forms.get(form, _WHOLE), kind)
-        ordered = sorted(forms, key=len, reverse=True)
-        # every form, and apart, the credentials' first characters (their cut quotes' starts)
-        self._wholes = "|".join(_whole(f, forms[f]) for f in ordered)
-        self._starts = "|".join(sorted({re.escape(f[:FRAGMENT_LENGTH]) for f in ordered if _has_fragment(f, forms[f])}))
-        self._pattern = re.compile("|".join(filter(None, (self._wholes, self._starts)))) if ordered else None
+                        long = len(form.strip()) > MAX_ANYWHERE_LENGTH
+                        kind = secret_spans.LONG if long else secret_spans.ANYWHERE
+                    forms[form] = max(forms.get(form, secret_spans.WHOLE), kind)
+        self._forms = secret_spans.Forms(forms)
         self._credentials = credentials
-        # built on first use by spans(): the same in lookahead, to find overlaps too
-        self._overlapping: re.Pattern[str] | None = None
-        self._fragments: re.Pattern[str] | None = None
         # memo=True where one scrubber sees the same texts again and again: in a serve run,
         # check ids, target labels, fact names and the same summary for every process of a
         # job, ~7,000 texts a run. Off by default: a log line's or a report's scrubber sees
@@ -414,10 +388,9 @@ class Scrubber:
         return done
 
     def _scrub(self, value: str) -> str:
-        # whole values first (a credential mask would split them); most texts hold none, and
-        # one search says so: the overlapping search below is slower per character
-        if self._pattern is not None and self._pattern.search(value) is not None:
-            value = _masked(value, self.spans(value))
+        spans = self._forms.spans(value)  # whole values first: a credential mask would split them
+        if spans:
+            value = _masked(value, spans)
         if self._credentials:
             value = mask_credentials(value)
         return writable(value)
@@ -426,34 +399,8 @@ class Scrubber:
         """Where secret values (in any spelling) occur in `text`: sorted, merged (start, end)
         ranges, a credential's cut quote to the end of its word. Overlapping occurrences
         count too (a secret whose text begins inside another's), which a plain
-        left-to-right search skips: masked one after the other, the second's tail showed.
-
-        Linear in the text: only fixed texts are searched for at every position (the
-        forms; credentials' first FRAGMENT_LENGTH characters, apart, so that one never
-        hides a whole form starting at the same place); where such a start runs to the
-        end of its word is found from the word ends, listed once. Searched for with that
-        tail at every position, a word of repeated starts cost its length squared."""
-        if self._pattern is None:
-            return []
-        if self._overlapping is None:
-            self._overlapping = re.compile(f"(?=({self._wholes}))")
-            self._fragments = re.compile(f"(?=(?:{self._starts}))") if self._starts else None
-        found = [(m.start(), m.start() + len(m.group(1))) for m in self._overlapping.finditer(text)]
-        if self._fragments is not None:
-            fragments = [m.start() for m in self._fragments.finditer(text)]
-            if fragments:
-                word_ends = [w.start() for w in _WORD_END.finditer(text)]
-                for start in fragments:
-                    after = bisect.bisect_left(word_ends, start + FRAGMENT_LENGTH)
-                    found.append((start, word_ends[after] if after < len(word_ends) else len(text)))
-                found.sort()
-        merged: list[tuple[int, int]] = []
-        for start, end in found:
-            if merged and start <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-            else:
-                merged.append((start, end))
-        return merged
+        left-to-right search skips: masked one after the other, the second's tail showed."""
+        return self._forms.spans(text)
 
     def any(self, value: Any) -> Any:
         kind = type(value)
