@@ -6,12 +6,20 @@ node_exporter and most log pipelines read. Every line passes through redaction
 first: a value of a secret-looking or unknown variable, of envdoctor's own
 environment or of any target's the caller registers, never reaches a log.
 A closed or broken stderr drops the line; logging never takes the process down.
+
+Nor does a stderr that nobody reads (a stuck journald, a `tee` that stopped, a pipe
+whose reader sleeps): once its pipe was full, a write blocked for good, holding the
+lock every thread logs through, and serve's runs, its stop on SIGTERM included,
+waited on it (helper-70). A line now waits at most STALL_SECONDS for room, and
+while the stream stays full the next ones are dropped at once and counted; the
+first line that gets through again says how many were lost.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
 import sys
 import threading
 import time
@@ -27,6 +35,11 @@ _BARE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
 _extra_secrets: set[str] = set()
 _stream: IO[str] | None = None
 _min_level = "info"
+STALL_SECONDS = 0.25  # the longest a line waits for a full stderr to take it
+_CHUNK = select.PIPE_BUF  # written only when poll says there is room: a pipe takes this much at once
+_stalled = False  # the last write found no room: drop lines at once until there is
+_dropped = 0  # lines dropped since, reported by the next one written
+_torn = False  # a line was cut short by a stall: the next starts on a line of its own
 LEVELS = ("debug", "info", "warn", "error")
 
 
@@ -94,8 +107,50 @@ def event(level: str, message: str, **fields: Any) -> None:
     line = format_line(level, message, fields)
     stream = _stream or sys.stderr
     try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError and a ValueError
+        fd = None
+    try:
         with _LOCK:
-            stream.write(line + "\n")
-            stream.flush()
+            if fd is None:  # not a file (a test's StringIO): it cannot block
+                stream.write(line + "\n")
+                stream.flush()
+            else:
+                _write_line(fd, line)
     except (OSError, ValueError, AttributeError):
         pass  # a closed stderr must not take a daemon or a job down
+
+
+def _write_line(fd: int, line: str) -> None:
+    """Write one line to `fd` without ever blocking for long (call under _LOCK)."""
+    global _stalled, _dropped, _torn
+    data = (line + "\n").encode("utf-8", "backslashreplace")
+    if _stalled and not _room(fd, 0):
+        _dropped += 1
+        return
+    if _dropped:  # room again: say what was lost first (format_line takes _LOCK: not called here)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        lost = f'ts={stamp}Z level=warn msg="log lines dropped" count={_dropped} reason="stderr was not being read"\n'
+        data = lost.encode() + data
+        _stalled, _dropped = False, 0
+    if _torn:
+        data = b"\n" + data
+        _torn = False
+    written = 0
+    while written < len(data):
+        if not _room(fd, STALL_SECONDS):
+            _stalled, _dropped, _torn = True, _dropped + 1, written > 0
+            return
+        written += os.write(fd, data[written:written + _CHUNK])
+
+
+def _room(fd: int, seconds: float) -> bool:
+    """Whether `fd` takes a write of _CHUNK bytes without blocking, waiting up to `seconds`
+    (a regular file always does). Raises OSError for a closed or broken descriptor."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    for _, events in poller.poll(seconds * 1000):
+        if events & (select.POLLERR | select.POLLNVAL):
+            raise OSError("stderr is closed or broken")
+        return bool(events & select.POLLOUT)
+    return False

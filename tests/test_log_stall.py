@@ -1,0 +1,128 @@
+"""A stderr that nobody reads (a stuck journald, a `tee` that stopped, a pipe whose
+reader sleeps) must cost log lines, not the daemon: helper-70 filled serve's stderr
+pipe and its runs stopped for good, SIGTERM included, because a blocked write held
+the lock every thread logs through. Real pipes, shrunk to one page so that a few
+dozen lines fill them."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from serve_support import free_port, get, wait_until
+
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ from Python 3.10 on Linux; spelled out for older builds
+
+
+def _small_pipe() -> tuple[int, int]:
+    read, write = os.pipe()
+    fcntl.fcntl(write, F_SETPIPE_SZ, 4096)
+    return read, write
+
+
+def _drain(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
+
+
+def test_a_full_stderr_drops_lines_counts_them_and_never_blocks(monkeypatch):
+    from envdoctor import log
+
+    read, write = _small_pipe()
+    stream = os.fdopen(write, "w")
+    monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
+    log.configure("info", stream)
+    try:
+        done = threading.Event()
+
+        def flood() -> None:
+            for i in range(2000):
+                log.event("info", "target appeared", target=f"pid:{i}", comm="python3")
+            done.set()
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(60), "logging blocked on a full stderr"
+        kept = _drain(read)
+        log.event("info", "after the reader came back")
+        after = _drain(read)
+    finally:
+        log.configure("info", None)
+        stream.close()
+        os.close(read)
+    lines = kept.decode().splitlines()
+    assert 0 < len(lines) < 2000 and kept.endswith(b"\n")
+    assert all(line.startswith("ts=") and "target appeared" in line for line in lines), lines[-3:]
+    dropped = 2000 - len(lines)
+    first, second = after.decode().splitlines()
+    assert f'msg="log lines dropped" count={dropped} reason="stderr was not being read"' in first
+    assert 'msg="after the reader came back"' in second
+
+
+def test_serve_runs_on_and_stops_on_sigterm_while_nobody_reads_its_stderr(tmp_path):
+    tag = f"ENVDOCTOR_STALL_{os.getpid()}"
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text(f'[serve]\ninterval = 1\nselect_env = ["{tag}"]\n')
+    port = free_port()
+    read, write = _small_pipe()
+    serve = subprocess.Popen([sys.executable, "-m", "envdoctor", "serve", "--config", str(cfg),
+                              "--web.listen-address", f"127.0.0.1:{port}"],
+                             stdout=subprocess.DEVNULL, stderr=write, env={**os.environ, "ENVDOCTOR_CONFIG": ""})
+    os.close(write)
+    url = f"http://127.0.0.1:{port}"
+    sleepers: list[subprocess.Popen] = []
+    try:
+        assert wait_until(lambda: _answers(url + "/healthz"), timeout=60)
+        sleepers = [subprocess.Popen(["sleep", "300"], env={**os.environ, tag: "1"}) for _ in range(60)]
+
+        def examined() -> int:
+            return _metrics(url).count('source="selector"')
+
+        # 60 "target appeared" lines, then 60 "target gone": far past the 4 KiB the pipe holds
+        assert wait_until(lambda: examined() == 60, timeout=60), examined()
+        for s in sleepers:
+            s.kill()
+            s.wait()
+        assert wait_until(lambda: examined() == 0, timeout=60), "runs stopped while stderr was full"
+        assert get(url + "/healthz")[0] == 200
+        kept = _drain(read)
+        assert kept.endswith(b"\n") and all(line.startswith(b"ts=") for line in kept.splitlines())
+        os.set_blocking(read, True)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=10) == 0
+        rest = b""
+        while chunk := os.read(read, 1 << 16):
+            rest += chunk
+    finally:
+        for s in sleepers:
+            s.kill()
+            s.wait()
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
+        os.close(read)
+    assert b'msg="log lines dropped"' in rest and b"stderr was not being read" in rest, rest.decode()[-2000:]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return get(url, timeout=2)[0] in (200, 503)
+    except OSError:
+        return False
+
+
+def _metrics(url: str) -> str:
+    try:
+        return "\n".join(line for line in get(url + "/metrics", timeout=5)[1].decode().splitlines()
+                         if line.startswith("envdoctor_target_info{"))
+    except OSError:
+        return ""
