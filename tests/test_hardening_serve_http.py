@@ -66,9 +66,48 @@ def test_a_body_is_never_read_as_a_second_request(serve, head):
     assert b"connection: close" in raw.lower()
 
 
+@pytest.mark.parametrize("headers, reason", [
+    (b"Content-Length: 0\r\nContent-Length: %d\r\n" % len(SMUGGLED), b"more than one Content-Length"),
+    (b"Content-Length : %d\r\n" % len(SMUGGLED), b"a header line that is not NAME: VALUE"),
+    (b"Transfer-Encoding : chunked\r\n", b"a header line that is not NAME: VALUE"),
+    (b"Content-Length: +%d\r\n" % len(SMUGGLED), b"a Content-Length that is not a number"),
+    (b"Content-Length: %d, %d\r\n" % (len(SMUGGLED), len(SMUGGLED)), b"a Content-Length that is not a number"),
+])
+def test_a_request_whose_end_is_ambiguous_gets_400_and_the_connection_closes(serve, headers, reason):
+    """helper-70: a proxy in front may read these framings differently from us (RFC 9112 5.1,
+    6.3). http.server read the first Content-Length only, and took a header with a space
+    before its colon, and every line after it, for the body: two answers for one request."""
+    raw = exchange(serve.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n" + SMUGGLED)
+    assert status_lines(raw) == [b"HTTP/1.1 400 Bad Request"], raw[:2000]
+    assert b"connection: close" in raw.lower() and raw.endswith(b"bad request: " + reason + b"\n")
+
+
 def test_keep_alive_still_serves_requests_without_a_body(serve):
     raw = exchange(serve.port, SMUGGLED + SMUGGLED)
     assert len(status_lines(raw)) == 2
+    raw = exchange(serve.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" + SMUGGLED)
+    assert len(status_lines(raw)) == 2
+
+
+@pytest.mark.parametrize("option", [b"close", b"keep-alive, close", b"Close, TE", b"close\r\nConnection: TE"])
+def test_connection_close_among_other_options_closes_at_once(serve, option):
+    """helper-70: http.server honours `Connection: close` only alone; with other options the
+    connection stayed open until its idle deadline, and a client reading to the end waited."""
+    started = time.monotonic()
+    raw = exchange(serve.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: " + option + b"\r\n\r\n", wait=8)
+    assert status_lines(raw) == [b"HTTP/1.1 200 OK"] and b"connection: close" in raw.lower()
+    assert time.monotonic() - started < 8, "the server kept the connection open"
+
+
+@pytest.mark.parametrize("target, answer", [
+    (b"http://127.0.0.1/healthz", b"ok"), (b"HTTP://node:10061/metrics?x=1", b"envdoctor_build_info"),
+    (b"https://node", b"<html"), (b"http://node/nothing", b"not found"),
+])
+def test_an_absolute_form_request_target_is_answered_as_its_path(serve, target, answer):
+    """RFC 9112 3.2.2: a server accepts the absolute form (what a client sends a proxy);
+    node_exporter does. It was answered 404 (helper-70)."""
+    raw = exchange(serve.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer in raw, raw[:500]
 
 
 @pytest.fixture(scope="module")

@@ -227,12 +227,33 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer(head=False)
 
-    def _has_body(self) -> bool:
-        """The request carries a body (none of ours takes one). It is never read, so the
-        connection must close after the answer: kept open, the body's bytes would be read
-        as the next request (one request in, two answers out: the smuggling shape)."""
-        length = self.headers.get("Content-Length", "").strip()
-        return bool(self.headers.get("Transfer-Encoding")) or (length not in ("", "0"))
+    def _framing(self) -> str:
+        """How the request says where it ends: "" (no body), "body" (one, which none of our
+        answers reads, so the connection closes after the answer: kept open, the body's
+        bytes would be read as the next request, one request in and two answers out, the
+        smuggling shape), or why it cannot be trusted (answered 400, and closed). A proxy
+        in front may read these differently from us (RFC 9112 5.1, 6.3): a space before a
+        header's colon (http.server takes "Content-Length : 5" and every line after it for
+        the body), two Content-Lengths, one that is not a number (helper-70: each gave two
+        answers)."""
+        if self.headers.defects or self.headers.get_payload():  # the parser stopped at a line it could not read
+            return "a header line that is not NAME: VALUE"
+        names = [name.lower() for name in self.headers.keys()]
+        lengths = self.headers.get_all("Content-Length") or []
+        if len(lengths) > 1:
+            return "more than one Content-Length"
+        length = lengths[0].strip() if lengths else ""
+        if length and not (length.isascii() and length.isdigit()):
+            return "a Content-Length that is not a number"
+        if "transfer-encoding" in names or length.strip("0"):
+            return "body"
+        return ""
+
+    def _closes(self) -> bool:
+        """The client asked to close the connection after this answer: `Connection: close`,
+        also among other options (`keep-alive, close`), which http.server misses."""
+        options = ",".join(self.headers.get_all("Connection") or []).lower().split(",")
+        return "close" in (option.strip() for option in options)
 
     def _send(self, code: int, body: bytes, content_type: str, head: bool, extra: dict | None = None) -> None:
         self.send_response(code)
@@ -240,7 +261,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for key, value in {**self.server.web.headers, **(extra or {})}.items():
             self.send_header(key, value)
-        if self._has_body():
+        if self._framing() or self._closes():
             self.send_header("Connection", "close")  # also sets close_connection
         self.end_headers()
         if not head:
@@ -261,10 +282,14 @@ class Handler(BaseHTTPRequestHandler):
         return bool(sep) and web.check_password(user, password)
 
     def _answer(self, head: bool) -> None:
+        if self._bad_framing(head):
+            return
         if not self._authorised():
             self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8", head, {"WWW-Authenticate": "Basic"})
             return
         path = self.path.split("?", 1)[0]
+        if path[:8].lower().startswith(("http://", "https://")):  # absolute form (RFC 9112 3.2.2), as a proxy sends
+            path = "/" + path.split("://", 1)[1].partition("/")[2]
         snap = self.server.snapshot()
         if path == "/metrics":
             if not snap.metrics:
@@ -286,7 +311,17 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b"not found: try /metrics, /report, /healthz\n", "text/plain; charset=utf-8", head)
 
+    def _bad_framing(self, head: bool) -> bool:
+        """Answer 400 (and close) to a request whose end cannot be trusted (see _framing)."""
+        framing = self._framing()
+        if framing in ("", "body"):
+            return False
+        self._send(400, f"bad request: {framing}\n".encode(), "text/plain; charset=utf-8", head)
+        return True
+
     def _refuse(self) -> None:
+        if self._bad_framing(False):
+            return
         self._send(405, b"only GET and HEAD\n", "text/plain; charset=utf-8", False, {"Allow": "GET, HEAD"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
