@@ -448,3 +448,33 @@ def test_a_target_left_out_for_max_targets_is_not_logged_as_gone():
                for line in lines), lines
     assert any('msg="target gone" target=pid:12' in line for line in lines), lines
     assert not any('msg="target gone" target=pid:11' in line for line in lines), lines
+
+
+def test_a_secret_a_process_took_as_its_name_is_masked_in_target_info_and_the_log(tmp_path):
+    """helper-70: a process that names itself (prctl PR_SET_NAME, `exec -a`) with the value of
+    its secret variable showed it in envdoctor_target_info's comm and in `target appeared`:
+    the comm is redacted with the process's environment, as its rows are."""
+    import sys
+
+    tag = f"ENVDOCTOR_COMM_{os.getpid()}"
+    secret = "Zq9xLmP4wR7tY2k"  # 15 characters: all of it fits in a comm
+    code = ("import ctypes, sys, time; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0); "
+            "sys.stdout.write('named\\n'); sys.stdout.flush(); time.sleep(120)")
+    named = subprocess.Popen([sys.executable, "-c", code, secret], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, tag: "1", "MY_SECRET": secret})
+    try:
+        assert named.stdout.readline() == "named\n"
+        assert Path(f"/proc/{named.pid}/comm").read_text().strip() == secret
+        cfg = tmp_path / "envdoctor.toml"
+        cfg.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
+        out = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--config", str(cfg)],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        named.kill()
+        named.wait()
+    assert out.returncode == 0, out.stderr
+    info = [l for l in out.stdout.splitlines() if l.startswith("envdoctor_target_info{") and f'pid="{named.pid}"' in l]
+    assert len(info) == 1 and 'comm="___"' in info[0], info  # the mask, as label_value spells a '*'
+    appeared = [l for l in out.stderr.splitlines() if f"target=pid:{named.pid}" in l]
+    assert appeared and all(l.endswith("comm=___") for l in appeared), appeared
+    assert secret not in out.stdout + out.stderr
