@@ -5,7 +5,11 @@ Used by `check -o`, `exec --report`, the caches and serve's textfile. The rules:
 - the temporary file is created exclusively (O_EXCL, a random name beside the
   target), so a link planted at a predictable name cannot redirect the write;
 - a symlink as the target is followed, as a shell's `>` follows it: the file it
-  points to is replaced, the link stays;
+  points to is replaced, the link stays; except where the kernel's
+  fs.protected_symlinks would not follow it (another user's link in a sticky,
+  world-writable folder such as /tmp): replacing by rename never asks the kernel to
+  follow the link, so the rule is ours to keep, whatever the sysctl says (helper-70:
+  a root serve's --textfile overwrote what a planted link named);
 - a descriptor (`-o /dev/stdout`, /dev/fd/N, /proc/self/fd/N), or any path the kernel
   resolves to a file or pipe one of our descriptors has open for writing, is written
   through that descriptor, as `>&1` would: renaming over the file left the shell's
@@ -226,6 +230,24 @@ def current_umask() -> int:
     return umask
 
 
+def _refuse_planted_link(name: str) -> None:
+    """OutputError when `name` is a symlink that fs.protected_symlinks would not let us follow:
+    in a sticky, world-writable folder, owned neither by us nor by the folder's owner."""
+    try:
+        link = os.lstat(name)
+        if not stat.S_ISLNK(link.st_mode):
+            return
+        folder = os.path.dirname(name) or "."
+        parent = os.stat(folder)
+    except OSError:
+        return  # nothing there (a new file), or the folder's own error comes later, named
+    shared = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    if shared and link.st_uid not in (os.geteuid(), parent.st_uid):
+        raise OutputError(f"cannot write {name}: it is a symlink that another user (uid {link.st_uid}) made in "
+                          f"{folder}, a folder every user may write to; not followed (the kernel's "
+                          "fs.protected_symlinks rule): remove it, or write elsewhere")
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None = None,
                  umask: int | None = None) -> None:
     """Replace `path` with `data` atomically (see the module docstring for the rules).
@@ -239,6 +261,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, mode: int | None
     if descriptor is not None:
         _write_descriptor(name, descriptor, payload)
         return
+    _refuse_planted_link(name)
     try:
         seen = os.stat(name)  # as the kernel resolves it: too many links, a file used as a folder...
     except FileNotFoundError:

@@ -216,3 +216,36 @@ def test_log_lines_are_logfmt_and_redacted(monkeypatch):
     assert "level=info" in line and 'msg="run finished"' in line and "targets=3" in line
     assert "hf_supersecretvalue123" not in line and "***" in line
     assert '\\"quoted\\"' in line and "\\x0a" in line
+
+
+def test_another_users_link_in_a_sticky_shared_folder_is_not_followed(tmp_path):
+    """helper-70: root's atomic write (serve --textfile, check -o) followed a link another user
+    planted in a world-writable sticky folder (/tmp) and replaced what it named; a rename
+    never asks the kernel to follow the link, so fs.protected_symlinks did not stop it.
+    The same link made by us, or by the folder's owner, is still followed."""
+    from envdoctor.atomicfile import OutputError, write_atomic
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a link owned by another user")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    link = shared / "envdoctor.prom"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)  # nobody's
+    with pytest.raises(OutputError, match=r"symlink that another user \(uid 65534\) made in .*not followed"):
+        write_atomic(link, "metrics\n")
+    assert victim.read_text() == "precious" and link.is_symlink()
+    out = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(link)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 74 and "not followed" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert victim.read_text() == "precious"
+    os.lchown(link, 0, 0)  # ours: followed, as before
+    write_atomic(link, "metrics\n")
+    assert victim.read_text() == "metrics\n" and link.is_symlink()
+    shared.chmod(0o777)  # no sticky bit: the kernel follows anyone's link there too
+    os.lchown(link, 65534, 65534)
+    write_atomic(link, "again\n")
+    assert victim.read_text() == "again\n"
