@@ -361,7 +361,7 @@ def serve(
                       # absolute, as the config files: a plug-in check's chdir() must not move them
                       textfile=None if textfile_text is None else _absolute(textfile_text), once=once,
                       config_file=str(_absolute(config_file)) if config_file else config_file,
-                      procfs=procfs, sysfs=sysfs, rootfs=rootfs)
+                      procfs=procfs, sysfs=sysfs, rootfs=rootfs, config_given=config_file)
     if program.relaunch_serve and not once:
         from envdoctor.serve import relaunch
 

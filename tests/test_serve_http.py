@@ -178,6 +178,7 @@ def test_sighup_reloads_and_keeps_the_old_config_when_bad(tmp_path):
     (["--interval", "0.1"], "--interval"),
     (["--web.listen-address", "nonsense"], "HOST:PORT"),
     (["--web.listen-address", "\udcff:10061"], "no host name or address"),  # undecodable bytes: a TypeError once
+    (["--web.listen-address", "127.0.0.1:99999"], "port 99999 in '127.0.0.1:99999' is out of range (0 to 65535)"),
     (["--interval", "1e10"], "--interval"),
     (["--textfile", "/tmp/x.txt"], "*.prom"),
     (["--path.procfs", "/nonexistent"], "--path.procfs"),
@@ -192,6 +193,10 @@ def test_bad_serve_table_exits_2_naming_file_line_and_key(tmp_path):
     cfg.write_text("fail_on = \"warn\"\n[serve]\nmax_targets = 0\n")
     out = cli("serve", "--config", str(cfg), "--once", timeout=60)
     assert out.returncode == 2 and "serve.max_targets" in out.stderr and ":3" in out.stderr
+    # a relative --config is named as given, as check names it (helper-69)
+    for command in (["serve", "--once"], ["serve"], ["check"]):
+        out = cli(*command, "--config", "envdoctor.toml", cwd=tmp_path, timeout=60)
+        assert out.returncode == 2 and "bad config: envdoctor.toml:3: serve.max_targets" in out.stderr, (command, out.stderr)
 
 
 def test_healthz_tells_the_truth():

@@ -43,10 +43,11 @@ class Options(Record):
         interval: float | None = None,
         textfile: Path | None = None,
         once: bool = False,
-        config_file: str | None = None,
+        config_file: str | None = None,  # absolute: a plug-in check's chdir() must not move it
         procfs: Path = Path("/proc"),
         sysfs: Path = Path("/sys"),
         rootfs: Path = Path("/"),
+        config_given: str | None = None,  # config_file as the user typed it, to name it so in errors
     ) -> None:
         self.listen_address = listen_address
         self.web_config_file = web_config_file
@@ -57,6 +58,7 @@ class Options(Record):
         self.procfs = procfs
         self.sysfs = sysfs
         self.rootfs = rootfs
+        self.config_given = config_given
 
 
 EXIT_TEMPFAIL = 75  # sysexits' EX_TEMPFAIL: the listen address is taken, or not on this host yet; try again
@@ -181,7 +183,10 @@ class Daemon:
             pipeline.plan(self.registry, config, pipeline.Selection())
             return config, settings.from_config(config, self.options.interval)
         except (ConfigError, UsageError) as exc:
-            raise StartError(f"bad config: {exc}") from None
+            message, path, given = str(exc), self.options.config_file, self.options.config_given
+            if path and given and message.startswith(path):  # named as given, as check names it (helper-69)
+                message = given + message[len(path):]
+            raise StartError(f"bad config: {message}") from None
 
     def _write_textfile(self, snap) -> None:
         from envdoctor import log

@@ -361,8 +361,10 @@ def parse_address(text: str) -> tuple[str, int]:
     """node_exporter's HOST:PORT ([::1]:PORT for IPv6; ':PORT' means every address, IPv6
     and IPv4; Server falls back to IPv4's only where the host has no IPv6)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()):
         raise ValueError(f"--web.listen-address must be HOST:PORT, not {text!r}")
+    if int(port) > 65535:
+        raise ValueError(f"--web.listen-address: port {port} in {text!r} is out of range (0 to 65535)")
     host = host.strip("[]")
     try:
         host.encode("idna")  # what the socket module does with a name; undecodable bytes raised TypeError there
