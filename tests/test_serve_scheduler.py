@@ -478,3 +478,54 @@ def test_a_secret_a_process_took_as_its_name_is_masked_in_target_info_and_the_lo
     appeared = [l for l in out.stderr.splitlines() if f"target=pid:{named.pid}" in l]
     assert appeared and all(l.endswith("comm=___") for l in appeared), appeared
     assert secret not in out.stdout + out.stderr
+
+
+def test_a_lasting_overflow_is_logged_when_it_starts_changes_and_ends_not_every_run():
+    """helper-69: `more targets than max_targets` came every run (240 lines an hour at 15 s)."""
+    import io
+
+    from fake_pynvml import FakeNvml
+    from envdoctor import log
+    from envdoctor.serve import discovery
+
+    sched = _scheduler(FakeNvml(devices=[]))
+    node = discovery.TargetInfo("node", None, "node")
+    stream = io.StringIO()
+    log.configure("info", stream)
+    try:
+        for overflow in (2, 2, 2, 3, 3, 0, 0, 1):
+            sched._log_changes(discovery.Found([node], overflow=overflow), 0.1)
+    finally:
+        log.configure("info", None)
+    said = [line.split(" msg=", 1)[1] for line in stream.getvalue().splitlines()]
+    limit = sched.settings.max_targets
+    assert said == [f'"more targets than max_targets" overflow=2 max_targets={limit}',
+                    f'"more targets than max_targets" overflow=3 max_targets={limit}',
+                    f'"targets within max_targets again" targets=1 max_targets={limit}',
+                    f'"more targets than max_targets" overflow=1 max_targets={limit}'], said
+
+
+def test_a_textfile_that_cannot_be_written_is_logged_once_while_it_lasts(tmp_path):
+    import io
+
+    from envdoctor import log
+    from envdoctor.serve import Daemon, Options
+    from envdoctor.serve.snapshot import Snapshot
+
+    blocker = tmp_path / "x.prom"
+    blocker.mkdir()  # a directory where the file should be: not written, for the same reason each run
+    daemon = Daemon(Options(once=True, textfile=blocker))
+    snap = Snapshot(b"envdoctor_up 1\n", b"", b"{}\n", 0.0, 0.0, 0.0)
+    stream = io.StringIO()
+    log.configure("info", stream)
+    try:
+        for _ in range(3):
+            daemon._write_textfile(snap)
+        blocker.rmdir()
+        daemon._write_textfile(snap)
+        daemon._write_textfile(snap)
+    finally:
+        log.configure("info", None)
+    msgs = [line.split(" msg=", 1)[1].split('"')[1] for line in stream.getvalue().splitlines()]
+    assert msgs == ["textfile not written", "textfile written again"], stream.getvalue()
+    assert blocker.read_bytes() == b"envdoctor_up 1\n"

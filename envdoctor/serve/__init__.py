@@ -193,12 +193,16 @@ class Daemon:
         from envdoctor.errors import OutputError
         from envdoctor.serve import textfile
 
+        before = self.textfile_error
         try:
             textfile.write(self.options.textfile, snap.metrics)
             self.textfile_error = None
+            if before is not None:
+                log.event("info", "textfile written again", path=str(self.options.textfile))
         except OutputError as exc:
             self.textfile_error = str(exc)
-            log.event("error", "textfile not written", path=str(self.options.textfile), reason=str(exc))
+            if self.textfile_error != before:  # said once while it lasts, not every run (helper-69)
+                log.event("error", "textfile not written", path=str(self.options.textfile), reason=str(exc))
 
     def run(self) -> int:
         from envdoctor import log

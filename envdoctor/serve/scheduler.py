@@ -214,6 +214,7 @@ class Scheduler:
         self.reload_requested = _Rings(self._doorbell)
         self.stop = _Rings(self._doorbell)
         self._known_targets: set[str] = set()
+        self._overflow_said: tuple[int, int] = (0, 0)  # the overflow and max_targets last logged
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
@@ -403,8 +404,14 @@ class Scheduler:
         self._known_targets = labels
         for note in found.notes:
             log.event("debug", "discovery note", reason=note)
-        if found.overflow:
+        # said when it starts or changes, not every run (helper-69: 240 lines an hour at 15 s);
+        # envdoctor_targets_overflow_total counts every run's
+        overflow = (found.overflow, self.settings.max_targets)
+        if found.overflow and overflow != self._overflow_said:
             log.event("warn", "more targets than max_targets", overflow=found.overflow, max_targets=self.settings.max_targets)
+        elif not found.overflow and self._overflow_said[0]:
+            log.event("info", "targets within max_targets again", targets=len(found.targets), max_targets=self.settings.max_targets)
+        self._overflow_said = overflow
         log.event("debug", "run complete", seconds=f"{seconds:.3f}", targets=len(found.targets))
 
     # -- the loop -----------------------------------------------------------------
