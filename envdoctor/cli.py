@@ -98,7 +98,8 @@ def check(
     python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Interpreter whose torch is read (default: this one; with --pid, the torch that process has loaded)."),
     onnx: List[str] = typer.Option([], "--onnx", metavar="FILE", help="ONNX model to audit (repeatable)."),
     window: Optional[float] = typer.Option(None, "--window", metavar="SECONDS",
-                                           help="Sample the target's memory for this long, then judge its growth (memory.cache_growth)."),
+                                           help="Sample the target's memory for this long, then judge its growth (memory.cache_growth; "
+                                                "it skips a window under its min_window_seconds, 10 s by default: 30-60 s finds a leak)."),
     config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE",
                                               help="Config file (default: ./envdoctor.toml or [tool.envdoctor] in ./pyproject.toml)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL",
@@ -335,7 +336,9 @@ def serve(
     textfile_text: Optional[str] = typer.Option(None, "--textfile", metavar="PATH",
                                                 help="Also write each run to PATH (*.prom) for node_exporter's textfile collector."),
     once: bool = typer.Option(False, "--once", help="Run once, write --textfile (or, without one, print the metrics) and exit; no HTTP server."),
-    config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="Config file (checks' settings and [serve])."),
+    config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE",
+                                              help="Config file: checks' settings and [serve] (default: ./envdoctor.toml or "
+                                                   "[tool.envdoctor] in ./pyproject.toml); SIGHUP reads it again."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
     rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),

@@ -474,7 +474,7 @@ class Scheduler:
         except Exception as exc:  # a bad config keeps the old one
             log.event("error", "config reload failed; keeping the previous config", reason=str(exc))
             return
-        log.event("info", "config reloaded", source=self.config.source or "(none)", interval=self.settings.interval,
+        log.event("info", "config reloaded", source=self.config.source or "(no file: defaults and ENVDOCTOR_ variables)", interval=self.settings.interval,
                   max_targets=self.settings.max_targets)
 
     def stuck_calls(self) -> list[str]:
