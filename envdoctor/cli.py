@@ -337,7 +337,7 @@ def serve(
                                                 help="Also write each run to PATH (*.prom) for node_exporter's textfile collector."),
     once: bool = typer.Option(False, "--once", help="Run once, write --textfile (or, without one, print the metrics) and exit; no HTTP server."),
     config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE",
-                                              help="Config file: checks' settings and [serve] (default: ./envdoctor.toml or "
+                                              help="Config file: checks' settings and [serve] (default: $ENVDOCTOR_CONFIG, ./envdoctor.toml or "
                                                    "[tool.envdoctor] in ./pyproject.toml); SIGHUP reads it again."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
