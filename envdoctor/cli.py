@@ -101,7 +101,7 @@ def check(
                                            help="Sample the target's memory for this long, then judge its growth (memory.cache_growth; "
                                                 "it skips a window under its min_window_seconds, 10 s by default: 30-60 s finds a leak)."),
     config_file: Optional[str] = typer.Option(None, "--config", metavar="FILE",
-                                              help="Config file (default: ./envdoctor.toml or [tool.envdoctor] in ./pyproject.toml)."),
+                                              help="Config file (default: $ENVDOCTOR_CONFIG, ./envdoctor.toml or [tool.envdoctor] in ./pyproject.toml)."),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", metavar="LEVEL",
                                           help="Exit 1 when any result is at or above this level: warn or fail (default fail; error counts as fail)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
