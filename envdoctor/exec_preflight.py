@@ -124,32 +124,84 @@ _LAUNCHER_SWITCHES = frozenset({"--standalone", "--no-python", "--no_python", "-
                                 "--module", "--virtual-local-rank", "--virtual_local_rank", "--use-env", "--use_env"})
 
 
-def launcher_ranks(argv: Sequence[str]) -> int | None:
+def launcher_ranks(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | None:
     """Processes per node when the command is torchrun (or `python -m torch.distributed.run`)
-    with a numeric --nproc-per-node: the ranks the thread budget is shared between.
+    and says how many: the ranks the thread budget is shared between (see launcher_workers)."""
+    found = launcher_workers(argv, env)
+    return found[0] if found else None
+
+
+def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """(processes per node, where that was read) when the command is torchrun or `python -m
+    torch.distributed.run` and its --nproc-per-node can be known before it starts.
 
     `envdoctor exec -- torchrun --nproc-per-node 4 train.py` runs before torchrun has
     set LOCAL_WORLD_SIZE for its workers, and torchrun passes OMP_NUM_THREADS on to
-    every worker: sized for the whole container, it would oversubscribe it 4 times."""
-    if not argv:
+    every worker: sized for the whole container, it would oversubscribe it 4 times.
+    Read as torchrun's parser reads it (torch 2.13, helper-71): the last of repeated
+    flags, an abbreviation argparse accepts (`--nproc-per=4`), `PET_NPROC_PER_NODE` when
+    no flag is given, and `cpu` (or `auto` where no GPU is there to count) as the CPUs
+    of the affinity mask, which is what torchrun starts, whatever the quota."""
+    env = os.environ if env is None else env
+    args = _launcher_args(argv)
+    if args is None:
         return None
-    args = list(argv[1:])
-    if os.path.basename(argv[0]) != "torchrun":
-        if not (os.path.basename(argv[0]).startswith("python") and len(args) >= 2 and args[0] == "-m"
-                and args[1] in _LAUNCHER_MODULES):
-            return None
-        args = args[2:]
+    value, source = None, ""
     i = 0
     while i < len(args):
         arg = args[i]
         if not arg.startswith("-"):
             break  # the training script: what follows is its own
-        name, eq, value = arg.partition("=")
-        if name in _NPROC_FLAGS:
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
-        i += 1 if eq or name in _LAUNCHER_SWITCHES else 2  # skip an option's separate value
+        name, eq, given = arg.partition("=")
+        if len(name) > 3 and any(flag.startswith(name) for flag in _NPROC_FLAGS):
+            value = given if eq else (args[i + 1] if i + 1 < len(args) else "")
+            source = f"{os.path.basename(argv[0])}'s {_NPROC_FLAGS[0]}"
+        switch = name in _LAUNCHER_SWITCHES or (len(name) > 3 and any(s.startswith(name) for s in _LAUNCHER_SWITCHES))
+        i += 1 if eq or switch else 2  # skip an option's separate value
+    if value is None and env.get("PET_NPROC_PER_NODE"):
+        value, source = env["PET_NPROC_PER_NODE"], "PET_NPROC_PER_NODE"
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return (int(value), source) if int(value) > 0 else None
+    if value == "cpu" or (value == "auto" and not _accelerator_possible(env)):
+        cpus = len(os.sched_getaffinity(0))
+        return cpus, f"{source}={value} ({cpus} CPUs of the affinity mask)"
+    return None  # gpu, or auto on a GPU node: as many as the GPUs it sees, not counted here
+
+
+def _launcher_args(argv: Sequence[str]) -> list[str] | None:
+    """The launcher's own arguments (and the script's after them), or None for another command."""
+    if not argv:
+        return None
+    if os.path.basename(argv[0]) == "torchrun":
+        return list(argv[1:])
+    if not os.path.basename(argv[0]).startswith("python"):
+        return None
+    i = 1
+    while i < len(argv):  # the interpreter's own options first: python -u -X dev -m torch.distributed.run
+        arg = argv[i]
+        if arg == "-m":
+            return list(argv[i + 2:]) if i + 1 < len(argv) and argv[i + 1] in _LAUNCHER_MODULES else None
+        if arg in ("-X", "-W"):
+            i += 2
+        elif arg.startswith("-") and arg != "-" and not arg.startswith("-c"):
+            i += 1
+        else:
+            return None  # a script, -c or stdin
     return None
+
+
+def _accelerator_possible(env: Mapping[str, str]) -> bool:
+    """Whether torchrun's `auto` may count GPUs rather than CPUs: an NVIDIA driver that
+    CUDA_VISIBLE_DEVICES does not hide entirely, or a ROCm device."""
+    if os.path.exists("/dev/kfd"):
+        return True
+    if not os.path.exists("/proc/driver/nvidia/version"):
+        return False
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    return visible is None or not (visible.strip() == "" or visible.strip().startswith("-1"))
 
 
 # ----------------------------------------------------------------------------- the pre-flight (in the child)
@@ -423,11 +475,11 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
         # the settings of a check exec never runs wait unread, as a left-out plug-in's: `check` reads them
         config = load_config(registry.checks, known_ids=registry.unloaded_ids,
                              left_out=registry.left_out | registry.not_in_exec, unimported=registry.not_in_exec)
-        ranks = launcher_ranks(argv)
+        workers = launcher_workers(argv, env)
         threads = config.checks.setdefault("cpu.threads", {})
-        if ranks and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):
-            threads["processes_per_node"] = ranks  # as if configured: the ranks share the CPUs
-            threads[cpu_threads_source_key()] = f"{os.path.basename(argv[0])}'s --nproc-per-node"  # said so, not "config"
+        if workers and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):
+            threads["processes_per_node"] = workers[0]  # as if configured: the ranks share the CPUs
+            threads[cpu_threads_source_key()] = workers[1]  # said so, not "config"
         plans = select(registry, config, options)
     except ConfigError as exc:
         return {"stop": [EXIT_USAGE, f"bad config: {exc}"]}

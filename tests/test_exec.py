@@ -436,7 +436,12 @@ def test_the_job_starts_with_closed_output_descriptors(tmp_path, closed):
     assert marker.exists()
 
 
-def test_fix_under_torchrun_shares_the_cpus_between_its_ranks(tmp_path):
+@pytest.mark.parametrize("nproc, env", [
+    (["--nproc-per-node", "2"], {}),
+    (["--nproc-per-node=4", "--nproc-per-node=2"], {}),  # the last wins, as torchrun reads it (helper-71)
+    ([], {"PET_NPROC_PER_NODE": "2"}),  # torchrun's default for the flag (helper-71)
+])
+def test_fix_under_torchrun_shares_the_cpus_between_its_ranks(tmp_path, nproc, env):
     # torchrun passes OMP_NUM_THREADS on to every worker: sized for the whole machine it
     # would oversubscribe it once per rank. A real torchrun, two workers printing theirs.
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -447,8 +452,8 @@ def test_fix_under_torchrun_shares_the_cpus_between_its_ranks(tmp_path):
     # the two ranks' fields then interleave on the shared pipe ("1 2 1 01" in CI).
     worker.write_text("import os\nos.write(1, ' '.join(os.environ[k] for k in ('LOCAL_RANK', 'LOCAL_WORLD_SIZE', "
                       "'OMP_NUM_THREADS', 'MKL_NUM_THREADS')).encode() + b'\\n')\n")
-    proc = envdoctor_exec("--fix", "--", str(torchrun), "--nproc-per-node", "2", "--master-port", "0", str(worker),
-                          env={"OMP_NUM_THREADS": TOO_MANY}, timeout=300)
+    proc = envdoctor_exec("--fix", "--", str(torchrun), *nproc, "--master-port", "0", str(worker),
+                          env={"OMP_NUM_THREADS": TOO_MANY, **env}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     share = str(max(1, len(os.sched_getaffinity(0)) // 2))
     assert sorted(proc.stdout.split("\n")[:2]) == [f"0 2 {share} {share}", f"1 2 {share} {share}"], proc.stdout

@@ -231,10 +231,36 @@ def test_launcher_ranks_reads_torchruns_nproc_per_node():
     assert ranks(["python3", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"]) == 2
     assert ranks(["torchrun", "--nnodes", "1", "--standalone", "--nproc-per-node", "2", "train.py"]) == 2
     assert ranks(["torchrun", "--standalone", "train.py", "--nproc-per-node", "4"]) is None
-    assert ranks(["torchrun", "--nproc-per-node", "gpu", "train.py"]) is None  # not a number: nothing assumed
+    assert ranks(["torchrun", "--nproc-per-node", "gpu", "train.py"]) is None  # as many as GPUs: not counted here
     assert ranks(["torchrun", "train.py", "--nproc-per-node", "4"]) is None  # the script's own argument
     assert ranks(["python", "train.py", "--nproc-per-node", "4"]) is None
     assert ranks(["torchrun"]) is None and ranks([]) is None
+
+
+def test_launcher_ranks_reads_nproc_per_node_as_torchrun_does(monkeypatch):
+    """helper-71, each checked against torch 2.13's run.py and argparse_util.py: the last of
+    repeated flags wins; an abbreviation argparse accepts; PET_NPROC_PER_NODE when no flag
+    is given; `cpu` (and `auto` where no GPU can be counted) is the affinity mask's CPUs,
+    torch._utils.cpu_count(); the interpreter's options before `-m`."""
+    ranks = exec_preflight.launcher_ranks
+    cpus = len(os.sched_getaffinity(0))
+    assert ranks(["torchrun", "--nproc-per-node=4", "--nproc-per-node=1", "t.py"], {}) == 1
+    assert ranks(["torchrun", "--nproc-per=3", "t.py"], {}) == 3
+    assert ranks(["torchrun", "--nproc_per=3", "--stand", "t.py"], {}) == 3
+    assert ranks(["torchrun", "--stand", "--nproc-per-node", "2", "t.py"], {}) == 2
+    assert ranks(["torchrun", "t.py"], {"PET_NPROC_PER_NODE": "4"}) == 4
+    assert ranks(["torchrun", "--nproc-per-node=2", "t.py"], {"PET_NPROC_PER_NODE": "4"}) == 2  # the flag first
+    assert ranks(["torchrun", "--nproc-per-node=cpu", "t.py"], {}) == cpus
+    assert ranks(["torchrun", "t.py"], {"PET_NPROC_PER_NODE": "cpu"}) == cpus
+    assert ranks(["python", "-u", "-X", "dev", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py"], {}) == 2
+    assert ranks(["python", "-c", "pass", "-m", "torch.distributed.run", "--nproc-per-node=2"], {}) is None
+    assert ranks(["torchrun", "--nproc-per-node=0", "t.py"], {}) is None
+    monkeypatch.setattr(exec_preflight, "_accelerator_possible", lambda env: False)
+    assert ranks(["torchrun", "--nproc-per-node=auto", "t.py"], {}) == cpus
+    monkeypatch.setattr(exec_preflight, "_accelerator_possible", lambda env: True)
+    assert ranks(["torchrun", "--nproc-per-node=auto", "t.py"], {}) is None  # as many as GPUs
+    assert exec_preflight.launcher_workers(["torchrun", "--nproc-per-node=cpu", "t.py"], {})[1] == (
+        f"torchrun's --nproc-per-node=cpu ({cpus} CPUs of the affinity mask)")
 
 
 def test_the_jobs_interpreter_is_the_one_whose_torch_is_judged(tmp_path):
