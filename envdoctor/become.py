@@ -86,6 +86,28 @@ def become(path: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             raise CannotRun(EXIT_NOT_FOUND, f"cannot run {path}: no such file, or its #! interpreter does not exist") from None
-        why = "exec format error (not a binary and no #! line)" if exc.errno == errno.ENOEXEC else (exc.strerror or str(exc))
+        why = _format_error(path) if exc.errno == errno.ENOEXEC else (exc.strerror or str(exc))
         raise CannotRun(EXIT_CANNOT_EXECUTE, f"cannot run {path}: {why}") from None
     raise AssertionError("unreachable: execve returned")  # pragma: no cover
+
+
+def _format_error(path: str) -> str:
+    """Why the kernel could not run `path` (ENOEXEC), from its first bytes: a file with a #!
+    line got "no #! line" (helper-71), where its line was too long or its interpreter a script."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        head = b""
+    if not head.startswith(b"#!"):
+        return "exec format error (not a binary and no #! line)"
+    line = head[2:].split(b"\n", 1)[0]
+    if b"\n" not in head[:BINPRM_BUF_SIZE] and len(head) >= BINPRM_BUF_SIZE:
+        return f"exec format error: its #! line is longer than the {BINPRM_BUF_SIZE} bytes the kernel reads"
+    interpreter = line.strip().split(maxsplit=1)[0].decode("utf-8", "replace") if line.strip() else ""
+    if not interpreter:
+        return "exec format error: its #! line names no interpreter"
+    return f"exec format error: its #! interpreter {interpreter} is not a binary the kernel can run (a script itself?)"
+
+
+BINPRM_BUF_SIZE = 256  # the bytes of a file's start the kernel reads for its #! line (Linux 5.1 on; 128 before)

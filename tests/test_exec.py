@@ -156,7 +156,20 @@ def test_a_command_that_cannot_be_executed_is_126_in_one_line(tmp_path):
     binary.write_bytes(b"\x00\x01\x02 not a program\n")
     binary.chmod(0o755)
     garbage = envdoctor_exec("--", str(binary))
-    assert garbage.returncode == 126 and "exec format error" in garbage.stderr
+    assert garbage.returncode == 126 and "exec format error (not a binary and no #! line)" in garbage.stderr
+    # files that have a #! line were said to have none (helper-71)
+    long_line = tmp_path / "long.sh"
+    long_line.write_text("#!/" + "x" * 300 + "\n")
+    inner = tmp_path / "inner"  # a script with no #! line, as another's interpreter
+    inner.write_text("echo hi\n")
+    outer = tmp_path / "outer.sh"
+    outer.write_text(f"#!{inner}\necho x\n")
+    for path, said in ((long_line, "its #! line is longer than the 256 bytes the kernel reads"),
+                       (outer, f"its #! interpreter {inner} is not a binary the kernel can run")):
+        path.chmod(0o755)
+        inner.chmod(0o755)
+        proc = envdoctor_exec("--", str(path))
+        assert proc.returncode == 126 and said in proc.stderr, proc.stderr
     loop = tmp_path / "loop"
     loop.symlink_to(loop)  # a shell says "Too many levels of symbolic links", 126; exec said "no such file", 127
     looping = envdoctor_exec("--", str(loop))
