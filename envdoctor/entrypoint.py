@@ -355,5 +355,9 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
         why = f"{len(at_or_above)} at or above {fail_on}" if at_or_above else "the environment was not verified"
         log("error", f"{summary}; --strict: not starting {command}: {why}", **fields, action="refuse", exit=EX_CONFIG)
         return EX_CONFIG
+    if os.getpid() == 1:  # said before it is too late: the job cannot say it (helper-71)
+        log("warn", f"{command} becomes PID 1 with no init: a signal it has no handler for is dropped "
+                    "(docker stop waits, then kills it) and orphans stay zombies; use docker run --init, "
+                    "tini in the image, or shareProcessNamespace: true in a pod", command=command, action="pid1")
     log("info", f"{summary}; starting {command}", **fields, action="start")
     become(path, argv, final_env)  # returns never: the job runs here now, or CannotRun

@@ -251,3 +251,15 @@ def test_under_tini_exit_status_and_strict_pass_through(tmp_path):
                      "--", "touch", str(marker)], OMP_NUM_THREADS="4096")
     assert refused.returncode == 78, refused.stderr
     assert not marker.exists()
+
+
+def test_as_pid_1_with_no_init_it_says_so_before_the_job_starts():
+    """helper-71: exec knew it was PID 1 and said nothing; the job then ignores SIGTERM (no
+    handler) and reaps no orphan. One warn line names the init to use; under tini, none."""
+    alone = _pid1([PY, "-m", "envdoctor", "exec", "--", "sh", "-c", "echo pid=$$"])
+    assert alone.returncode == 0 and alone.stdout.strip() == "pid=1", alone.stderr
+    warned = one(alone.stderr, "sh becomes PID 1 with no init")
+    assert warned["level"] == "warn" and warned["action"] == "pid1" and "tini" in warned["msg"], warned
+    _need_root_and("tini")
+    under_tini = _pid1(["tini", "--", PY, "-m", "envdoctor", "exec", "--", "sh", "-c", "echo pid=$$"])
+    assert under_tini.stdout.strip() == "pid=2" and "PID 1" not in under_tini.stderr, under_tini.stderr
