@@ -324,11 +324,15 @@ def _spellings(secret: str) -> set[str]:
     os.environ as a surrogate escape; it is quoted as the bytes it was, not refused."""
     if _SPELLED_ONE_WAY.fullmatch(secret):  # most values: every spelling is the value (a 70,000-variable
         return {secret}                     # environment spent 0.3 s of a serve run on them)
-    raw = secret.encode("utf-8", "surrogateescape")
+    try:
+        raw = secret.encode("utf-8", "surrogateescape")
+        native = os.fsencode(secret).decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no byte makes (JSON's "\ud800"): kept as it is
+        raw, native = secret.encode("utf-8", "surrogatepass"), secret
     # As printed by a program that strips it (a Kubernetes --from-file secret keeps its
     # trailing newline), and as its bytes read back as UTF-8 (a Latin-1 locale's "é"
     # is printed as the byte 0xE9, which a UTF-8 reader sees as a surrogate escape).
-    extra = {secret.strip(), os.fsencode(secret).decode("utf-8", "surrogateescape")}
+    extra = {secret.strip(), native}
     if all(ord(c) < 256 for c in secret):
         extra.add(secret.encode("latin-1").decode("utf-8", "surrogateescape"))
     if _SURROGATE.search(secret):  # bytes that were not UTF-8, read as Latin-1's: the same text as a

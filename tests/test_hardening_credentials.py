@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from envdoctor import redact
+from envdoctor import redact, secret_spans
 from envdoctor.exporters import FORMATS
 from envdoctor.model import Report, Result, Status
 from helpers import cli
@@ -83,10 +83,17 @@ def test_a_process_with_thousands_of_variables_is_scrubbed_as_one_with_a_few(val
         text += glue + form
     assume("filler" not in text)
     many = {**env, **{f"U{i:05d}": f"filler{i:05d}qq" for i in range(2000)}}
-    few_scrubber, many_scrubber = (redact.Scrubber(redact.secret_values([e])) for e in (env, many))
+    index_above = secret_spans.INDEX_ABOVE
+    try:
+        secret_spans.INDEX_ABOVE = 10**9  # these few as one alternation, whatever their number
+        few_scrubber = redact.Scrubber(redact.secret_values([env]))
+        few_free = redact.scrub_free_text(text, [env])
+    finally:
+        secret_spans.INDEX_ABOVE = index_above
+    many_scrubber = redact.Scrubber(redact.secret_values([many]))
     assert many_scrubber.text(text) == few_scrubber.text(text)
     assert many_scrubber.spans(text) == few_scrubber.spans(text)
-    assert redact.scrub_free_text(text, [many]) == redact.scrub_free_text(text, [env])
+    assert redact.scrub_free_text(text, [many]) == few_free
 
 
 @settings(max_examples=150, deadline=None)
@@ -227,6 +234,46 @@ def test_a_word_of_repeated_credential_starts_is_masked_to_its_end():
     scrubber = redact.Scrubber(redact.secret_values([{"MY_TOKEN": token}]))
     assert scrubber.text(f"a {word} b '{token[:17]}...' c") == "a *** b '***' c"
     assert scrubber.spans(f"a {word} b") == [(2, 2 + len(word))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(body=st.text(SECRET_CHARS + " \n;,)", min_size=20, max_size=600), cut=st.integers(16, 600),
+       glue=st.sampled_from(["x", "9", ""]), quote=st.sampled_from(["'", '"', "(", " "]))
+def test_a_credential_holding_delimiters_is_masked_as_far_as_the_text_agrees(body, cut, glue, quote):
+    """helper-72: the first 16 characters of a credential start a masked word, which ended at
+    the first delimiter, inside the credential when it holds one (a PEM body's line breaks,
+    '; '): glued to a letter (a long one, matched whole only as a token) or quoted cut short,
+    the rest of it showed. It is now masked as far as the text agrees with it."""
+    token = "Zq9vK2mP7xLw4RtY" + body
+    assume(token.strip() == token)
+    scrub = redact.Scrubber(redact.secret_values([{"TLS_CERT_KEY": token}]))
+    for before, quoted, after in ((f"got {glue}", token, f"{glue} end"), (f"bad value {quote}", token[:cut], "... end")):
+        clean = scrub.text(before + quoted + after)
+        # the mask stands where the credential stood, and what follows it is the text's own
+        # (to the end of the word the quote was part of, at most)
+        assert clean.startswith(before + redact.MASK) and after.endswith(clean[len(before + redact.MASK):]), (
+            before + quoted + after, clean)
+
+
+def test_a_certificate_glued_to_a_word_or_quoted_cut_short_is_masked_whole():
+    import base64
+    import textwrap
+
+    cert = "\n".join(textwrap.wrap(base64.b64encode(bytes(range(256)) * 2).decode(), 64))  # 11 lines, 683 characters
+    scrub = redact.Scrubber(redact.secret_values([{"TLS_CERT_KEY": cert}]))
+    assert scrub.text(f"key={cert}x") == "key=***x"
+    assert scrub.text(f"bad key '{cert[:250]}...' given") == "bad key '***...' given"
+    token = "AbcdefghijklmnopqrstUV " + "Z" * 300
+    scrub = redact.Scrubber(redact.secret_values([{"SECRET_TOKEN": token, "LOCAL_RANK": "x" + token}]))
+    assert scrub.text(f"LOCAL_RANK='x{token}' is not a number") == "LOCAL_RANK='x***' is not a number"
+
+
+@pytest.mark.parametrize("value", ["\ud800abcdefgh", "\udc41bcdefghi", "ab\udcffcdefgh"])
+def test_a_lone_surrogate_in_a_value_is_masked_not_raised(value):
+    """helper-72: a surrogate that no byte makes (JSON's "\\ud800", from an attached document)
+    raised UnicodeEncodeError out of the scrubber; one that a byte makes still works."""
+    assert redact.scrub_free_text(f"x {value} y", [{"FOOBAR": value}]) == "x *** y"
+    assert redact.Scrubber(redact.secret_values([{"MY_TOKEN": value}])).text(f"x {value} y") == "x *** y"
 
 
 def test_a_very_long_credential_is_masked_where_a_shown_variable_holds_it_whole():
