@@ -10,9 +10,11 @@ A closed or broken stderr drops the line; logging never takes the process down.
 Nor does a stderr that nobody reads (a stuck journald, a `tee` that stopped, a pipe
 whose reader sleeps): once its pipe was full, a write blocked for good, holding the
 lock every thread logs through, and serve's runs, its stop on SIGTERM included,
-waited on it (helper-70). A line now waits at most STALL_SECONDS for room, and
-while the stream stays full the next ones are dropped at once and counted; the
-first line that gets through again says how many were lost.
+waited on it (helper-70). A line now waits at most STALL_SECONDS for room (a pipe
+or a terminal is written through a non-blocking copy of its descriptor), and while
+the stream stays full the next ones are dropped at once and counted; the first
+line that gets through again says how many were lost, and why (a full disk too).
+A line cut short starts the next one on a line of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import stat
 import sys
 import threading
 import time
@@ -40,6 +43,8 @@ _CHUNK = select.PIPE_BUF  # written only when poll says there is room: a pipe ta
 _stalled = False  # the last write found no room: drop lines at once until there is
 _dropped = 0  # lines dropped since, reported by the next one written
 _torn = False  # a line was cut short by a stall: the next starts on a line of its own
+_drop_reason = ""  # why the last line was dropped, for the count's line
+_copy: tuple[tuple[int, int, int, int], int] | None = None  # (what fd 2 was, its non-blocking copy)
 LEVELS = ("debug", "info", "warn", "error")
 
 
@@ -123,30 +128,67 @@ def event(level: str, message: str, **fields: Any) -> None:
 
 def _write_line(fd: int, line: str) -> None:
     """Write one line to `fd` without ever blocking for long (call under _LOCK)."""
-    global _stalled, _dropped, _torn
+    global _stalled, _dropped, _torn, _drop_reason
     data = (line + "\n").encode("utf-8", "backslashreplace")
-    if _stalled and not _room(fd, 0):
+    target = _nonblocking(fd)
+    if _stalled and not _room(target, 0):
         _dropped += 1
         return
     if _dropped:  # room again: say what was lost first (format_line takes _LOCK: not called here)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-        lost = f'ts={stamp}Z level=warn msg="log lines dropped" count={_dropped} reason="stderr was not being read"\n'
+        lost = f'ts={stamp}Z level=warn msg="log lines dropped" count={_dropped} reason="{_drop_reason}"\n'
         data = lost.encode() + data
-        _stalled, _dropped = False, 0
     if _torn:
         data = b"\n" + data
-        _torn = False
     written = 0
+    deadline = time.monotonic() + STALL_SECONDS
     while written < len(data):
-        if not _room(fd, STALL_SECONDS):
-            _stalled, _dropped, _torn = True, _dropped + 1, written > 0
-            return
-        written += os.write(fd, data[written:written + _CHUNK])
+        try:
+            written += os.write(target, data[written:written + _CHUNK])
+            continue
+        except BlockingIOError:  # a non-blocking copy that is full: wait for room, not past the deadline
+            if _room(target, max(0.0, deadline - time.monotonic())):
+                continue
+            _stalled, _drop_reason = True, "stderr was not being read"
+        except OSError as exc:  # a full disk, a reader gone: this line is lost, counted, and the next starts clean
+            _drop_reason = (exc.strerror or str(exc)).replace('"', "'")
+        _dropped, _torn = _dropped + 1, _torn or written > 0
+        return
+    _stalled, _dropped, _torn = False, 0, False  # all of it went: what was lost is said
+
+
+def _nonblocking(fd: int) -> int:
+    """A descriptor that writes to what `fd` names without blocking: for a pipe or a terminal,
+    a second opening of it (/proc/self/fd/N) with O_NONBLOCK, which only ours carries. On
+    a terminal poll() says "writable" while any room is left, not room for a line, so a
+    blocking write still slept there (helper-73: a pty nobody read hung serve and its stop).
+    Setting O_NONBLOCK on `fd` itself would change it for every process sharing it (the
+    shell's terminal). Anything else (a file, a socket) is `fd` itself: a file does not
+    block, and a socket's poll() means room."""
+    global _copy
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return fd
+    key = (fd, st.st_dev, st.st_ino, st.st_rdev)
+    if _copy is not None and _copy[0] == key:
+        return _copy[1]
+    if _copy is not None:
+        os.close(_copy[1])
+        _copy = None
+    if not (stat.S_ISFIFO(st.st_mode) or (stat.S_ISCHR(st.st_mode) and os.isatty(fd))):
+        return fd
+    try:
+        copy = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:  # no /proc, or a pipe whose reader is gone (ENXIO): as it is
+        return fd
+    _copy = (key, copy)
+    return copy
 
 
 def _room(fd: int, seconds: float) -> bool:
-    """Whether `fd` takes a write of _CHUNK bytes without blocking, waiting up to `seconds`
-    (a regular file always does). Raises OSError for a closed or broken descriptor."""
+    """Whether `fd` has room for a write now, waiting up to `seconds` (a regular file always
+    has). Raises OSError for a closed or broken descriptor."""
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     for _, events in poller.poll(seconds * 1000):

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from serve_support import free_port, get, wait_until
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ from Python 3.10 on Linux; spelled out for older builds
@@ -126,3 +128,79 @@ def _metrics(url: str) -> str:
                          if line.startswith("envdoctor_target_info{"))
     except OSError:
         return ""
+
+
+def test_a_terminal_nobody_reads_drops_lines_and_never_blocks(monkeypatch):
+    """helper-73: on a terminal, poll() says writable while any room is left, so a blocking
+    write of a whole line still slept in the tty driver, holding the log's lock (serve
+    hung, SIGTERM included). Lines go through a non-blocking copy of the descriptor."""
+    import pty
+
+    from envdoctor import log
+
+    master, slave = pty.openpty()
+    stream = os.fdopen(slave, "w")
+    monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
+    log.configure("info", stream)
+    try:
+        done = threading.Event()
+
+        def flood() -> None:
+            for i in range(3000):
+                log.event("info", "target appeared", target=f"pid:{i}", comm="python3")
+            done.set()
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(60), "logging blocked on a full terminal"
+        assert log._dropped > 0
+        dropped = log._dropped
+        kept = _drain(master)
+        log.event("info", "after the reader came back")
+        after = _drain(master)
+    finally:
+        log.configure("info", None)
+        stream.close()
+        os.close(master)
+    lines = kept.decode().replace("\r\n", "\n").splitlines()
+    assert lines and all(line.startswith("ts=") for line in lines if line), lines[-3:]
+    said = after.decode().replace("\r\n", "\n").splitlines()
+    said = [line for line in said if line]
+    assert f'msg="log lines dropped" count={dropped} reason="stderr was not being read"' in said[0], said
+    assert 'msg="after the reader came back"' in said[-1], said
+
+
+def test_a_full_disk_costs_lines_counted_and_never_a_torn_one(tmp_path):
+    """helper-73: a short write and then ENOSPC left half a line, the next glued to it
+    (`target=pid:22ts=...`), and the lost lines were not counted. A 16 KiB tmpfs in a
+    private mount namespace: filled, logged into, emptied, logged into again."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare: a tmpfs of its own")
+    code = (
+        "import os, sys\n"
+        "from envdoctor import log\n"
+        "d = sys.argv[1]\n"
+        "filler = os.path.join(d, 'filler')\n"
+        "with open(filler, 'wb') as f: f.write(b'\\0' * 8192)\n"
+        "stream = open(os.path.join(d, 'err.log'), 'w')\n"
+        "log.configure('info', stream)\n"
+        "for i in range(400): log.event('info', 'target appeared', target=f'pid:{i}', comm='python3')\n"
+        "os.remove(filler)\n"
+        "log.event('info', 'after the disk had room')\n"
+        "print(open(os.path.join(d, 'err.log')).read(), end='')\n")
+    script = f'mount -t tmpfs -o size=16k tmpfs "$1" && exec "{sys.executable}" -c "$2" "$1"'
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(tmp_path), code],
+                         capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    if out.returncode != 0 and "unshare" in out.stderr:
+        pytest.skip(f"no mount namespace here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines and all(line.startswith("ts=") and line.count(" level=") == 1 for line in lines), lines
+    lost = [line for line in lines if 'msg="log lines dropped"' in line]
+    assert len(lost) == 1 and 'reason="No space left on device"' in lost[0], lines[-3:]
+    kept = sum('msg="target appeared"' in line for line in lines)
+    assert kept + int(lost[0].split("count=")[1].split()[0]) == 400
+    assert lines[-1].endswith('msg="after the disk had room"')

@@ -16,6 +16,8 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
+from email.errors import MissingHeaderBodySeparatorDefect
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from envdoctor import __version__
@@ -236,14 +238,18 @@ class Handler(BaseHTTPRequestHandler):
         header's colon (http.server takes "Content-Length : 5" and every line after it for
         the body), two Content-Lengths, one that is not a number (helper-70: each gave two
         answers)."""
-        if self.headers.defects or self.headers.get_payload():  # the parser stopped at a line it could not read
+        # the parser stopped at a line it could not read, and took the rest for a body (its
+        # other defects are MIME's: a multipart type without a boundary is a legal header here)
+        payload = self.headers.get_payload()
+        if any(isinstance(d, MissingHeaderBodySeparatorDefect) for d in self.headers.defects) or (
+                isinstance(payload, str) and payload):
             return "a header line that is not NAME: VALUE"
         names = [name.lower() for name in self.headers.keys()]
         lengths = self.headers.get_all("Content-Length") or []
         if len(lengths) > 1:
             return "more than one Content-Length"
         length = lengths[0].strip() if lengths else ""
-        if length and not (length.isascii() and length.isdigit()):
+        if lengths and not (length.isascii() and length.isdigit()):  # an empty one too
             return "a Content-Length that is not a number"
         if "transfer-encoding" in names or length.strip("0"):
             return "body"
@@ -289,7 +295,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?", 1)[0]
         if path[:8].lower().startswith(("http://", "https://")):  # absolute form (RFC 9112 3.2.2), as a proxy sends
-            path = "/" + path.split("://", 1)[1].partition("/")[2]
+            path = urllib.parse.urlsplit(path).path or "/"
         snap = self.server.snapshot()
         if path == "/metrics":
             if not snap.metrics:

@@ -62,6 +62,20 @@ DATALOADER_WORKER_COMM = "pt_data_worker"
 WORKER_CHECKS = ("memory.cache_growth",)
 
 
+COMM_LENGTH = 15  # the kernel keeps a process's name to TASK_COMM_LEN - 1 bytes
+
+
+def _shown_comm(comm: str, secrets: list[str], scrub: redact.Scrubber) -> str:
+    """A process's name as target_info and the log show it: a process names itself (prctl,
+    `exec -a`), after a secret too (helper-70), and /proc/N/comm is any user's to read. So
+    it is redacted with its environment, and a name the kernel cut to COMM_LENGTH that
+    begins a longer secret is masked as that secret (helper-73: the first 15 characters of
+    a token showed)."""
+    if len(comm) == COMM_LENGTH and any(len(s) > COMM_LENGTH and s.startswith(comm) for s in secrets):
+        return redact.MASK
+    return scrub.text(comm)
+
+
 def _dataloader_workers(targets: list[discovery.TargetInfo], roots: Any) -> set[int]:
     """The targets that are DataLoader workers of another target: named so by torch AND the
     child of a target examined this run. The name alone is not trusted: any process can take
@@ -214,7 +228,7 @@ class Scheduler:
         self.reload_requested = _Rings(self._doorbell)
         self.stop = _Rings(self._doorbell)
         self._known_targets: set[str] = set()
-        self._overflow_said: tuple[int, int] = (0, 0)  # the overflow and max_targets last logged
+        self._overflow_said: tuple[int, int] = (0, 0)  # (any overflow, max_targets) when last logged
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
@@ -305,11 +319,10 @@ class Scheduler:
         ran = iter(runner.run_batches([e.batch() for e in examinations if e is not None]))
         rows = [[] if e is None else self._finish(e, next(ran)) for e in examinations]
         for i, (target, e) in enumerate(zip(targets, examinations)):
-            # its name as shown (target_info's comm, the log): a process names itself (prctl,
-            # exec -a), a secret too (helper-70), and /proc/N/comm is any user's to read
-            comm = target.comm if e is None else self._scrubber(e.secrets()).text(target.comm)
-            if comm != target.comm:
-                targets[i] = target.replace(comm=comm)
+            if e is not None:
+                comm = _shown_comm(target.comm, e.secrets(), self._scrubber(e.secrets()))
+                if comm != target.comm:
+                    targets[i] = target.replace(comm=comm)
         return rows
 
     def _selection(self, target: discovery.TargetInfo) -> pipeline.Selection:
@@ -404,9 +417,10 @@ class Scheduler:
         self._known_targets = labels
         for note in found.notes:
             log.event("debug", "discovery note", reason=note)
-        # said when it starts or changes, not every run (helper-69: 240 lines an hour at 15 s);
-        # envdoctor_targets_overflow_total counts every run's
-        overflow = (found.overflow, self.settings.max_targets)
+        # said when it starts, when max_targets changes and when it ends, not every run (helper-69:
+        # 240 lines an hour at 15 s), nor as its count moves (helper-73: DataLoader workers come
+        # and go); envdoctor_targets_overflow_total counts every run's
+        overflow = (min(found.overflow, 1), self.settings.max_targets)
         if found.overflow and overflow != self._overflow_said:
             log.event("warn", "more targets than max_targets", overflow=found.overflow, max_targets=self.settings.max_targets)
         elif not found.overflow and self._overflow_said[0]:
