@@ -112,15 +112,23 @@ class ThreadFacts(namedtuple("ThreadFacts", (
 
 def gather(ctx) -> ThreadFacts:
     env = ctx.env  # Unavailable (unreadable environ) becomes a skip in the runner
-    variables = {name: env[name] for name in THREAD_VARS if name in env}
     cpus = effective_cpus(ctx.roots, ctx.target.pid, ctx.host.fact)  # one quota lookup per cgroup per run
     from envdoctor.attach_reader import live_facts
 
     live = live_facts(ctx)
+    # /proc/N/environ is the environment the job started with; a job that sets its thread
+    # variables itself (os.environ[...] = "1" before `import torch`, a common pattern) shows
+    # them in its live view, which wins (helper-75: "OMP_NUM_THREADS unset" for a job at 1)
+    published = live.env
+    variables = {name: published.get(name, env.get(name)) for name in THREAD_VARS if name in published or name in env}
+    changed = sorted(name for name in published if name in THREAD_VARS and published[name] != env.get(name))
     loader = live.busiest_loader() or {}
     workers = loader.get("num_workers")
     # a document that was there but refused is said: the verdict is then without the live view
     notes = (f"the job's live view was not used: {live.refused}",) if live.refused else ()
+    if changed:
+        notes += (f"{', '.join(f'{n}={published[n]}' for n in changed)} as the running job set it "
+                  "(live; its environment at start said otherwise)",)
     return ThreadFacts(variables, env.get("LOCAL_WORLD_SIZE"), cpus, notes=notes, live_threads=live.num_threads,
                        live_workers=workers if isinstance(workers, int) and workers >= 0 else None)
 

@@ -10,10 +10,12 @@ initialises CUDA, and keeps the DataLoader hooks to a few attribute reads per ba
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import time
+import weakref
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -25,7 +27,8 @@ DEFAULT_INTERVAL = 5.0
 DIRECTORIES = ("/dev/shm", "/tmp")  # where the document lives, in the job's own mount namespace
 MAX_LOADERS = 32
 LIVE_ENV = ("CUBLAS_WORKSPACE_CONFIG", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS", "LOCAL_WORLD_SIZE", "LOCAL_RANK")
+            "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+            "LOCAL_WORLD_SIZE", "LOCAL_RANK")
 
 
 def document_name(pid: int, namespace: int | None = None) -> str:
@@ -172,12 +175,17 @@ def _cuda_facts(torch: Any) -> dict[str, Any]:
 
 
 class _Loader:
-    """What one DataLoader was built with, and the batches seen through it."""
+    """What one DataLoader was built with, and the batches seen through it, while it lives:
+    a loader that is gone, with every iterator made from it, starts no worker and holds no
+    batch, and is left out of the document (helper-75: a one-off 8-worker loader deleted
+    long ago was judged as the job's live one)."""
 
     __slots__ = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size",
-                 "batch_bytes_max", "batch_bytes_last", "batches", "__weakref__")
+                 "batch_bytes_max", "batch_bytes_last", "batches", "_loader", "_iterators", "__weakref__")
 
     def __init__(self, loader: Any):
+        self._loader = weakref.ref(loader)
+        self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         self.num_workers = _int_or_none(getattr(loader, "num_workers", None))
         self.pin_memory = bool(getattr(loader, "pin_memory", False))
         prefetch = getattr(loader, "prefetch_factor", None)
@@ -189,6 +197,12 @@ class _Loader:
         self.batch_bytes_max = None
         self.batch_bytes_last = None
         self.batches = 0
+
+    def alive(self) -> bool:
+        return self._loader() is not None or len(self._iterators) > 0
+
+    def iterating(self, iterator: Any) -> None:
+        self._iterators.add(iterator)
 
     def seen(self, batch: Any) -> None:
         self.batches += 1
@@ -237,6 +251,9 @@ def _patch_dataloader(module: Any) -> None:
         return
     original_init, original_iter = loader_cls.__init__, loader_cls.__iter__
 
+    # functools.wraps: the signature stays DataLoader's own, which code that rebuilds a loader
+    # from inspect.signature(DataLoader.__init__) reads (helper-75: it was (*args, **kwargs))
+    @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         try:
@@ -248,10 +265,14 @@ def _patch_dataloader(module: Any) -> None:
         except Exception:
             pass
 
+    @functools.wraps(original_iter)
     def __iter__(self):
         it = original_iter(self)
         try:
-            it._envdoctor_record = getattr(self, "_envdoctor_record", None)
+            record = getattr(self, "_envdoctor_record", None)
+            it._envdoctor_record = record
+            if record is not None:
+                record.iterating(it)
         except Exception:
             pass
         return it
@@ -261,6 +282,7 @@ def _patch_dataloader(module: Any) -> None:
     if iter_cls is not None:
         original_next = iter_cls.__next__
 
+        @functools.wraps(original_next)
         def __next__(self):
             batch = original_next(self)
             record = getattr(self, "_envdoctor_record", None)
@@ -333,6 +355,7 @@ def snapshot(interval: float = DEFAULT_INTERVAL, cost: Mapping[str, Any] | None 
     torch = sys.modules.get("torch")
     torch_ready = torch is not None and hasattr(torch, "get_num_threads") and hasattr(torch, "cuda")
     with _loaders_lock:
+        _loaders[:] = [record for record in _loaders if record.alive()]
         loaders = [record.to_dict() for record in _loaders]
     doc: dict[str, Any] = {
         "schema": SCHEMA,

@@ -104,6 +104,42 @@ def test_live_torch_settings_and_the_dataloader_hook_when_attach_comes_first():
     assert loader["batch_bytes_max"] == 8 * 256 * 4 and loader["batches_seen"] == 8
 
 
+def test_a_dataloader_that_is_gone_leaves_the_document_and_the_signature_stays_its_own():
+    """helper-75: a one-off 8-worker loader deleted long ago stayed in the document, and
+    cpu.threads and shm.size judged the job by its workers; an iterator that outlives its
+    loader keeps it there. The wrapped methods keep DataLoader's own signatures (code that
+    rebuilds a loader from inspect.signature(DataLoader.__init__) read (*args, **kwargs))."""
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    r = run_py("""
+        import gc, inspect, json
+        import envdoctor
+        p = envdoctor.attach(interval=60)
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        before = str(inspect.signature(DataLoader.__init__))
+        data = TensorDataset(torch.zeros(16, 4))
+        one_off = DataLoader(data, batch_size=4, num_workers=8)   # never iterated: no worker started
+        del one_off
+        gc.collect()
+        train = DataLoader(data, batch_size=4, num_workers=0)
+        workers_after_delete = [d["num_workers"] for d in p.snapshot()["dataloaders"]]
+        it = iter(DataLoader(data, batch_size=2, num_workers=0))   # the loader itself is dropped at once
+        gc.collect()
+        with_iterator = [d["batch_size"] for d in p.snapshot()["dataloaders"]]
+        del it
+        gc.collect()
+        print(json.dumps({"after_delete": workers_after_delete, "with_iterator": with_iterator,
+                          "at_end": [d["batch_size"] for d in p.snapshot()["dataloaders"]],
+                          "signature_kept": str(inspect.signature(DataLoader.__init__)) == before,
+                          "name": DataLoader.__init__.__qualname__}))
+    """)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["after_delete"] == [0], got
+    assert sorted(got["with_iterator"]) == [2, 4] and got["at_end"] == [4], got
+    assert got["signature_kept"] and got["name"] == "DataLoader.__init__", got
+
+
 def test_forked_children_do_not_publish_and_do_not_remove_the_parents_document():
     r = run_py("""
         import glob, os, sys, time, json

@@ -150,3 +150,41 @@ def test_check_pid_reports_the_live_numbers_of_an_attached_job(tmp_path):
         _remove_cgroup(cgroup)
     # the document went with the job (its /dev/shm was its own tmpfs, gone with the namespace)
     assert job.returncode == 0, job.stderr.read()
+
+
+SETS_ITS_OWN = textwrap.dedent("""
+    import os, sys, time
+    os.environ["OMP_NUM_THREADS"] = "1"     # set by the job itself, before torch: /proc/N/environ never shows it
+    os.environ["MKL_NUM_THREADS"] = "1"
+    import envdoctor
+    envdoctor.attach(interval=0.5)
+    import torch
+    print("ready", torch.get_num_threads(), flush=True)
+    for _ in range(600):                    # bounded: at most 60 s
+        if os.path.exists(sys.argv[1]):
+            break
+        time.sleep(0.1)
+""")
+
+
+def test_cpu_threads_judges_the_variables_a_job_set_for_itself(tmp_path):
+    """helper-75: a job that sets OMP_NUM_THREADS=1 in os.environ before `import torch` (its
+    live view shows it) was warned "OMP_NUM_THREADS, MKL_NUM_THREADS ... unset": only
+    /proc/N/environ, the environment at its start, was read."""
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    script, stop = tmp_path / "job.py", tmp_path / "stop"
+    script.write_text(SETS_ITS_OWN)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    job = subprocess.Popen([sys.executable, str(script), str(stop)], stdout=subprocess.PIPE, text=True,
+                           env=dict(env, PYTHONPATH=str(REPO)))
+    try:
+        assert job.stdout.readline().split() == ["ready", "1"]
+        time.sleep(1.0)  # a publication after torch's import
+        result = cli("check", "--pid", str(job.pid), "--only", "cpu.threads", "-f", "json", timeout=120)
+    finally:
+        stop.touch()
+        job.wait(timeout=60)
+    row = json.loads(result.stdout)["results"][0]
+    assert row["facts"]["variables"]["OMP_NUM_THREADS"] == "1" and row["facts"]["variables"]["MKL_NUM_THREADS"] == "1"
+    assert "unset" not in row["summary"] or "OMP_NUM_THREADS" not in row["summary"], row
+    assert any("OMP_NUM_THREADS=1" in note and "as the running job set it" in note for note in row["facts"]["notes"]), row
