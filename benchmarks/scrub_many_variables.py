@@ -7,11 +7,11 @@ what envdoctor shows of that process, in each of its spellings. helper-70 starte
 process with 70,000 variables and every serve run took seconds; helper-72 fed the
 scrubber random text that held thousands of the values' first characters. Printed:
 
-- scrubbing a 1 MB training log and 400 KB of base64 with N random 12-character
-  values (N from a few to 100,000): median seconds of `--rounds`;
 - `envdoctor serve --once` over the node and one `sleep` holding `--variables`
   variables (selected by `[serve] select_env`), against the same with a `sleep` of
-  this shell's environment: median wall seconds, and the peak RSS of the slower.
+  this shell's environment: median wall seconds and peak RSS;
+- scrubbing a 1 MB training log and 400 KB of base64 with N random 12-character
+  values (N from a few to 100,000): median seconds of `--rounds`.
 Figures vary with the machine's load; compare runs of two versions in one sitting.
 """
 
@@ -29,8 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from envdoctor import redact
-
 
 def _value(rng: random.Random, n: int = 12) -> str:
     return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(n))
@@ -46,6 +44,8 @@ def _median_seconds(action, rounds: int) -> float:
 
 
 def scrub_costs(rounds: int) -> None:
+    from envdoctor import redact  # here: serve_once_costs runs first, from a small process (see there)
+
     rng = random.Random(5)
     log = "step 1234 loss=0.2345 lr=0.0001 grad_norm=1.23 throughput 123.4 samples/s\n" * 14000
     blob = base64.b64encode(random.Random(6).randbytes(300_000)).decode()
@@ -72,7 +72,9 @@ def serve_once_costs(variables: int, rounds: int) -> None:
                     started = time.perf_counter()
                     serve = subprocess.Popen([sys.executable, "-m", "envdoctor", "serve", "--once", "--config", str(config)],
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    _, status, usage = os.wait4(serve.pid, 0)  # its own peak RSS (and its children's)
+                    # its own peak RSS (and its children's). A child started by vfork counts the parent's
+                    # pages as its own until it execs: so this runs before anything grows this process
+                    _, status, usage = os.wait4(serve.pid, 0)
                     serve.returncode = os.waitstatus_to_exitcode(status)
                     times.append(time.perf_counter() - started)
                     peaks.append(usage.ru_maxrss / 1024)
@@ -90,8 +92,8 @@ def main() -> None:
     parser.add_argument("--variables", type=int, default=70_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    scrub_costs(args.rounds)
     serve_once_costs(args.variables, args.rounds)
+    scrub_costs(args.rounds)
 
 
 if __name__ == "__main__":
