@@ -6,13 +6,17 @@
 # slurmd runs it with its own environment, not the job's: it judges the node
 # (/dev/shm, CPU quota, GPUs, driver); a job's variables are judged in the job, by
 # `envdoctor exec` in its batch script.
-# Settings: ENVDOCTOR (path to the binary), ENVDOCTOR_PROLOG_ARGS (extra arguments).
+# Slurm waits for a prolog without a limit of its own (PrologEpilogTimeout aside), so the
+# check is bounded here as in health.sh: 124 (timed out) drains nothing.
+# Settings: ENVDOCTOR (path to the binary), ENVDOCTOR_PROLOG_ARGS (extra arguments),
+# ENVDOCTOR_PROLOG_TIMEOUT (seconds, 60).
 set -u
 envdoctor="${ENVDOCTOR:-envdoctor}"
 errors=$(mktemp)
-report=$("$envdoctor" check --format json --fail-on fail ${ENVDOCTOR_PROLOG_ARGS:-} 2>"$errors")
-code=$?
 trap 'rm -f "$errors"' EXIT
+report=$(timeout "${ENVDOCTOR_PROLOG_TIMEOUT:-60}" "$envdoctor" check --format json --fail-on fail \
+         ${ENVDOCTOR_PROLOG_ARGS:-} 2>"$errors")
+code=$?
 case $code in
   0) exit 0 ;;
   1) reason=$(printf '%s' "$report" | python3 -c '
