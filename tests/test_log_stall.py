@@ -37,6 +37,21 @@ def _drain(fd: int) -> bytes:
     return data
 
 
+def _flood(count: int) -> None:
+    """Log `count` lines from a thread; it must be done within a minute, however full the stream."""
+    from envdoctor import log
+
+    done = threading.Event()
+
+    def flood() -> None:
+        for i in range(count):
+            log.event("info", "target appeared", target=f"pid:{i}", comm="python3")
+        done.set()
+
+    threading.Thread(target=flood, daemon=True).start()
+    assert done.wait(60), "logging blocked on a full stream"
+
+
 def test_a_full_stderr_drops_lines_counts_them_and_never_blocks(monkeypatch):
     from envdoctor import log
 
@@ -45,15 +60,7 @@ def test_a_full_stderr_drops_lines_counts_them_and_never_blocks(monkeypatch):
     monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
     log.configure("info", stream)
     try:
-        done = threading.Event()
-
-        def flood() -> None:
-            for i in range(2000):
-                log.event("info", "target appeared", target=f"pid:{i}", comm="python3")
-            done.set()
-
-        threading.Thread(target=flood, daemon=True).start()
-        assert done.wait(60), "logging blocked on a full stderr"
+        _flood(2000)
         kept = _drain(read)
         log.event("info", "after the reader came back")
         after = _drain(read)
@@ -143,15 +150,7 @@ def test_a_terminal_nobody_reads_drops_lines_and_never_blocks(monkeypatch):
     monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
     log.configure("info", stream)
     try:
-        done = threading.Event()
-
-        def flood() -> None:
-            for i in range(3000):
-                log.event("info", "target appeared", target=f"pid:{i}", comm="python3")
-            done.set()
-
-        threading.Thread(target=flood, daemon=True).start()
-        assert done.wait(60), "logging blocked on a full terminal"
+        _flood(3000)
         assert log._dropped > 0
         dropped = log._dropped
         kept = _drain(master)
