@@ -86,6 +86,8 @@ def parse_thread_count(name: str, value: str) -> tuple[int, ...]:
     counts = []
     for part in parts:
         part = part.strip()
+        if part.startswith("+"):  # strtoul (libgomp), atoi (OpenBLAS) and int() take a sign: +1 is 1 thread
+            part = part[1:]
         if not part.isascii() or not part.isdigit():
             if name != "OMP_NUM_THREADS" and "," in text:
                 raise ParseError("only OMP_NUM_THREADS takes a comma list; this one takes a single integer")

@@ -48,6 +48,9 @@ def run_fixture(name, env, config=None, pid=None):
     ("OMP_NUM_THREADS", " 4 ", (4,)),
     ("OMP_NUM_THREADS", "4,2", (4, 2)),
     ("MKL_NUM_THREADS", "16", (16,)),
+    ("OMP_NUM_THREADS", "+1", (1,)),  # strtoul's sign: torch 2.13 runs 1 thread (helper-76)
+    ("OMP_NUM_THREADS", "+2,+1", (2, 1)),
+    ("OPENBLAS_NUM_THREADS", "+4", (4,)),
 ])
 def test_thread_count_accepts(name, value, expected):
     assert parse_thread_count(name, value) == expected
@@ -59,6 +62,8 @@ def test_thread_count_accepts(name, value, expected):
     ("OMP_NUM_THREADS", "auto", "not a positive integer"),
     ("OMP_NUM_THREADS", "4.0", "not a positive integer"),
     ("OMP_NUM_THREADS", "-1", "not a positive integer"),
+    ("OMP_NUM_THREADS", "+", "not a positive integer"),
+    ("OMP_NUM_THREADS", "++1", "not a positive integer"),
     ("OMP_NUM_THREADS", '"4"', "quotes"),
     ("OMP_NUM_THREADS", "4,", "not a positive integer"),
     ("MKL_NUM_THREADS", "4,2", "only OMP_NUM_THREADS takes a comma list"),
