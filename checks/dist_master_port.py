@@ -53,36 +53,46 @@ class PortFacts(namedtuple("PortFacts", (
     __slots__ = ()
 
 
-def _try_bind(address: str, port: int) -> str | None:
-    """None when `port` could be bound on `address`; otherwise why not."""
+def _try_bind(port: int) -> str | None:
+    """None when `port` could be bound as torch's rendezvous store binds it; otherwise why not.
+
+    The store (c10d's TCPServer) listens on every address, IPv6 and IPv4 at once where
+    the host has IPv6, with SO_REUSEADDR: so is the port bound here. Bound on
+    MASTER_ADDR alone, a listener on another of the host's addresses went unseen and
+    the check said free where init_process_group then failed with EADDRINUSE (helper-76)."""
     import socket  # in the three that use it: only rank 0 of a launch gets here (~3 ms to import)
 
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "in use"
-        sock.bind((address, port))
-        return None
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            return "address already in use"
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            return "permission denied (ports below 1024 need root)"
-        return exc.strerror or str(exc)
-    finally:
-        sock.close()
+    for family, wildcard in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host: IPv4's wildcard
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "in use"
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4's addresses too
+            sock.bind((wildcard, port))
+            return None
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return "address already in use"
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                return "permission denied (ports below 1024 need root)"
+            if family == socket.AF_INET6 and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                continue  # IPv6 switched off: IPv4's wildcard
+            return exc.strerror or str(exc)
+        finally:
+            sock.close()
+    return "no address family to bind"
 
 
-def _free_port(address: str) -> int | None:
-    import socket
+# torch's default MASTER_PORT and the ports after it: below Linux's ephemeral range (32768 on),
+# so an outgoing connection does not take the suggested port before the launch (helper-76)
+SUGGESTED_PORTS = range(29500, 30000)
 
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((address, 0))
-            return sock.getsockname()[1]
-    except OSError:
-        return None
+
+def _free_port() -> int | None:
+    return next((port for port in SUGGESTED_PORTS if _try_bind(port) is None), None)
 
 
 def _local_master(env: Mapping[str, str], timeout: float) -> tuple[str, int]:
@@ -140,8 +150,8 @@ def gather(ctx) -> PortFacts:
         # port, or something else holds it, is dist.consistency's row, which also proves it free after)
         raise Unavailable("not tested here: envdoctor's own dist.consistency exchange hosts its store on MASTER_PORT "
                           "in this run; its row says whether the port is free for the job")
-    error = _try_bind(address, port)
-    return PortFacts(address, port, error, _free_port(address) if error else None)
+    error = _try_bind(port)
+    return PortFacts(address, port, error, _free_port() if error else None)
 
 
 def _rule_agent_store_missing(facts: PortFacts) -> list[Finding]:
@@ -160,8 +170,8 @@ def _rule_port_taken(facts: PortFacts) -> list[Finding]:
         return []
     other = facts.free_port or (facts.port + 1 if facts.port < 65535 else 29500)
     # fail, not warn (helper-42): init_process_group dies with EADDRINUSE, a launch that will break
-    return [Finding(Status.FAIL, f"MASTER_PORT={facts.port} on {facts.address} cannot be bound ({facts.error}) and "
-                    "this is rank 0: the rendezvous store will fail to start",
+    return [Finding(Status.FAIL, f"MASTER_PORT={facts.port} cannot be bound on this host's addresses ({facts.error}), "
+                    f"where rank 0 (MASTER_ADDR {facts.address}) hosts the rendezvous store: it will fail to start",
                     f"export MASTER_PORT={other}  # a port that is free now")]
 
 

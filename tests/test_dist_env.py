@@ -145,8 +145,10 @@ def test_port_taken_on_rank_0_fails_and_suggests_a_free_one():
         port = busy.getsockname()[1]
         r = check_port(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)))
         assert r.status is Status.FAIL, r.summary  # init_process_group dies with EADDRINUSE
-        assert f"MASTER_PORT={port} on 127.0.0.1 cannot be bound (address already in use)" in r.summary
-        assert r.remediation.startswith("export MASTER_PORT=") and str(port) not in r.remediation.split("#")[0]
+        assert f"MASTER_PORT={port} cannot be bound on this host's addresses (address already in use)" in r.summary
+        suggested = int(r.remediation.split("=", 1)[1].split()[0])
+        assert r.remediation.startswith("export MASTER_PORT=") and suggested != port
+        assert suggested in dist_master_port.SUGGESTED_PORTS  # below the ephemeral range (helper-76)
         # dist.env itself never binds: it stays ok with the port taken
         assert check(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port))).status is Status.OK
         # other ranks do not bind the port: the test does not apply to them
@@ -157,6 +159,19 @@ def test_port_taken_on_rank_0_fails_and_suggests_a_free_one():
         assert r.status is Status.SKIP and "not tried for --pid" in r.summary
     free = check_port(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)))
     assert free.status is Status.OK and "is free" in free.summary
+
+
+@pytest.mark.real
+def test_a_listener_on_another_of_the_hosts_addresses_takes_the_port_too():
+    """helper-76: torch's store listens on every address, so a listener on 127.0.0.2 (or any
+    other address of the host) makes init_process_group fail with EADDRINUSE; binding on
+    MASTER_ADDR=127.0.0.1 alone said the port was free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.2", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        r = check_port(torchrun_env(RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+        assert r.status is Status.FAIL and "address already in use" in r.summary, r.summary
 
 
 def test_port_test_is_declared_intrusive_and_runs_only_in_check():
