@@ -201,6 +201,21 @@ class _Loader:
     def alive(self) -> bool:
         return self._loader() is not None or len(self._iterators) > 0
 
+    # The record rides on its DataLoader (`_envdoctor_record`), which a job may pickle (torch.save,
+    # a spawn-started process): its figures go along, its weak references cannot (helper-77:
+    # "cannot pickle 'weakref.ReferenceType'" from every pickled loader). A copy is of no loader.
+    _FIGURES = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size",
+                "batch_bytes_max", "batch_bytes_last", "batches")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._FIGURES}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self._FIGURES:
+            setattr(self, name, state.get(name))
+        self._loader = _no_loader
+        self._iterators = weakref.WeakSet()
+
     def iterating(self, iterator: Any) -> None:
         self._iterators.add(iterator)
 
@@ -219,6 +234,11 @@ class _Loader:
                 "prefetch_factor": self.prefetch_factor, "persistent_workers": self.persistent_workers,
                 "batch_size": self.batch_size, "batch_bytes_max": self.batch_bytes_max,
                 "batch_bytes_last": self.batch_bytes_last, "batches_seen": self.batches}
+
+
+def _no_loader() -> None:
+    """A copied record's loader: none (the copy is not in _loaders, and counts as gone)."""
+    return None
 
 
 def _int_or_none(value: Any) -> int | None:

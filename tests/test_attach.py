@@ -140,6 +140,37 @@ def test_a_dataloader_that_is_gone_leaves_the_document_and_the_signature_stays_i
     assert got["signature_kept"] and got["name"] == "DataLoader.__init__", got
 
 
+def test_an_attached_jobs_dataloader_still_pickles_saves_and_goes_to_a_spawned_process(tmp_path):
+    """helper-77: the record attach() keeps on each DataLoader held weak references, and every
+    pickled loader (pickle, torch.save, a spawn-started process's argument) raised TypeError."""
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import copy, io, pickle, multiprocessing as mp
+        import envdoctor
+        envdoctor.attach(interval=60)
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def count(loader):
+            assert len(list(loader)) == 2
+
+        if __name__ == "__main__":
+            loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4)
+            assert len(list(pickle.loads(pickle.dumps(loader)))) == 2
+            torch.save(loader, io.BytesIO())
+            assert len(list(copy.deepcopy(loader))) == 2
+            child = mp.get_context("spawn").Process(target=count, args=(loader,))
+            child.start()
+            child.join()
+            print("ok", child.exitcode, len(envdoctor.attach().snapshot()["dataloaders"]))
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ok", "0", "1"], r.stdout  # the copies are not the job's loaders
+
+
 def test_forked_children_do_not_publish_and_do_not_remove_the_parents_document():
     r = run_py("""
         import glob, os, sys, time, json
