@@ -65,10 +65,16 @@ class Stop(Exception):
         self.line = line
 
 
+# How long one of exec's lines may wait for a full stderr (a log reader behind): they are
+# said before the job starts or never; a stderr nobody reads delays the start once by this.
+LOG_PATIENCE_SECONDS = 5.0
+
+
 def log(level: str, message: str, **fields: Any) -> None:
     """One logfmt line on stderr (envdoctor.log: redacted, never raises), marked as exec's."""
     from envdoctor import log as logger
 
+    logger.patience(LOG_PATIENCE_SECONDS)
     logger.event(level, message, **{k: v for k, v in fields.items() if v is not None}, source=SOURCE)
 
 
@@ -360,4 +366,7 @@ def _run(options: ExecOptions, argv: list[str]) -> int:
                     "(docker stop waits, then kills it) and orphans stay zombies; use docker run --init, "
                     "tini in the image, or shareProcessNamespace: true in a pod", command=command, action="pid1")
     log("info", f"{summary}; starting {command}", **fields, action="start")
+    from envdoctor import log as logger
+
+    logger.settle(LOG_PATIENCE_SECONDS)  # lines a full stderr dropped are said now, or never
     become(path, argv, final_env)  # returns never: the job runs here now, or CannotRun

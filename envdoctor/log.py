@@ -55,6 +55,35 @@ def configure(level: str = "info", stream: IO[str] | None = None) -> None:
     _min_level, _stream = level, stream
 
 
+def patience(seconds: float) -> None:
+    """How long a line may wait for room in a full stderr (STALL_SECONDS). serve keeps the
+    default: its runs and its stop must not wait on a reader. exec's lines come before the
+    job starts and cannot be said later: it waits longer (helper-77: with a reader 2 s
+    behind, its verdict and `starting` lines were dropped, and the job started)."""
+    global STALL_SECONDS
+    STALL_SECONDS = seconds
+
+
+def settle(seconds: float) -> None:
+    """Before the process becomes something else (exec's job): say how many lines were dropped,
+    waiting up to `seconds` for room, since no later line can."""
+    global _dropped
+    if not _dropped:
+        return
+    stream = _stream or sys.stderr
+    try:
+        fd = stream.fileno()
+        with _LOCK:
+            target = _nonblocking(fd)
+            if _dropped and _room(target, seconds):
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+                line = f'ts={stamp}Z level=warn msg="log lines dropped" count={_dropped} reason="{_drop_reason}"\n'
+                os.write(target, (("\n" if _torn else "") + line).encode())
+                _dropped = 0
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def protect(envs: Iterable[Mapping[str, str]]) -> None:
     """Also keep the secret values of these environments (a target's) out of every line."""
     values = redact.secret_values(envs)
@@ -171,11 +200,14 @@ def _nonblocking(fd: int) -> int:
     except OSError:
         return fd
     key = (fd, st.st_dev, st.st_ino, st.st_rdev)
-    if _copy is not None and _copy[0] == key:
-        return _copy[1]
     if _copy is not None:
-        os.close(_copy[1])
-        _copy = None
+        kept, copy = _copy
+        ours = _still_ours(copy, kept)
+        if ours and kept == key:
+            return copy
+        if ours:
+            os.close(copy)  # fd 2 names something else now: a copy of that is made below
+        _copy = None  # else someone closed ours (a daemon's closerange) and its number may be theirs: not closed
     if not (stat.S_ISFIFO(st.st_mode) or (stat.S_ISCHR(st.st_mode) and os.isatty(fd))):
         return fd
     try:
@@ -184,6 +216,17 @@ def _nonblocking(fd: int) -> int:
         return fd
     _copy = (key, copy)
     return copy
+
+
+def _still_ours(copy: int, key: tuple[int, int, int, int]) -> bool:
+    """Whether descriptor `copy` is still the non-blocking copy made for `key`: a program may
+    close descriptors it did not open, and the number then names its next file (helper-77:
+    log lines went into that file, or closing "ours" closed the program's pipe)."""
+    try:
+        st = os.fstat(copy)
+        return (st.st_dev, st.st_ino, st.st_rdev) == key[1:] and not os.get_blocking(copy)
+    except OSError:
+        return False
 
 
 def _room(fd: int, seconds: float) -> bool:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
@@ -203,3 +204,64 @@ def test_a_full_disk_costs_lines_counted_and_never_a_torn_one(tmp_path):
     kept = sum('msg="target appeared"' in line for line in lines)
     assert kept + int(lost[0].split("count=")[1].split()[0]) == 400
     assert lines[-1].endswith('msg="after the disk had room"')
+
+
+def test_a_copy_someone_else_closed_is_forgotten_never_written_through_nor_closed(tmp_path):
+    """helper-77: a program may close descriptors it did not open (a daemon's closerange); the
+    log's copy number then named the program's next file, and log lines went into it, or
+    changing stderr closed it; with the number not reused, logging went silent for good."""
+    import subprocess
+    import sys
+
+    victim = tmp_path / "victim.txt"
+    code = textwrap.dedent(f"""
+        import os
+        from envdoctor import log
+        read, write = os.pipe(); os.dup2(write, 2); os.close(write)
+        log.event("info", "one")
+        os.close(log._copy[1])                       # closed by the program...
+        victim = os.open({str(victim)!r}, os.O_WRONLY | os.O_CREAT, 0o644)   # ...and its number reused
+        log.event("info", "two")
+        os.set_blocking(read, False)
+        said = os.read(read, 65536).decode()
+        os.close(log._copy[1])                       # closed again, not reused; then stderr changes
+        again, write = os.pipe(); os.dup2(write, 2); os.close(write)
+        log.event("info", "three")
+        os.set_blocking(again, False)
+        os.write(victim, b"")                        # still open: the log did not close it
+        print(said.count("ts="), os.read(again, 65536).decode().count("msg=three"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "1"], out.stdout
+    assert victim.read_text() == ""
+
+
+def test_exec_waits_for_a_slow_reader_before_the_job_starts(tmp_path):
+    """helper-77: with a stderr pipe full and its reader 2 s behind, exec dropped its verdict
+    and its `starting` line after 0.25 s and became the job: nothing could say so later.
+    exec's lines wait up to entrypoint.LOG_PATIENCE_SECONDS."""
+    import subprocess
+    import sys
+    import time
+
+    read, write = _small_pipe()
+    os.write(write, b"x" * 4096)  # full before exec says anything
+    job = subprocess.Popen([sys.executable, "-m", "envdoctor", "exec", "--only", "cpu.threads", "--",
+                            sys.executable, "-c", "import sys; sys.stderr.write('job ran\\n')"],
+                           stdout=subprocess.DEVNULL, stderr=write,
+                           env={**os.environ, "OMP_NUM_THREADS": "abc", "ENVDOCTOR_CONFIG": ""})
+    os.close(write)
+    try:
+        time.sleep(2)  # the reader comes back late
+        said = b""
+        while chunk := os.read(read, 65536):
+            said += chunk
+        assert job.wait(timeout=60) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        os.close(read)
+    text = said[4096:].decode()
+    assert "fail cpu.threads" in text and "starting" in text and text.rstrip().endswith("job ran"), text
