@@ -143,21 +143,23 @@ def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None) 
     no flag is given, and `cpu` (or `auto` where no GPU is there to count) as the CPUs
     of the affinity mask, which is what torchrun starts, whatever the quota."""
     env = os.environ if env is None else env
-    args = _launcher_args(argv)
-    if args is None:
+    launched = _launcher_args(argv)
+    if launched is None:
         return None
+    launcher, args = launched
     value, source = None, ""
     i = 0
     while i < len(args):
         arg = args[i]
-        if not arg.startswith("-"):
-            break  # the training script: what follows is its own
+        if not arg.startswith("-") or arg == "--":
+            break  # the training script (after `--` too): what follows is its own
         name, eq, given = arg.partition("=")
         if len(name) > 3 and any(flag.startswith(name) for flag in _NPROC_FLAGS):
             value = given if eq else (args[i + 1] if i + 1 < len(args) else "")
-            source = f"{os.path.basename(argv[0])}'s {_NPROC_FLAGS[0]}"
+            source = f"{launcher}'s {_NPROC_FLAGS[0]}"
         switch = name in _LAUNCHER_SWITCHES or (len(name) > 3 and any(s.startswith(name) for s in _LAUNCHER_SWITCHES))
-        i += 1 if eq or switch else 2  # skip an option's separate value
+        attached = not arg.startswith("--") and len(arg) > 2  # -r3, -mr3: the value is in the word
+        i += 1 if eq or switch or attached else 2  # skip an option's separate value
     if value is None and env.get("PET_NPROC_PER_NODE"):
         value, source = env["PET_NPROC_PER_NODE"], "PET_NPROC_PER_NODE"
     if value is None:
@@ -171,26 +173,45 @@ def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None) 
     return None  # gpu, or auto on a GPU node: as many as the GPUs it sees, not counted here
 
 
-def _launcher_args(argv: Sequence[str]) -> list[str] | None:
-    """The launcher's own arguments (and the script's after them), or None for another command."""
+def _launcher_args(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """(the launcher's name, its own arguments and the script's after them), or None for
+    another command: `torchrun ...`, or python with `-m torch.distributed.run` however
+    its options are written (`-u -m`, `-um`, `-mtorch.distributed.run`, an option's value)."""
     if not argv:
         return None
     if os.path.basename(argv[0]) == "torchrun":
-        return list(argv[1:])
+        return "torchrun", list(argv[1:])
     if not os.path.basename(argv[0]).startswith("python"):
         return None
     i = 1
-    while i < len(argv):  # the interpreter's own options first: python -u -X dev -m torch.distributed.run
+    while i < len(argv):
         arg = argv[i]
-        if arg == "-m":
-            return list(argv[i + 2:]) if i + 1 < len(argv) and argv[i + 1] in _LAUNCHER_MODULES else None
-        if arg in ("-X", "-W"):
+        if arg in _PYTHON_VALUED_LONG:
             i += 2
-        elif arg.startswith("-") and arg != "-" and not arg.startswith("-c"):
-            i += 1
+            continue
+        if arg.startswith("--") or not arg.startswith("-") or arg == "-":
+            if arg.startswith("--"):
+                i += 1
+                continue
+            return None  # a script, or stdin
+        for at, letter in enumerate(arg[1:], 1):  # -u, -um, -mmodule, -X dev, -Wd
+            if letter in "cmWX":
+                rest = arg[at + 1:]
+                value = rest or (argv[i + 1] if i + 1 < len(argv) else "")
+                if letter == "c":
+                    return None
+                if letter == "m":
+                    after = argv[i + (1 if rest else 2):]
+                    return ("torchrun" if value == "torch.distributed.run" else value, list(after)) \
+                        if value in _LAUNCHER_MODULES else None
+                i += 1 if rest else 2
+                break
         else:
-            return None  # a script, -c or stdin
+            i += 1
     return None
+
+
+_PYTHON_VALUED_LONG = ("--check-hash-based-pycs",)  # python's long options that take a value
 
 
 def _accelerator_possible(env: Mapping[str, str]) -> bool:

@@ -255,6 +255,18 @@ def test_launcher_ranks_reads_nproc_per_node_as_torchrun_does(monkeypatch):
     assert ranks(["python", "-u", "-X", "dev", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py"], {}) == 2
     assert ranks(["python", "-c", "pass", "-m", "torch.distributed.run", "--nproc-per-node=2"], {}) is None
     assert ranks(["torchrun", "--nproc-per-node=0", "t.py"], {}) is None
+    # helper-77: `--` ends torchrun's options; a short option's value in the same word; python's
+    # options written together or with values before -m
+    assert ranks(["torchrun", "--nproc-per-node=1", "--", "t.py", "--nproc-per-node", "5"], {}) == 1
+    assert ranks(["torchrun", "-r3", "--nproc-per-node", "3", "t.py"], {}) == 3
+    assert ranks(["torchrun", "-mr3", "--nproc-per-node", "3", "t.py"], {}) == 3
+    for python in (["python", "-mtorch.distributed.run"], ["python", "-um", "torch.distributed.run"],
+                   ["python", "--check-hash-based-pycs", "always", "-m", "torch.distributed.run"],
+                   ["python", "-Wd", "-m", "torch.distributed.run"]):
+        assert ranks([*python, "--nproc-per-node=2", "t.py"], {}) == 2, python
+    assert ranks(["python", "t.py", "-m", "torch.distributed.run", "--nproc-per-node=2"], {}) is None
+    assert exec_preflight.launcher_workers(["python3", "-m", "torch.distributed.run", "--nproc-per-node=2"], {})[1] == (
+        "torchrun's --nproc-per-node")
     monkeypatch.setattr(exec_preflight, "_accelerator_possible", lambda env: False)
     assert ranks(["torchrun", "--nproc-per-node=auto", "t.py"], {}) == cpus
     monkeypatch.setattr(exec_preflight, "_accelerator_possible", lambda env: True)
