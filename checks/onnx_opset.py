@@ -37,7 +37,9 @@ Why it matters (PITFALLS 7)
 Statuses
   fail   a model with a linear or cubic Resize/Upsample below opset 11 (`min_opset`); a Resize/Upsample
          whose mode onnxruntime refuses (anything but 'nearest', 'linear', 'cubic'); a model whose
-         opset or IR version is beyond what the installed onnxruntime loads;
+         opset or IR version is beyond what the installed onnxruntime loads; a model that uses
+         an ai.onnx operator its opset does not define (Gelu, from opset 20, at 13), where
+         the graph can run it (onnxruntime: "No Op registered");
          ALLOW_RELEASED_ONNX_OPSET_ONLY set to something other than 0 or 1.
   error  a given file that does not exist, cannot be read or is not an ONNX model.
   warn   a nearest Resize/Upsample below opset 11 (it matches PyTorch for whole-number
@@ -103,7 +105,8 @@ class ModelInfo(namedtuple("ModelInfo", (
         "interpolation",  # tuple[InterpolationNode, ...] = ()
         "uses_default_domain",  # bool = True
         "called",  # frozenset[str] = frozenset(): "domain:op_type" the main graph calls, directly or through functions
-), defaults=((), True, frozenset()))):
+        "unknown_ops",  # tuple[UnknownOp, ...] = (): ai.onnx operators the opset in force there does not define
+), defaults=((), True, frozenset(), ()))):
     """What one .onnx file declares: its IR version, opsets and interpolation nodes."""
 
     __slots__ = ()
@@ -117,6 +120,19 @@ class ModelInfo(namedtuple("ModelInfo", (
     def opset(self) -> int | None:
         """The model's ai.onnx opset (None when it imports none)."""
         return self.opsets.get("ai.onnx")
+
+
+class UnknownOp(namedtuple("UnknownOp", (
+        "op",  # str
+        "where",  # str: the first node of that operator, as InterpolationNode names it
+        "opset",  # int: the ai.onnx opset in force there
+        "since",  # int | None: the first opset that defines it (None: no opset does)
+        "function",  # str | None: "domain:name" of the model-local function it sits in, if any
+))):
+    """An ai.onnx operator used where the model's opset does not define it: onnxruntime refuses
+    to load the model ("No Op registered"; helper-76: Gelu, defined from opset 20, at 13)."""
+
+    __slots__ = ()
 
 
 class ModelFile(namedtuple("ModelFile", (
@@ -228,6 +244,8 @@ def _model_info(model: Any) -> ModelInfo:
                 fopset = entry.version
         queue.append((function.node, fopset, f"function {_clean(function.name)}/", f"{function.domain}:{function.name}"))
     interpolation: list[InterpolationNode] = []
+    unknown: dict[tuple[str, int | None, str | None], UnknownOp | None] = {}  # per op, opset and scope
+    local = {f"{function.domain}:{function.name}" for function in model.functions}
     calls: dict[str | None, set[str]] = {}  # scope (None: the main graph) -> "domain:op_type" its nodes call
     nodes = 0
     uses_default = False
@@ -241,12 +259,36 @@ def _model_info(model: Any) -> ModelInfo:
                 uses_default = True
                 if node.op_type in INTERPOLATION_OPS:
                     interpolation.append(InterpolationNode(node.op_type, _clean(name, 120), opset, _mode(node), fkey))
+                key = (node.op_type, opset, fkey)
+                if key not in unknown and opset is not None and f"{node.domain}:{node.op_type}" not in local:
+                    since = _defined_since(node.op_type, opset)  # memoised per op, opset and scope: None when defined
+                    unknown[key] = None if since == 0 else UnknownOp(_clean(node.op_type), _clean(name, 120), opset,
+                                                                     since, fkey)
             for attr in node.attribute:
                 if attr.HasField("g"):
                     queue.append((attr.g.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
                 for sub in attr.graphs:
                     queue.append((sub.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
-    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, _reachable(calls))
+    known = tuple(op for op in unknown.values() if op is not None)
+    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, _reachable(calls), known)
+
+
+def _defined_since(op_type: str, opset: int) -> int | None:
+    """0 when the ai.onnx opset `opset` defines `op_type` (or this onnx does not know that opset
+    yet: nothing to say); else the first opset that does, or None when none does."""
+    from onnx import defs
+
+    def defined(version: int) -> bool:
+        try:
+            defs.get_schema(op_type, version, "")  # the newest schema up to `version` (onnx 1.14 has this form)
+            return True
+        except defs.SchemaError:
+            return False
+
+    newest = defs.onnx_opset_version()
+    if opset > newest or defined(opset):
+        return 0
+    return next((version for version in range(opset + 1, newest + 1) if defined(version)), None)
 
 
 def _reachable(calls: Mapping[str | None, set[str]]) -> frozenset[str]:
@@ -726,6 +768,25 @@ def _rule_model_interpolation(model: ModelFile, facts: OnnxFacts, min_opset: int
                     "output size that is no multiple of the input may pick other pixels before opset 11", fix)]
 
 
+def _rule_model_unknown_ops(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """An ai.onnx operator the model's opset does not define: onnxruntime refuses the whole model."""
+    assert model.info is not None
+    live = [op for op in model.info.unknown_ops if op.function is None or op.function in model.info.called]
+    if not live:
+        return []
+    shown = "; ".join(f"{op.op} ({op.where!r}) at opset {op.opset}, " + (
+        f"defined from opset {op.since}" if op.since else "defined in no ai.onnx opset") for op in live[:EXAMPLES])
+    more = f"; and {len(live) - EXAMPLES} more" if len(live) > EXAMPLES else ""
+    needed = max((op.since for op in live if op.since), default=None)
+    opset = _exportable(facts, max(needed or 0, _suggested_opset(min_opset, facts.runtime.max_opset)))
+    fix = (f"torch.onnx.export(..., opset_version={opset}), or onnx.version_converter.convert_version(model, {opset})"
+           if needed else
+           "give the operator its own domain and register it with onnxruntime (a custom op library), or export it "
+           "as standard operators")
+    return [Finding(Status.FAIL, f"{model.path}: {shown}{more}: onnxruntime refuses to load the model (no such op "
+                    "registered at that opset)", fix)]
+
+
 def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
     """An opset or IR version newer than the installed onnxruntime loads."""
     assert model.info is not None
@@ -761,6 +822,7 @@ def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Fin
     if not findings:
         findings = (_rule_model_missing_data(model, facts, min_opset) + _rule_model_mode_refused(model, facts, min_opset)
                     + _rule_model_interpolation(model, facts, min_opset)
+                    + _rule_model_unknown_ops(model, facts, min_opset)
                     + _rule_model_beyond_runtime(model, facts, min_opset))
     if len(facts.models) > 1:
         name = Path(model.path).name

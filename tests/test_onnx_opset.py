@@ -165,6 +165,48 @@ def test_runtime_absent_is_a_fact_not_an_error(monkeypatch, tmp_path):
 # -- model files ---------------------------------------------------------------------------
 
 
+def _op_model(op: str, opset: int, in_function: str | None = None, called: bool = True) -> onnx.ModelProto:
+    """`op` on x, in the main graph or in a model-local function the graph calls (or not)."""
+    if in_function is None:
+        graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], name="the_op")], "g", [_io("x", [1, 4])], [_io("y")])
+        return _finish(graph, opset)
+    function = helper.make_function("local", in_function, ["a"], ["b"], [helper.make_node(op, ["a"], ["b"])],
+                                     [helper.make_opsetid("", opset)])
+    node = helper.make_node(in_function if called else "Identity", ["x"], ["y"], name="call",
+                            domain="local" if called else "")
+    graph = helper.make_graph([node], "g", [_io("x", [1, 4])], [_io("y")])
+    model = _finish(graph, opset, functions=[function])
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    return model
+
+
+@pytest.mark.parametrize("op, opset, said", [
+    ("Gelu", 13, "Gelu ('the_op') at opset 13, defined from opset 20"),  # helper-76
+    ("Frobnicate", 17, "Frobnicate ('the_op') at opset 17, defined in no ai.onnx opset"),
+])
+def test_an_operator_the_models_opset_does_not_define_fails_as_onnxruntime_refuses_it(tmp_path, op, opset, said):
+    """helper-76: a model using Gelu (ai.onnx from opset 20) at opset 13 was "fine"; onnxruntime
+    refuses to load it: INVALID_GRAPH ... No Op registered."""
+    path = save(_op_model(op, opset), tmp_path / "m.onnx")
+    with pytest.raises(Exception, match="(?i)no op registered|not a registered function"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    r = run_check([path])
+    assert r.status is Status.FAIL and said in r.summary and "onnxruntime refuses to load the model" in r.summary, r.summary
+    if op == "Gelu":
+        assert "opset_version=20" in r.remediation, r.remediation
+
+
+def test_operators_the_opset_defines_or_an_uncalled_function_holds_pass(tmp_path):
+    for name, model in (("gelu20", _op_model("Gelu", 20)), ("relu13", _op_model("Relu", 13)),
+                        ("uncalled", _op_model("Gelu", 13, in_function="helper", called=False))):
+        path = save(model, tmp_path / f"{name}.onnx")
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # loads
+        assert run_check([path]).status is Status.OK, name
+    called = save(_op_model("Gelu", 13, in_function="helper"), tmp_path / "called.onnx")
+    r = run_check([called])
+    assert r.status is Status.FAIL and "function helper/" in r.summary, r.summary
+
+
 def test_resize_at_opset_10_fails(tmp_path):
     path = save(interp_model("Resize", 10), tmp_path / "resize10.onnx")
     result = run_check([path])
