@@ -39,7 +39,7 @@ _extra_secrets: set[str] = set()
 _stream: IO[str] | None = None
 _min_level = "info"
 STALL_SECONDS = 0.25  # the longest a line waits for a full stderr to take it
-_CHUNK = select.PIPE_BUF  # written only when poll says there is room: a pipe takes this much at once
+_CHUNK = select.PIPE_BUF  # a pipe takes this much whole, or none of it
 _stalled = False  # the last write found no room: drop lines at once until there is
 _dropped = 0  # lines dropped since, reported by the next one written
 _torn = False  # a line was cut short by a stall: the next starts on a line of its own
@@ -76,12 +76,17 @@ def settle(seconds: float) -> None:
         with _LOCK:
             target = _nonblocking(fd)
             if _dropped and _room(target, seconds):
-                stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-                line = f'ts={stamp}Z level=warn msg="log lines dropped" count={_dropped} reason="{_drop_reason}"\n'
-                os.write(target, (("\n" if _torn else "") + line).encode())
+                os.write(target, (b"\n" if _torn else b"") + _lost_line())
                 _dropped = 0
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def _lost_line() -> bytes:
+    """The line that says how many lines were dropped, and why (call under _LOCK; format_line
+    takes it, so the line is made here)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    return f'ts={stamp}Z level=warn msg="log lines dropped" count={_dropped} reason="{_drop_reason}"\n'.encode()
 
 
 def protect(envs: Iterable[Mapping[str, str]]) -> None:
@@ -163,20 +168,21 @@ def _write_line(fd: int, line: str) -> None:
     if _stalled and not _room(target, 0):
         _dropped += 1
         return
-    if _dropped:  # room again: say what was lost first (format_line takes _LOCK: not called here)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-        lost = f'ts={stamp}Z level=warn msg="log lines dropped" count={_dropped} reason="{_drop_reason}"\n'
-        data = lost.encode() + data
+    if _dropped:  # room again: say what was lost first
+        data = _lost_line() + data
     if _torn:
         data = b"\n" + data
     written = 0
     deadline = time.monotonic() + STALL_SECONDS
+    blocking = target == fd  # a file, or a socket (journald's stream): poll says when a write will not wait
     while written < len(data):
         try:
+            if blocking and not _room(target, max(0.0, deadline - time.monotonic())):
+                raise BlockingIOError
             written += os.write(target, data[written:written + _CHUNK])
             continue
-        except BlockingIOError:  # a non-blocking copy that is full: wait for room, not past the deadline
-            if _room(target, max(0.0, deadline - time.monotonic())):
+        except BlockingIOError:  # full: wait for room, not past the deadline
+            if not blocking and _room(target, max(0.0, deadline - time.monotonic())):
                 continue
             _stalled, _drop_reason = True, "stderr was not being read"
         except OSError as exc:  # a full disk, a reader gone: this line is lost, counted, and the next starts clean

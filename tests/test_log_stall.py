@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -265,3 +266,36 @@ def test_exec_waits_for_a_slow_reader_before_the_job_starts(tmp_path):
         os.close(read)
     text = said[4096:].decode()
     assert "fail cpu.threads" in text and "starting" in text and text.rstrip().endswith("job ran"), text
+
+
+def test_a_socket_nobody_reads_drops_lines_and_never_blocks(monkeypatch):
+    """systemd's StandardError=journal makes stderr a stream socket to journald: a stuck
+    journald fills it, and a write to it blocks like a pipe's would."""
+    import socket
+
+    from envdoctor import log
+
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    stream = os.fdopen(os.dup(ours.fileno()), "w")
+    monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
+    log.configure("info", stream)
+    try:
+        _flood(20000)
+        assert log._dropped > 0
+        theirs.setblocking(False)
+        while True:
+            try:
+                if not theirs.recv(1 << 16):
+                    break
+            except BlockingIOError:
+                break
+        log.event("info", "after the reader came back")
+        time.sleep(0.1)
+        said = theirs.recv(1 << 16).decode()
+    finally:
+        log.configure("info", None)
+        stream.close()
+        ours.close()
+        theirs.close()
+    assert 'msg="log lines dropped"' in said and 'msg="after the reader came back"' in said, said
