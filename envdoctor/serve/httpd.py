@@ -237,7 +237,15 @@ class Handler(BaseHTTPRequestHandler):
         in front may read these differently from us (RFC 9112 5.1, 6.3): a space before a
         header's colon (http.server takes "Content-Length : 5" and every line after it for
         the body), two Content-Lengths, one that is not a number (helper-70: each gave two
-        answers)."""
+        answers). Read once per request: both the answer and its headers ask."""
+        said = getattr(self, "_framing_said", None)
+        if said is not None and said[0] is self.headers:
+            return said[1]
+        framing = self._read_framing()
+        self._framing_said = (self.headers, framing)
+        return framing
+
+    def _read_framing(self) -> str:
         # the parser stopped at a line it could not read, and took the rest for a body (its
         # other defects are MIME's: a multipart type without a boundary is a legal header here)
         payload = self.headers.get_payload()
