@@ -63,8 +63,8 @@ def beat() -> None:
         _dump_fd = _open_dump_fd()
     try:
         faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_dump_fd)
-    except RuntimeError:  # no thread can be started (`ulimit -u`): the run goes on without its last resort
-        return
+    except RuntimeError:  # no thread can be started (`ulimit -u`): no stack, but the backstop still ends a wedge
+        pass
     _backstop(WEDGED_SECONDS + BACKSTOP_SECONDS)
 
 

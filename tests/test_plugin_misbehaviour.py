@@ -337,6 +337,24 @@ CHECK = Check(id="wedge.regex", title="holds the GIL", run=_run)
 _WEDGED_AT_IMPORT = _WEDGED.replace("CHECK = Check(", "_run(None)\nCHECK = Check(")
 
 
+def _threads_of(pid: int) -> str:
+    """Each thread's name, state, CPU and wait channel, and the process's signal masks: what
+    a hang of the deadman's test is made of, for the report of a test that timed out."""
+    lines = []
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        lines += [line for line in status.splitlines() if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd"))]
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            task = f"/proc/{pid}/task/{tid}"
+            stat = Path(f"{task}/stat").read_text()
+            name, rest = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
+            wchan = Path(f"{task}/wchan").read_text() if os.path.exists(f"{task}/wchan") else "?"
+            lines.append(f"{tid} {name} state={rest[0]} cpu={rest[36]} utime={rest[11]} wchan={wchan}")
+    except (OSError, IndexError) as exc:
+        lines.append(f"({exc})")
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("when", ["in its check", "at import"])
 @pytest.mark.parametrize("command", [["check", "--only", "wedge.regex,shm.size", "--timeout", "2"],
                                      ["serve", "--web.listen-address", "127.0.0.1:0", "--interval", "5"]])
@@ -359,12 +377,19 @@ def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tm
     if when == "at import":
         command = [c if c != "wedge.regex,shm.size" else "shm.size" for c in command]
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "envdoctor", *command], env=env, capture_output=True, text=True,
-                          timeout=WEDGED_SECONDS + 60)
+    proc = subprocess.Popen([sys.executable, "-m", "envdoctor", *command], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=WEDGED_SECONDS + 60)
+    except subprocess.TimeoutExpired:
+        seen = _threads_of(proc.pid)  # why it still runs, read before it is killed (CI, once)
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"still running after {WEDGED_SECONDS + 60:.0f} s; its threads:\n{seen}\nstderr: {err[-2000:]}")
     took = time.monotonic() - started
-    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
-    assert f"Timeout (0:00:{WEDGED_SECONDS:02.0f})!" in proc.stderr, proc.stderr[-2000:]
-    assert "wedgeplug.py" in proc.stderr and "in _run" in proc.stderr  # names the stuck plug-in
+    assert proc.returncode == 1, (proc.returncode, stderr[-2000:])
+    assert f"Timeout (0:00:{WEDGED_SECONDS:02.0f})!" in stderr, stderr[-2000:]
+    assert "wedgeplug.py" in stderr and "in _run" in stderr  # names the stuck plug-in
     assert took < WEDGED_SECONDS + 30, took
 
 
@@ -875,3 +900,27 @@ def test_a_broken_plugin_named_by_only_keeps_its_error_row_where_the_file_skips_
     assert "error" in started.stderr and "hwb" in started.stderr, started.stderr
     skipped = cli("check", "--only", "hwb.broken", "--skip", "hwb.broken", env=env, cwd=tmp_path)
     assert skipped.returncode == 2, skipped.stderr  # the command line's own --skip still wins
+
+
+def test_the_backstop_is_armed_even_when_no_dump_thread_can_start(monkeypatch):
+    """With no thread to spare (`ulimit -u`), faulthandler cannot arm its dump; the beat used to
+    return before arming SIGALRM too, and a wedge then hung the process for good."""
+    import faulthandler
+    import signal
+
+    from envdoctor import deadman
+
+    if signal.getsignal(signal.SIGALRM) != signal.SIG_DFL:
+        pytest.skip("SIGALRM has a handler in this test process")
+
+    def no_thread(*args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", no_thread)
+    try:
+        deadman.beat()
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+    finally:
+        deadman.disarm()
+    assert deadman.WEDGED_SECONDS < remaining <= deadman.WEDGED_SECONDS + deadman.BACKSTOP_SECONDS
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
