@@ -175,6 +175,16 @@ def _view(facts: VisibleFacts) -> View:
     return View(parsed, None, nvd_count if parsed.visible else None, nvd_res, physical, visible_list, count)
 
 
+def visible_count(env, nvml) -> int | None:
+    """The devices CUDA will count (torch.cuda.device_count()) in a process with this
+    environment, on the GPUs `nvml` lists: what torchrun's `--nproc-per-node=gpu` starts.
+    Raises Unavailable without NVML."""
+    gpus = tuple(Gpu(g.index, g.name, g.uuid, tuple(g.mig_devices)) for g in nvml.devices())
+    facts = VisibleFacts(env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"),
+                         env.get("NVIDIA_VISIBLE_DEVICES"), env.get("LOCAL_RANK"), gpus)
+    return _view(facts).visible_count
+
+
 def _serving_entries(p: vd.VisibleDevices, facts: VisibleFacts) -> list[str]:
     """The clean entries, or, where they cannot serve LOCAL_RANK but the node's GPUs can,
     every GPU of the node: one fix for both findings (helper-53: '0,x' with LOCAL_RANK=3 on

@@ -18,7 +18,7 @@ from envdoctor.record import Record
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Sequence
+    from typing import Any, Callable, Mapping, Sequence
 
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT = 5.0
@@ -124,14 +124,16 @@ _LAUNCHER_SWITCHES = frozenset({"--standalone", "--no-python", "--no_python", "-
                                 "--module", "--virtual-local-rank", "--virtual_local_rank", "--use-env", "--use_env"})
 
 
-def launcher_ranks(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | None:
+def launcher_ranks(argv: Sequence[str], env: Mapping[str, str] | None = None,
+                   gpus: Callable[[], int | None] | None = None) -> int | None:
     """Processes per node when the command is torchrun (or `python -m torch.distributed.run`)
     and says how many: the ranks the thread budget is shared between (see launcher_workers)."""
-    found = launcher_workers(argv, env)
+    found = launcher_workers(argv, env, gpus)
     return found[0] if found else None
 
 
-def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None,
+                     gpus: Callable[[], int | None] | None = None) -> tuple[int, str] | None:
     """(processes per node, where that was read) when the command is torchrun or `python -m
     torch.distributed.run` and its --nproc-per-node can be known before it starts.
 
@@ -141,7 +143,9 @@ def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None) 
     Read as torchrun's parser reads it (torch 2.13, helper-71): the last of repeated
     flags, an abbreviation argparse accepts (`--nproc-per=4`), `PET_NPROC_PER_NODE` when
     no flag is given, and `cpu` (or `auto` where no GPU is there to count) as the CPUs
-    of the affinity mask, which is what torchrun starts, whatever the quota."""
+    of the affinity mask, which is what torchrun starts, whatever the quota. `gpu` (and
+    `auto` on a GPU node) is torch.cuda.device_count(): `gpus()`, the GPUs CUDA will see
+    with this environment, counted from NVML (visible_gpus); not counted without it."""
     env = os.environ if env is None else env
     launched = _launcher_args(argv)
     if launched is None:
@@ -170,7 +174,12 @@ def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None) 
     if value == "cpu" or (value == "auto" and not _accelerator_possible(env)):
         cpus = len(os.sched_getaffinity(0))
         return cpus, f"{source}={value} ({cpus} CPUs of the affinity mask)"
-    return None  # gpu, or auto on a GPU node: as many as the GPUs it sees, not counted here
+    if value in ("gpu", "auto") and gpus is not None:
+        # torchrun starts torch.cuda.device_count() workers (and refuses `gpu` when that is 0)
+        count = gpus()
+        if count:
+            return count, f"{source}={value} ({count} GPU{'s' if count != 1 else ''} CUDA sees here)"
+    return None  # as many as the GPUs it sees, and they cannot be counted here
 
 
 def _launcher_args(argv: Sequence[str]) -> tuple[str, list[str]] | None:
@@ -212,6 +221,20 @@ def _launcher_args(argv: Sequence[str]) -> tuple[str, list[str]] | None:
 
 
 _PYTHON_VALUED_LONG = ("--check-hash-based-pycs",)  # python's long options that take a value
+
+
+def visible_gpus(env: Mapping[str, str], lib: Any = None) -> int | None:
+    """How many GPUs torch.cuda.device_count() gives a process with this environment, from
+    NVML's list and CUDA_VISIBLE_DEVICES as cuda.visible_devices reads it; None without NVML."""
+    from envdoctor.errors import Unavailable
+    from envdoctor.nvml import connect
+
+    from envdoctor.checks.cuda_visible_devices import visible_count
+
+    try:
+        return visible_count(env, connect(lib))
+    except Unavailable:
+        return None
 
 
 def _accelerator_possible(env: Mapping[str, str]) -> bool:
@@ -496,7 +519,7 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
         # the settings of a check exec never runs wait unread, as a left-out plug-in's: `check` reads them
         config = load_config(registry.checks, known_ids=registry.unloaded_ids,
                              left_out=registry.left_out | registry.not_in_exec, unimported=registry.not_in_exec)
-        workers = launcher_workers(argv, env)
+        workers = launcher_workers(argv, env, gpus=lambda: visible_gpus(env))
         threads = config.checks.setdefault("cpu.threads", {})
         if workers and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):
             threads["processes_per_node"] = workers[0]  # as if configured: the ranks share the CPUs

@@ -275,6 +275,37 @@ def test_launcher_ranks_reads_nproc_per_node_as_torchrun_does(monkeypatch):
         f"torchrun's --nproc-per-node=cpu ({cpus} CPUs of the affinity mask)")
 
 
+def test_nproc_per_node_gpu_counts_the_gpus_cuda_will_see():
+    """`--nproc-per-node=gpu` (and `auto` on a GPU node) starts torch.cuda.device_count()
+    workers: counted from NVML's GPUs as CUDA_VISIBLE_DEVICES leaves them, so the thread
+    budget is shared between them. Before, it was not counted, and the budget was the whole
+    node's for each of 8 ranks."""
+    from fake_pynvml import FakeDevice, FakeNvml
+
+    fake = FakeNvml(devices=[FakeDevice() for _ in range(4)], driver="550.54.15", cuda=12040)
+    uuid = fake.devices[2].uuid
+
+    def workers(argv, env):
+        return exec_preflight.launcher_workers(argv, env, gpus=lambda: exec_preflight.visible_gpus(env, fake))
+
+    assert workers(["torchrun", "--nproc-per-node=gpu", "t.py"], {}) == (
+        4, "torchrun's --nproc-per-node=gpu (4 GPUs CUDA sees here)")
+    assert workers(["torchrun", "--nproc-per-node", "gpu", "t.py"], {"CUDA_VISIBLE_DEVICES": "2,3,1"})[0] == 3
+    assert workers(["torchrun", "t.py"], {"PET_NPROC_PER_NODE": "gpu", "CUDA_VISIBLE_DEVICES": "0,9"})[0] == 1
+    assert workers(["torchrun", "--nproc-per-node=gpu", "t.py"], {"CUDA_VISIBLE_DEVICES": uuid[:12]}) == (
+        1, "torchrun's --nproc-per-node=gpu (1 GPU CUDA sees here)")
+    for hidden in ("", "-1", "0,0"):  # torchrun refuses `gpu` with no GPU: nothing to share
+        assert workers(["torchrun", "--nproc-per-node=gpu", "t.py"], {"CUDA_VISIBLE_DEVICES": hidden}) is None, hidden
+    assert exec_preflight.launcher_workers(["torchrun", "--nproc-per-node=gpu", "t.py"], {}, gpus=lambda: None) is None
+    assert exec_preflight.visible_gpus({}, FakeNvml(no_library=True)) is None  # no driver: not counted
+
+
+def test_nproc_per_node_auto_on_a_gpu_node_counts_its_gpus(monkeypatch):
+    monkeypatch.setattr(exec_preflight, "_accelerator_possible", lambda env: True)
+    assert exec_preflight.launcher_workers(["torchrun", "--nproc-per-node=auto", "t.py"], {}, gpus=lambda: 2) == (
+        2, "torchrun's --nproc-per-node=auto (2 GPUs CUDA sees here)")
+
+
 def test_the_jobs_interpreter_is_the_one_whose_torch_is_judged(tmp_path):
     """`exec -- python train.py`: the torch facts are those of the python the command runs
     (found on the PATH the command gets), read from its files without importing it: a
