@@ -116,7 +116,8 @@ def _seconds(name: str, value: Any) -> float:
     (or a NaN or infinite first_delay) reached Event.wait() in the publisher thread: an
     OverflowError traceback in the job's stderr, and the document never written again."""
     try:
-        seconds = float(value)
+        # True is 1 to float(): attach(True), a flag meant as "on", published every second
+        seconds = math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError, OverflowError):  # 'abc', None, 10**400: float()'s own message named neither attach nor the argument
         seconds = math.nan
     if not math.isfinite(seconds) or seconds > 86400:

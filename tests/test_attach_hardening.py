@@ -375,7 +375,7 @@ def test_a_job_in_a_time_namespace_is_read():
             job.communicate("\n", timeout=30)
 
 
-@pytest.mark.parametrize("interval", ["'abc'", "None", "'nan'", "float('inf')", "1e9", "[5]", "10**400"])
+@pytest.mark.parametrize("interval", ["'abc'", "None", "'nan'", "float('inf')", "1e9", "[5]", "10**400", "True", "False"])
 def test_a_bad_interval_is_named_at_the_call_not_a_bare_float_error(interval):
     """float('abc') said only "could not convert string to float: 'abc'", naming neither
     attach() nor the argument, where 'nan' got a sentence that did."""
