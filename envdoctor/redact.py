@@ -337,10 +337,17 @@ def _spellings(secret: str) -> set[str]:
         extra.add(secret.encode("latin-1").decode("utf-8", "surrogateescape"))
     if _SURROGATE.search(secret):  # bytes that were not UTF-8, read as Latin-1's: the same text as a
         extra.add(raw.decode("latin-1"))  # UTF-8 variable holds it (helper-66: p\xe4ssw\xf6rd99 shown as pässwörd99)
-    forms = extra | {secret, secret.encode("unicode_escape", "backslashreplace").decode("ascii", "replace"),
-             json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1],
-             urllib.parse.quote(raw, safe=""), urllib.parse.quote_plus(raw, safe="")}
+    # URL-quoted as quote() does by default too, keeping "/" (helper-82: a base64 key with "/"
+    # and "+" in a query string), and with lowercase hex digits, which URLs may use as well
+    quoted = {urllib.parse.quote(raw, safe=""), urllib.parse.quote_plus(raw, safe=""), urllib.parse.quote(raw),
+              urllib.parse.quote_plus(raw, safe="/")}
+    quoted |= {_PERCENT_HEX.sub(lambda m: m.group(0).lower(), q) for q in quoted}
+    forms = extra | quoted | {secret, secret.encode("unicode_escape", "backslashreplace").decode("ascii", "replace"),
+                              json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1]}
     return {f for f in forms if f}
+
+
+_PERCENT_HEX = re.compile(r"%[0-9A-F]{2}")
 
 
 def longest_spelling(envs: Iterable[Mapping[str, str]]) -> int:
