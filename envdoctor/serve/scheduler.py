@@ -70,10 +70,21 @@ def _shown_comm(comm: str, secrets: list[str], scrub: redact.Scrubber) -> str:
     `exec -a`), after a secret too (helper-70), and /proc/N/comm is any user's to read. So
     it is redacted with its environment, and a name the kernel cut to COMM_LENGTH that
     begins a longer secret is masked as that secret (helper-73: the first 15 characters of
-    a token showed)."""
-    if len(comm) == COMM_LENGTH and any(len(s) > COMM_LENGTH and s.startswith(comm) for s in secrets):
+    a token showed). The kernel cuts at 15 bytes, not characters: a cut through a character
+    of a non-ASCII secret is read as U+FFFD, and the 13 or 14 characters before it showed
+    (helper-82); so what is left of the bytes is compared, once it is as long as a cut can leave."""
+    kept = _utf8(comm.rstrip("\ufffd"))
+    if len(kept) >= COMM_LENGTH - 3 and any(len(raw) > len(kept) and raw.startswith(kept)
+                                            for raw in map(_utf8, secrets)):
         return redact.MASK
     return scrub.text(comm)
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8", "surrogateescape")  # the bytes a surrogate escape stands for
+    except UnicodeEncodeError:  # a lone surrogate no byte makes
+        return text.encode("utf-8", "surrogatepass")
 
 
 def _dataloader_workers(targets: list[discovery.TargetInfo], roots: Any) -> set[int]:
