@@ -38,15 +38,18 @@ Statuses
   fail   a model with a linear or cubic Resize/Upsample below opset 11 (`min_opset`); a Resize/Upsample
          whose mode onnxruntime refuses (anything but 'nearest', 'linear', 'cubic'); a model whose
          opset or IR version is beyond what the installed onnxruntime loads; a model that uses
-         an ai.onnx operator its opset does not define (Gelu, from opset 20, at 13), where
-         the graph can run it (onnxruntime: "No Op registered");
+         an ai.onnx operator its opset does not define (Gelu, from opset 20, at 13), or
+         defines only as deprecated where onnxruntime refuses it (Upsample from opset 10,
+         Scatter from 11), where the graph can run it (onnxruntime: "No Op registered",
+         "is deprecated in domain_version");
          ALLOW_RELEASED_ONNX_OPSET_ONLY set to something other than 0 or 1.
   error  a given file that does not exist, cannot be read or is not an ONNX model.
   warn   a nearest Resize/Upsample below opset 11 (it matches PyTorch for whole-number
          scale factors, measured through onnxruntime; other sizes may round otherwise);
          torch's default export opset is below 11 or beyond what onnxruntime runs;
          a model above onnxruntime's released opset that loads only because
-         ALLOW_RELEASED_ONNX_OPSET_ONLY=0.
+         ALLOW_RELEASED_ONNX_OPSET_ONLY=0; an operator onnx deprecates at the model's
+         opset when no onnxruntime is installed to say whether it refuses it.
   ok     otherwise; the facts list the versions and each model's opsets.
 
 How to fix
@@ -128,9 +131,12 @@ class UnknownOp(namedtuple("UnknownOp", (
         "opset",  # int: the ai.onnx opset in force there
         "since",  # int | None: the first opset that defines it (None: no opset does)
         "function",  # str | None: "domain:name" of the model-local function it sits in, if any
-))):
+        "deprecated",  # int | None = None: the opset whose schema deprecates it (onnx's), when that is why
+), defaults=(None,))):
     """An ai.onnx operator used where the model's opset does not define it: onnxruntime refuses
-    to load the model ("No Op registered"; helper-76: Gelu, defined from opset 20, at 13)."""
+    to load the model ("No Op registered"; helper-76: Gelu, defined from opset 20, at 13), or
+    defines it only as deprecated, which onnxruntime refuses too ("Op registered for Upsample
+    is deprecated in domain_version of 11"; helper-80, helper-82)."""
 
     __slots__ = ()
 
@@ -152,7 +158,8 @@ class RuntimeFacts(namedtuple("RuntimeFacts", (
         "dev_opset",  # int | None = None: highest ai.onnx since_version in its schemas
         "max_ir_version",  # int | None = None
         "reason",  # str | None = None: why some of the above are None
-), defaults=(None, None, None, None, None, None))):
+        "deprecated",  # tuple[str, ...] | None = None: "Op:opset" of its schemas that deprecate an ai.onnx op
+), defaults=(None, None, None, None, None, None, None))):
     """The installed onnxruntime and the limits it enforces when loading a model."""
 
     __slots__ = ()
@@ -263,7 +270,7 @@ def _model_info(model: Any) -> ModelInfo:
                 if key not in unknown and opset is not None and f"{node.domain}:{node.op_type}" not in local:
                     since = _defined_since(node.op_type, opset)  # memoised per op, opset and scope: None when defined
                     unknown[key] = None if since == 0 else UnknownOp(_clean(node.op_type), _clean(name, 120), opset,
-                                                                     since, fkey)
+                                                                     since, fkey, _deprecated_at(node.op_type, opset))
             for attr in node.attribute:
                 if attr.HasField("g"):
                     queue.append((attr.g.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
@@ -273,17 +280,30 @@ def _model_info(model: Any) -> ModelInfo:
     return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, _reachable(calls), known)
 
 
+def _schema_at(op_type: str, version: int) -> Any:
+    """onnx's schema of an ai.onnx operator in force at opset `version`, or None."""
+    from onnx import defs
+
+    try:
+        return defs.get_schema(op_type, version, "")  # the newest schema up to `version` (onnx 1.14 has this form)
+    except defs.SchemaError:
+        return None
+
+
+def _deprecated_at(op_type: str, opset: int) -> int | None:
+    """The opset whose schema deprecates `op_type`, when that schema is the one in force at `opset`."""
+    schema = _schema_at(op_type, opset)
+    return schema.since_version if schema is not None and schema.deprecated else None
+
+
 def _defined_since(op_type: str, opset: int) -> int | None:
-    """0 when the ai.onnx opset `opset` defines `op_type` (or this onnx does not know that opset
-    yet: nothing to say); else the first opset that does, or None when none does."""
+    """0 when the ai.onnx opset `opset` defines `op_type`, not as deprecated (or this onnx
+    does not know that opset yet: nothing to say); else the first opset that does, or None."""
     from onnx import defs
 
     def defined(version: int) -> bool:
-        try:
-            defs.get_schema(op_type, version, "")  # the newest schema up to `version` (onnx 1.14 has this form)
-            return True
-        except defs.SchemaError:
-            return False
+        schema = _schema_at(op_type, version)
+        return schema is not None and not schema.deprecated
 
     newest = defs.onnx_opset_version()
     if opset > newest or defined(opset):
@@ -521,15 +541,19 @@ def _refusal(ort: Any, model: bytes, pattern: re.Pattern[str]) -> int | None:
     return None  # accepted (ALLOW_RELEASED_ONNX_OPSET_ONLY=0 in our own environment)
 
 
-def _schema_opset(ort: Any) -> int | None:
-    """Highest since_version among onnxruntime's ai.onnx schemas (a private but long-lived API)."""
+def _schemas(ort: Any) -> tuple[int | None, tuple[str, ...] | None]:
+    """(highest since_version among onnxruntime's ai.onnx schemas, the "Op:opset" of those
+    that deprecate their operator), from its schema registry (a private but long-lived API).
+    Its deprecations are its own: onnx 1.19 deprecates GroupNormalization-18, which
+    onnxruntime 1.32 still runs; Upsample-10 and Scatter-11 it refuses."""
     try:
         from onnxruntime.capi import _pybind_state
 
-        versions = [s.since_version for s in _pybind_state.get_all_operator_schema() if s.domain in DEFAULT_DOMAINS]
+        schemas = [s for s in _pybind_state.get_all_operator_schema() if s.domain in DEFAULT_DOMAINS]
+        deprecated = tuple(sorted(f"{s.name}:{s.since_version}" for s in schemas if getattr(s, "deprecated", False)))
     except Exception:
-        return None
-    return max(versions, default=None)
+        return None, None
+    return max((s.since_version for s in schemas), default=None), deprecated
 
 
 TELEMETRY_VAR = "ORT_DISABLE_TELEMETRY"
@@ -562,7 +586,7 @@ def probe_runtime() -> RuntimeFacts:
     except Exception as exc:
         return RuntimeFacts(reason=f"onnxruntime cannot be imported: {type(exc).__name__}: {exc}")
     version = getattr(ort, "__version__", None)
-    dev = _schema_opset(ort)
+    dev, deprecated = _schemas(ort)
     released = ir = None
     notes = []
     try:
@@ -571,12 +595,12 @@ def probe_runtime() -> RuntimeFacts:
     except Exception as exc:  # SessionOptions missing in a stripped build, onnx helper trouble
         notes.append(f"could not probe onnxruntime's limits: {type(exc).__name__}: {exc}")
     if released is not None:
-        return RuntimeFacts(version, released, "load_refusal", dev, ir, "; ".join(notes) or None)
+        return RuntimeFacts(version, released, "load_refusal", dev, ir, "; ".join(notes) or None, deprecated)
     if dev is not None:
         notes.append("opset limit taken from onnxruntime's operator schemas (may count an opset under development)")
-        return RuntimeFacts(version, dev, "schema_registry", dev, ir, "; ".join(notes))
+        return RuntimeFacts(version, dev, "schema_registry", dev, ir, "; ".join(notes), deprecated)
     notes.append(f"onnxruntime {version} did not reveal the highest opset it runs")
-    return RuntimeFacts(version, None, None, None, ir, "; ".join(notes))
+    return RuntimeFacts(version, None, None, None, ir, "; ".join(notes), deprecated)
 
 
 @functools.lru_cache(maxsize=1)
@@ -614,7 +638,7 @@ def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None, int | None]:
     return value, None, newest
 
 
-STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v1"
+STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v2"  # v2: the runtime's deprecated schemas
 
 
 def _install_stamp() -> list[Any]:
@@ -771,20 +795,36 @@ def _rule_model_interpolation(model: ModelFile, facts: OnnxFacts, min_opset: int
 def _rule_model_unknown_ops(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
     """An ai.onnx operator the model's opset does not define: onnxruntime refuses the whole model."""
     assert model.info is not None
-    live = [op for op in model.info.unknown_ops if op.function is None or op.function in model.info.called]
+    refused_as_deprecated = facts.runtime.deprecated  # None: no onnxruntime to ask
+    live = [op for op in model.info.unknown_ops if (op.function is None or op.function in model.info.called)
+            and (op.deprecated is None or refused_as_deprecated is None
+                 or f"{op.op}:{op.deprecated}" in refused_as_deprecated)]  # one it still runs is no finding
     if not live:
         return []
-    shown = "; ".join(f"{op.op} ({op.where!r}) at opset {op.opset}, " + (
-        f"defined from opset {op.since}" if op.since else "defined in no ai.onnx opset") for op in live[:EXAMPLES])
+    shown = "; ".join(f"{op.op} ({op.where!r}) at opset {op.opset}, " + _why_unknown(op) for op in live[:EXAMPLES])
     more = f"; and {len(live) - EXAMPLES} more" if len(live) > EXAMPLES else ""
     needed = max((op.since for op in live if op.since), default=None)
     opset = _exportable(facts, max(needed or 0, _suggested_opset(min_opset, facts.runtime.max_opset)))
+    replace = sorted({f"{REPLACED_BY[op.op]} in place of {op.op}" for op in live if op.op in REPLACED_BY and not op.since})
     fix = (f"torch.onnx.export(..., opset_version={opset}), or onnx.version_converter.convert_version(model, {opset})"
            if needed else
+           f"export with {', '.join(replace)}: torch.onnx.export(..., opset_version={opset}) writes them" if replace else
            "give the operator its own domain and register it with onnxruntime (a custom op library), or export it "
            "as standard operators")
+    if all(op.deprecated is not None for op in live) and refused_as_deprecated is None:
+        return [Finding(Status.WARN, f"{model.path}: {shown}{more}: onnx's schemas deprecate it there, and an "
+                        "onnxruntime that does too refuses to load the model (none is installed here to ask)", fix)]
     return [Finding(Status.FAIL, f"{model.path}: {shown}{more}: onnxruntime refuses to load the model (no such op "
-                    "registered at that opset)", fix)]
+                    "registered at that opset, or only as deprecated)", fix)]
+
+
+REPLACED_BY = {"Upsample": "Resize", "Scatter": "ScatterElements"}  # what ONNX names in their place
+
+
+def _why_unknown(op: UnknownOp) -> str:
+    if op.deprecated is not None:
+        return f"deprecated from opset {op.deprecated}" + (f", defined again from opset {op.since}" if op.since else "")
+    return f"defined from opset {op.since}" if op.since else "defined in no ai.onnx opset"
 
 
 def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:

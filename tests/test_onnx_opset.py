@@ -207,6 +207,45 @@ def test_operators_the_opset_defines_or_an_uncalled_function_holds_pass(tmp_path
     assert r.status is Status.FAIL and "function helper/" in r.summary, r.summary
 
 
+@pytest.mark.parametrize("op, opset, said, fix", [
+    ("Upsample", 11, "Upsample ('up') at opset 11, deprecated from opset 10", "Resize in place of Upsample"),
+    ("Upsample", 10, "Upsample ('up') at opset 10, deprecated from opset 10", "Resize in place of Upsample"),
+    ("Scatter", 13, "Scatter ('sc') at opset 13, deprecated from opset 11", "ScatterElements in place of Scatter"),
+])
+def test_an_operator_its_opset_deprecates_fails_as_onnxruntime_refuses_it(tmp_path, op, opset, said, fix):
+    """helper-80, helper-82: Upsample at opset 11 and Scatter at 13 were "fine" (onnx returns
+    their deprecated schemas); onnxruntime refuses: "Op registered for Upsample is deprecated"."""
+    if op == "Upsample":
+        node, inits = _interp_node("Upsample", 9)  # the scales as an input, as Upsample-9 takes them
+        graph = helper.make_graph([node], "g", [_io("x", [1, 1, 3, 3])], [_io("y")], inits)
+    else:
+        node = helper.make_node("Scatter", ["x", "i", "u"], ["y"], name="sc")
+        graph = helper.make_graph([node], "g", [_io("x", [2, 2]), helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2]),
+                                                _io("u", [2, 2])], [_io("y")])
+    path = save(_finish(graph, opset), tmp_path / "m.onnx")
+    with pytest.raises(Exception, match="(?i)is deprecated in domain_version"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    r = run_check([path])
+    assert r.status is Status.FAIL and said in r.summary and "onnxruntime refuses to load the model" in r.summary, r.summary
+    assert fix in r.remediation, r.remediation
+
+
+def test_a_schema_onnx_deprecates_but_onnxruntime_runs_is_no_finding(tmp_path, monkeypatch):
+    """onnx 1.19 deprecates GroupNormalization-18; onnxruntime 1.32 loads it: whether a deprecated
+    operator is refused is the runtime's own schemas' word. Without a runtime to ask: a warning."""
+    node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], name="gn", num_groups=2)
+    graph = helper.make_graph([node], "g", [_io("x", [1, 4, 2, 2]), _io("s", [4]), _io("b", [4])], [_io("y")])
+    path = save(_finish(graph, 18), tmp_path / "gn18.onnx")
+    if onnx.defs.get_schema("GroupNormalization", 18, "").deprecated is False:
+        pytest.skip("this onnx does not deprecate GroupNormalization-18")
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # loads
+    assert run_check([path]).status is Status.OK
+    rt = onnx_opset.probe_runtime()._replace(deprecated=None)  # as if no runtime could be asked
+    monkeypatch.setattr(onnx_opset, "runtime_facts", lambda: rt)
+    r = run_check([path])
+    assert r.status is Status.WARN and "none is installed here to ask" in r.summary, r.summary
+
+
 def test_resize_at_opset_10_fails(tmp_path):
     path = save(interp_model("Resize", 10), tmp_path / "resize10.onnx")
     result = run_check([path])
