@@ -75,6 +75,9 @@ def parse_thread_count(name: str, value: str) -> tuple[int, ...]:
     ("4,2" -> (4, 2)), exactly one for the others. Raises ParseError saying why otherwise."""
     if not isinstance(value, str):
         raise ParseError(f"{name} must be text, got {type(value).__name__}")
+    if name == "MKL_NUM_THREADS" and value.strip().lstrip("+").isdigit() and not (value.isascii() and value.isdigit()):
+        # libgomp, OpenBLAS and numexpr read ' 2', '2 ' and '+2' as 2; MKL refuses them (helper-80)
+        raise ParseError("MKL reads digits alone, without blanks or a sign")
     text = value.strip()
     if not text:
         raise ParseError("it is empty")
@@ -242,8 +245,17 @@ def _rule_invalid_values(facts: ThreadFacts, budget: Budget) -> list[Finding]:
             parse_thread_count(name, value)
         except ParseError as exc:
             found.append(_finding(Status.FAIL, f"{name}={value!r} is invalid: {exc}; expected a positive integer, "
-                                  "and the runtime ignores it and starts one thread per visible core", budget))
+                                  f"and {_ignored(name, value)}", budget))
     return found
+
+
+def _ignored(name: str, value: str) -> str:
+    """What the runtime does with a value it cannot read. MKL refuses it and torch runs one
+    thread, whatever OMP_NUM_THREADS says (measured: torch 2.13's MKL build, MKL_NUM_THREADS
+    ' 2', '+2', 'abc' or '2,2': torch.get_num_threads() 1; '0': one per core)."""
+    if name == "MKL_NUM_THREADS" and not (value.isascii() and value.isdigit()):
+        return "MKL refuses it: torch then runs one thread, whatever the CPUs and OMP_NUM_THREADS"
+    return "the runtime ignores it and starts one thread per visible core"
 
 
 def _rule_disagree(facts: ThreadFacts, budget: Budget) -> list[Finding]:

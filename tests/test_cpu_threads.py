@@ -68,10 +68,38 @@ def test_thread_count_accepts(name, value, expected):
     ("OMP_NUM_THREADS", "4,", "not a positive integer"),
     ("MKL_NUM_THREADS", "4,2", "only OMP_NUM_THREADS takes a comma list"),
     ("OPENBLAS_NUM_THREADS", "1" * 12, "plausible"),
+    ("MKL_NUM_THREADS", " 2", "MKL reads digits alone"),  # helper-80: torch then runs 1 thread
+    ("MKL_NUM_THREADS", "2 ", "MKL reads digits alone"),
+    ("MKL_NUM_THREADS", "+2", "MKL reads digits alone"),
 ])
 def test_thread_count_rejects_with_reason(name, value, why):
     with pytest.raises(ParseError, match=why):
         parse_thread_count(name, value)
+
+
+@pytest.mark.parametrize("value, valid", [("2", True), ("02", True), (" 2", False), ("2 ", False), ("+2", False),
+                                           ("abc", False)])
+def test_an_mkl_value_is_judged_as_torchs_mkl_reads_it(value, valid):
+    """helper-80: MKL_NUM_THREADS=' 2' passed (libgomp reads it as 2), but MKL refuses it and
+    torch runs one thread whatever OMP_NUM_THREADS says: asked of the real torch here."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": value}
+    threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    import torch
+
+    if "USE_MKL=ON" not in torch.__config__.show():
+        pytest.skip("this torch is built without MKL")
+    assert (threads.stdout.strip() == "2") is valid, (value, threads.stdout, threads.stderr)
+    env = dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"), "2")
+    r = judge(facts({**env, "MKL_NUM_THREADS": value}, cpus(2.0, 2)), DEFAULTS)
+    assert (r.status is Status.OK) is valid, r.summary
+    if not valid:
+        assert "torch then runs one thread" in r.summary, r.summary
 
 
 @settings(max_examples=300, deadline=None)
