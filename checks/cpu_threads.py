@@ -22,7 +22,8 @@ What it judges:
   comma list ("4,2") giving the team size of each nested level; it is accepted, its
   first entry is compared with the other variables, and since OpenMP activates as
   many nesting levels as the list has entries, the product (8) is counted as the
-  threads it may run. The others take one integer.
+  threads it may run. The others take one integer; MKL_NUM_THREADS only as digits
+  alone: with a blank or a sign (' 2', '+2') MKL refuses it, and torch runs one thread.
 - warn: set variables disagree (OMP_NUM_THREADS=4, MKL_NUM_THREADS=16).
 - warn: threads per process exceed the target's share of CPUs: the effective CPUs
   (min of affinity and quota) divided by the processes per node (LOCAL_WORLD_SIZE,
