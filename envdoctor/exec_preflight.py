@@ -169,8 +169,9 @@ def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None,
     if value is None:
         return None
     value = value.strip()
-    if value.isascii() and value.isdigit():
-        return (int(value), source) if int(value) > 0 else None
+    count = _as_torchrun_reads(value)
+    if count is not None:
+        return (count, source) if count > 0 else None
     if value == "cpu" or (value == "auto" and not _accelerator_possible(env)):
         cpus = len(os.sched_getaffinity(0))
         return cpus, f"{source}={value} ({cpus} CPUs of the affinity mask)"
@@ -180,6 +181,17 @@ def launcher_workers(argv: Sequence[str], env: Mapping[str, str] | None = None,
         if count:
             return count, f"{source}={value} ({count} GPU{'s' if count != 1 else ''} CUDA sees here)"
     return None  # as many as the GPUs it sees, and they cannot be counted here
+
+
+def _as_torchrun_reads(value: str) -> int | None:
+    """The number torchrun's int(nproc_per_node) makes of a value, or None when it is no
+    number: a sign and digit groups count (helper-82: '+4' is 4 workers, '4_0' is 40)."""
+    if len(value) > 12 or not value.isascii():  # int() takes any Unicode digit; no worker count is one
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 def _launcher_args(argv: Sequence[str]) -> tuple[str, list[str]] | None:

@@ -255,6 +255,10 @@ def test_launcher_ranks_reads_nproc_per_node_as_torchrun_does(monkeypatch):
     assert ranks(["python", "-u", "-X", "dev", "-m", "torch.distributed.run", "--nproc-per-node=2", "t.py"], {}) == 2
     assert ranks(["python", "-c", "pass", "-m", "torch.distributed.run", "--nproc-per-node=2"], {}) is None
     assert ranks(["torchrun", "--nproc-per-node=0", "t.py"], {}) is None
+    # helper-82: torchrun reads it with int(): a sign, digit groups, blanks around
+    assert ranks(["torchrun", "--nproc-per-node", "+4", "t.py"], {}) == 4
+    assert ranks(["torchrun", "--nproc-per-node=4_0", "t.py"], {}) == 40
+    assert ranks(["torchrun", "--nproc-per-node=-2", "t.py"], {}) is None
     # helper-77: `--` ends torchrun's options; a short option's value in the same word; python's
     # options written together or with values before -m
     assert ranks(["torchrun", "--nproc-per-node=1", "--", "t.py", "--nproc-per-node", "5"], {}) == 1
