@@ -66,7 +66,9 @@ def patience(seconds: float) -> None:
 
 def settle(seconds: float) -> None:
     """Before the process becomes something else (exec's job): say how many lines were dropped,
-    waiting up to `seconds` for room, since no later line can."""
+    waiting up to `seconds` for room, since no later line can; not again after a line already
+    waited its patience in vain (helper-82: a stderr nobody read delayed the job twice, 10 s):
+    then only if there is room now."""
     global _dropped
     if not _dropped:
         return
@@ -75,7 +77,7 @@ def settle(seconds: float) -> None:
         fd = stream.fileno()
         with _LOCK:
             target = _nonblocking(fd)
-            if _dropped and _room(target, seconds):
+            if _dropped and _room(target, 0 if _stalled else seconds):
                 os.write(target, (b"\n" if _torn else b"") + _lost_line())
                 _dropped = 0
     except (OSError, ValueError, AttributeError):

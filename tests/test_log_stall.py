@@ -79,6 +79,38 @@ def test_a_full_stderr_drops_lines_counts_them_and_never_blocks(monkeypatch):
     assert 'msg="after the reader came back"' in second
 
 
+def test_settle_does_not_wait_again_after_a_line_waited_in_vain(monkeypatch):
+    """helper-82: exec against a stderr nobody reads waited its patience for its first line,
+    then once more in settle() before the job started. After a stall, settle() takes only
+    the room there is now: the count is said if the reader came back, else dropped."""
+    from envdoctor import log
+
+    read, write = _small_pipe()
+    stream = os.fdopen(write, "w")
+    monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
+    log.configure("info", stream)
+    asked = []
+    room = log._room
+    monkeypatch.setattr(log, "_room", lambda fd, seconds: asked.append(seconds) or room(fd, seconds))
+    try:
+        _flood(200)  # the pipe fills: lines dropped, the last write found no room
+        assert log._stalled and log._dropped
+        asked.clear()
+        log.settle(30.0)
+        assert asked == [0], asked  # looked, did not wait
+        assert log._dropped  # still unsaid: nobody reads
+        _drain(read)  # the reader comes back
+        log.settle(30.0)
+        assert b'msg="log lines dropped"' in _drain(read) and not log._dropped
+    finally:
+        log.configure("info", None)
+        stream.close()
+        os.close(read)
+        log._stalled = False
+        log._dropped = 0
+        log._torn = False
+
+
 def test_serve_runs_on_and_stops_on_sigterm_while_nobody_reads_its_stderr(tmp_path):
     tag = f"ENVDOCTOR_STALL_{os.getpid()}"
     cfg = tmp_path / "envdoctor.toml"
