@@ -254,8 +254,11 @@ def _rule_free_short(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Findi
     mine = f", besides the {format_bytes(facts.own_bytes)} this job holds" if facts.own_bytes else ""
     if facts.own_complete is False:
         mine += " (its process tree is larger than envdoctor reads: some of its own may be counted as others')"
+    # a size that leaves room beside what others hold: the recommended size alone may be the size
+    # it has already (helper-80: 1 GiB with 900 MiB held was told to remount at 1G)
     return [Finding(Status.WARN, f"{_subject(facts)} has only {format_bytes(free)} free{held}{mine}, expected >= "
-                    f"{format_bytes(short - own)} free", _remediation(facts, settings, leftovers=True))]
+                    f"{format_bytes(short - own)} free",
+                    _remediation(facts, settings, leftovers=True, at_least=others + short))]
 
 
 RULES = (_rule_size_below_min, _rule_size_below_need, _rule_size_below_recommended, _rule_free_short)
@@ -298,8 +301,8 @@ def judge(facts: ShmFacts, settings: Mapping[str, Any]) -> Result:
     return verdict(findings, result_facts, _ok_summary(facts, settings))
 
 
-def _remediation(facts: ShmFacts, settings: Mapping[str, Any], leftovers: bool = False) -> str:
-    suggested, size = _suggested(settings), facts.size_bytes
+def _remediation(facts: ShmFacts, settings: Mapping[str, Any], leftovers: bool = False, at_least: int = 0) -> str:
+    suggested, size = max(_suggested(settings), at_least), facts.size_bytes
     gib = -(-suggested // GIB)
     fixes = [
         f"docker run --shm-size={docker_size(suggested)} ... (or --ipc=host)",
@@ -307,8 +310,9 @@ def _remediation(facts: ShmFacts, settings: Mapping[str, Any], leftovers: bool =
         "with volumeMounts: [{name: dshm, mountPath: /dev/shm}]",
         f"host: mount -o remount,size={gib}G /dev/shm",
     ]
-    if leftovers:
-        fixes.append("or remove leftover /dev/shm/torch_* files of crashed jobs (`ls -la /dev/shm`; `fuser` shows who holds one)")
+    if leftovers:  # first: what holds the space may be garbage, and a larger mount only hides it
+        fixes.insert(0, "remove leftover /dev/shm/torch_* files of crashed jobs (`ls -la /dev/shm`; `fuser` shows "
+                        "who holds one), or give it more room")
     workers, batch, prefetch = _loader(settings)
     # With the loader known, the workers that fit are named, below the floor too (helper-49: a
     # 192 MiB /dev/shm ran 2 and 3 workers of 32 MiB batches, and was told only "lower num_workers").

@@ -80,6 +80,18 @@ def test_full_shm_warns_about_leftovers():
     assert r.status is Status.WARN and "only 100 MiB free" in r.summary and "15.9 GiB held" in r.summary
 
 
+def test_a_full_shm_is_told_a_size_that_leaves_room_beside_what_others_hold():
+    """helper-80: 1 GiB with 900 MiB held was told `mount -o remount,size=1G`, the size it had,
+    and still warned once that was done. The size now leaves the room wanted beside what is
+    held, and removing leftovers comes first."""
+    r = judge(shm(GIB, 124 * MIB), DEFAULTS)
+    assert r.status is Status.WARN and "900 MiB held" in r.summary, r.summary
+    assert r.remediation.startswith("remove leftover /dev/shm/torch_* files"), r.remediation
+    assert "remount,size=2G" in r.remediation and "--shm-size=2g" in r.remediation, r.remediation
+    fixed = judge(shm(2 * GIB, 2 * GIB - 900 * MIB), DEFAULTS)  # what the line gives, the 900 MiB still there
+    assert fixed.status is Status.OK, fixed.summary
+
+
 def test_unlimited_tmpfs_is_ok():
     r = judge(ShmFacts("/dev/shm", None, None, "tmpfs", "/dev/shm"), DEFAULTS)
     assert r.status is Status.OK and "without a size limit" in r.summary
