@@ -16,7 +16,8 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID. And the variable must be set before anything
 initialises CUDA (before `import torch` touches the GPU); set later it is ignored.
 
 Statuses: `fail` for a duplicate, an invalid entry that hides the ones after it,
-an index or UUID that matches no GPU (checked with NVML), LOCAL_RANK at or beyond
+a range or a list split by other than commas (`0-3`, `0 1`: read as 0, the rest hidden;
+the fix lists the GPUs meant), an index or UUID that matches no GPU (checked with NVML), LOCAL_RANK at or beyond
 the number of visible GPUs (not where the value hides every GPU on purpose, `''` or
 `-1`; on a node without a driver it is a note: a CPU job never calls set_device). `warn`
 for a value that hides every GPU on a node that has some (empty, `-1`, quoted or not, or a
@@ -99,6 +100,12 @@ def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) 
     for token in p.tokens:
         text = token.strip(" \t\n\r\f\v\"'")
         if p.mode == vd.INDEX:
+            several = _meant_several(text)
+            if several:  # '0-3', '0 1': the GPUs meant, not the first that CUDA reads (helper-80)
+                for number in several:
+                    if gpus is None or number < len(gpus):
+                        out.setdefault(str(number))
+                continue
             match = re.match(r"[0-9]+", text)
             text = (match.group(0).lstrip("0") or "0") if match else ""  # '00' is 0, as CUDA reads it (helper-53)
             if text and gpus is not None and (len(text) > 18 or int(text) >= len(gpus)):  # int() refuses 4300 digits
@@ -110,6 +117,25 @@ def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) 
         if text:
             out.setdefault(text)
     return list(out)
+
+
+_RANGE = re.compile(r"([0-9]{1,4})\s*-\s*([0-9]{1,4})")
+_OTHER_SEPARATORS = re.compile(r"[0-9]{1,4}(?:[\s;|]+[0-9]{1,4})+")  # not ":" (1:3 may be a slice)
+MAX_MEANT = 64  # GPUs one range may stand for: no node has more
+
+
+def _meant_several(token: str) -> list[int] | None:
+    """The GPUs an entry CUDA reads as its first number was meant to list: a range ('0-3',
+    which CUDA does not take) or numbers split by something other than a comma ('0 1',
+    '0;1'). None for anything else."""
+    text = token.strip(" \t\n\r\f\v\"'")
+    match = _RANGE.fullmatch(text)
+    if match:
+        first, last = int(match.group(1)), int(match.group(2))
+        return list(range(first, last + 1)) if first < last and last - first < MAX_MEANT else None
+    if _OTHER_SEPARATORS.fullmatch(text):
+        return [int(n) for n in re.findall(r"[0-9]+", text)][:MAX_MEANT]
+    return None
 
 
 def _span(n: int) -> str:
@@ -262,6 +288,10 @@ def _rule_lenient(facts: VisibleFacts, view: View) -> list[Finding]:
     read = [f"{token!r} is read as {number}" for token, number in p.lenient[:3]]
     more = f", and {len(p.lenient) - 3} more" if len(p.lenient) > 3 else ""
     entry = "entry" if len(p.lenient) == 1 else "entries"
+    if any(_meant_several(token) for token, _ in p.lenient):  # a range or a list: GPUs meant are hidden
+        return [_clean_fix(p, Status.FAIL, f"CUDA_VISIBLE_DEVICES {entry} {', '.join(read)}{more}: CUDA takes "
+                           "neither ranges nor lists split by anything but commas, and hides the other GPUs meant",
+                           facts)]
     return [_clean_fix(p, Status.WARN, f"CUDA_VISIBLE_DEVICES {entry} {', '.join(read)}{more} (CUDA ignores what "
                        "follows the number)", facts)]  # one finding, one clean list: linear in the entries
 

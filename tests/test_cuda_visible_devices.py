@@ -37,6 +37,25 @@ def test_unset_without_nvml_is_ok_and_says_what_it_could_not_know():
     assert r.facts["physical_count"] is None and r.facts["unverified"]
 
 
+@pytest.mark.parametrize("value, fix", [("0-3", "0,1,2,3"), ("0 1", "0,1"), ("0;1", "0,1"), ("2,0-1", "2,0,1"),
+                                         ("1-5", "1,2,3")])
+def test_a_range_or_a_list_split_otherwise_fails_and_is_fixed_to_the_gpus_meant(value, fix):
+    """helper-80: '0-3' warned as "read as 0" and was fixed to 0: one GPU, where four were
+    meant. CUDA takes no ranges (PITFALLS): the GPUs meant are hidden, a fail, and the fix
+    lists them, those the node has."""
+    r = judge(facts(value, gpus(4)), {})
+    assert r.status is Status.FAIL and "CUDA takes neither ranges nor lists" in r.summary, r.summary
+    assert f"export CUDA_VISIBLE_DEVICES={fix}" in r.remediation, r.remediation
+    again = judge(facts(fix, gpus(4)), {})
+    assert again.status is Status.OK, again.summary
+
+
+def test_an_entry_with_trailing_letters_still_warns_as_read():
+    r = judge(facts("1gpu2", gpus(4)), {})
+    assert r.status is Status.WARN and "'1gpu2' is read as 1" in r.summary
+    assert "export CUDA_VISIBLE_DEVICES=1" in r.remediation
+
+
 def test_a_consistent_value_is_ok():
     r = judge(facts("2,3", gpus(4), local_rank="1"), {})
     assert r.status is Status.OK, r.summary
