@@ -509,6 +509,27 @@ def test_a_lasting_overflow_is_logged_when_it_starts_changes_and_ends_not_every_
                     f'"more targets than max_targets" overflow=1 max_targets={limit}'], said
 
 
+def test_the_node_alone_by_choice_is_no_warning(monkeypatch):
+    """helper-81: the Slurm epilog sets max_targets = 1 (the node only) on purpose, and slurmd's
+    log got a warning at every job's end. With max_targets = 1 it is said at info."""
+    import io
+
+    from fake_pynvml import FakeNvml
+    from envdoctor import log
+    from envdoctor.serve import discovery
+
+    sched = _scheduler(FakeNvml(devices=[]))
+    monkeypatch.setattr(sched.settings, "max_targets", 1)
+    stream = io.StringIO()
+    log.configure("info", stream)
+    try:
+        sched._log_changes(discovery.Found([discovery.TargetInfo("node", None, "node")], overflow=5), 0.1)
+    finally:
+        log.configure("info", None)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and "level=info" in lines[0] and "max_targets=1" in lines[0], lines
+
+
 def test_a_textfile_that_cannot_be_written_is_logged_once_while_it_lasts(tmp_path):
     import io
 

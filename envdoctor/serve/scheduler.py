@@ -433,7 +433,10 @@ class Scheduler:
         # and go); envdoctor_targets_overflow_total counts every run's
         overflow = (min(found.overflow, 1), self.settings.max_targets)
         if found.overflow and overflow != self._overflow_said:
-            log.event("warn", "more targets than max_targets", overflow=found.overflow, max_targets=self.settings.max_targets)
+            # max_targets = 1 examines the node alone, by choice (the Slurm epilog's): no warning
+            # at every job's end (helper-81)
+            level = "info" if self.settings.max_targets == 1 else "warn"
+            log.event(level, "more targets than max_targets", overflow=found.overflow, max_targets=self.settings.max_targets)
         elif not found.overflow and self._overflow_said[0]:
             log.event("info", "targets within max_targets again", targets=len(found.targets), max_targets=self.settings.max_targets)
         self._overflow_said = overflow
