@@ -7,7 +7,12 @@ An announcement is untrusted input: it names a pid and that pid's start time (fi
 of /proc/N/stat, clock ticks since boot, the same in every pid namespace of the host).
 The reader takes the pid only when the process it sees under that number started at
 that time: a job in a container with its own pid namespace announces a number that is
-not its host pid, and a pid reused after the job ended is another process.
+not its host pid, and a pid reused after the job ended is another process. And only
+from the process's own user (or root): the directory is every user's to write
+(mode 1777), and serve would otherwise publish any root process a user named
+(helper-78). A name no live process has is passed over before its file is opened,
+and at most MAX_ANNOUNCEMENTS are read a directory a run: files anyone can make must
+not make every run slow.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
 
 ANNOUNCE_DIRS = ("/run/envdoctor/attached",)
 MAX_BYTES = 4096
+MAX_ANNOUNCEMENTS = 4096  # a directory's live announcements read a run: far more than a node's jobs
 
 
 def announce_dirs(env: Mapping[str, str], defaults: Iterable[str] = ANNOUNCE_DIRS) -> list[str]:
@@ -64,11 +70,23 @@ def own_start_ticks() -> int | None:
 
 def read(path: str) -> dict | None:
     """An announcement's content, or None: no symlink followed, at most 4 KiB, a JSON object."""
+    found = read_owned(path)
+    return found[0] if found else None
+
+
+def read_owned(path: str) -> tuple[dict, int] | None:
+    """(an announcement's content, the uid owning its file), or None: a regular file, no
+    symlink followed, at most 4 KiB, a JSON object."""
+    import stat
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return None
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
         data = os.read(fd, MAX_BYTES + 1)
     except OSError:
         return None
@@ -78,9 +96,16 @@ def read(path: str) -> dict | None:
         return None
     try:
         doc = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # '[' * 1000 in 1 KB: every run failed with it (helper-78)
         return None
-    return doc if isinstance(doc, dict) else None
+    return (doc, st.st_uid) if isinstance(doc, dict) else None
+
+
+def _owner(procfs: Path | str, pid: str) -> int | None:
+    try:
+        return os.stat(f"{procfs}/{pid}").st_uid  # the process's effective uid
+    except OSError:
+        return None
 
 
 def announced_pids(dirs: Iterable[str], procfs: Path | str = "/proc") -> list[int]:
@@ -91,12 +116,23 @@ def announced_pids(dirs: Iterable[str], procfs: Path | str = "/proc") -> list[in
             names = os.listdir(directory)
         except OSError:
             continue
+        read_here = 0
         for name in names:
             stem, _, ext = name.partition(".")
             if ext != "json" or not ascii_digits(stem) or len(stem) > 10:
                 continue
-            doc = read(os.path.join(directory, name))
-            ticks = doc.get("start_ticks") if doc else None
-            if isinstance(ticks, int) and not isinstance(ticks, bool) and ticks == start_ticks(procfs, stem):
+            running = start_ticks(procfs, stem)
+            if running is None:  # no such process: its file is not even opened
+                continue
+            read_here += 1
+            if read_here > MAX_ANNOUNCEMENTS:
+                break
+            found = read_owned(os.path.join(directory, name))
+            if found is None:
+                continue
+            doc, uid = found
+            ticks = doc.get("start_ticks")
+            if (isinstance(ticks, int) and not isinstance(ticks, bool) and ticks == running
+                    and uid in (0, _owner(procfs, stem))):
                 pids.append(int(stem))
     return pids

@@ -76,6 +76,58 @@ def test_announced_and_nvml_sources(tmp_path):
     assert {t.pid: t.source for t in found.targets}[1] == "nvml"
 
 
+def test_a_nested_announcement_costs_only_itself_not_the_run(tmp_path):
+    """helper-78: '[' * 1000 in a 1 KB announcement raised RecursionError out of discovery,
+    and every run failed while the file was there (the directory is every user's to write)."""
+    import json
+
+    from envdoctor.announce import start_ticks
+
+    (tmp_path / f"{os.getpid()}.json").write_text("[" * 1000)
+    (tmp_path / f"{os.getppid()}.json").write_text(json.dumps({"start_ticks": start_ticks("/proc", os.getppid())}))
+    found = discovery.discover(Roots(), max_targets=10, announce_dirs=[str(tmp_path)], nvml_pids=lambda: [])
+    assert {t.pid: t.source for t in found.targets}.get(os.getppid()) == "announced"
+
+
+def test_an_announcement_is_taken_only_from_the_processs_own_user_or_root(tmp_path):
+    """helper-78: user nobody announced a root process, and serve published it in /metrics and
+    /report (readable by any local user). An announcement's file must be the process's own
+    user's, or root's."""
+    import json
+    import subprocess
+    import sys
+
+    from envdoctor.announce import start_ticks
+
+    tmp_path.chmod(0o1777)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        doc = json.dumps({"pid": sleeper.pid, "start_ticks": start_ticks("/proc", sleeper.pid)})
+        path = tmp_path / f"{sleeper.pid}.json"
+        path.write_text(doc)
+        os.chown(path, 65534, 65534)  # nobody's file, naming root's process
+        found = discovery.discover(Roots(), max_targets=10, announce_dirs=[str(tmp_path)], nvml_pids=lambda: [])
+        assert sleeper.pid not in {t.pid for t in found.targets}
+        os.chown(path, os.getuid(), os.getgid())  # the process's own user
+        found = discovery.discover(Roots(), max_targets=10, announce_dirs=[str(tmp_path)], nvml_pids=lambda: [])
+        assert {t.pid: t.source for t in found.targets}.get(sleeper.pid) == "announced"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_announcements_for_pids_no_process_has_are_not_opened(tmp_path, monkeypatch):
+    """helper-78: 50,000 files naming pids beyond pid_max were each opened and parsed every
+    run (1.9-2.4 s a run). A name no live process has is passed over unopened."""
+    from envdoctor import announce
+
+    for pid in range(4_000_000, 4_000_200):
+        (tmp_path / f"{pid}.json").write_text('{"start_ticks": 5}')
+    opened = []
+    monkeypatch.setattr(announce, "read_owned", lambda path: opened.append(path))
+    assert announce.announced_pids([str(tmp_path)]) == [] and opened == []
+
+
 def test_the_default_announce_directory_is_read_under_the_rootfs(tmp_path, monkeypatch):
     """serve in a DaemonSet sees the host at --path.rootfs; its own /run is a tmpfs of its
     container. The default directory was read at serve's own /run: no announcement found."""
@@ -197,3 +249,22 @@ def test_a_run_out_of_descriptors_fails_and_says_so_instead_of_losing_every_proc
     assert result["code"] == 74 and result["after"] == result["before"]  # the last run's snapshot stands
     assert 'level=error msg="run failed"' in out.stderr and "Traceback" not in out.stderr
     assert "target gone" not in out.stderr
+
+
+def test_a_selector_variable_past_the_first_mebibyte_of_the_environment_is_found(tmp_path):
+    """helper-78: select_env read 1 MiB of /proc/N/environ while the checks read all of it; a
+    job whose variable came after 1.3 MB of others was never examined."""
+    import subprocess
+    import sys
+
+    tag = f"ENVDOCTOR_TAIL_{os.getpid()}"
+    env = {f"PAD{i}": "p" * 120_000 for i in range(11)}
+    env.update(PATH=os.environ.get("PATH", "/usr/bin:/bin"), **{tag: "1"})  # inserted last: it ends the block
+    job = subprocess.Popen(["sleep", "120"], env=env)  # returns once the exec is done
+    try:
+        assert len(open(f"/proc/{job.pid}/environ", "rb").read()) > 1 << 20
+        found = discovery.discover(Roots(), max_targets=50, selectors=discovery.Selectors(env=(tag,)), announce_dirs=[])
+        assert {t.pid: t.source for t in found.targets}.get(job.pid) == "selector"
+    finally:
+        job.kill()
+        job.wait()

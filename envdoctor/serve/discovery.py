@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from envdoctor.paths import Roots, read_head
+from envdoctor.paths import MAX_READ_BYTES, Roots, read_head
 
 from envdoctor.announce import ANNOUNCE_DIRS, announced_pids
 from envdoctor.record import Record, Value
@@ -191,7 +191,9 @@ def container_of(cgroup_text: str) -> tuple[str, str]:
 
 
 def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
-    data = _read(f"{procfs}/{pid}/environ", 1 << 20)
+    """Whether the process's environment sets one of `names`, read as far as the checks read
+    it (helper-78: a variable past the first MiB of a 1.3 MB environment was not found)."""
+    data = _read(f"{procfs}/{pid}/environ", MAX_READ_BYTES)
     if not data:
         return False
     keys = {item.split(b"=", 1)[0] for item in data.split(b"\0") if item}
@@ -226,8 +228,11 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     # named by $ENVDOCTOR_ANNOUNCE_DIR is taken as serve itself sees it.
     dirs = list(announce_dirs) if announce_dirs is not None else [
         *filter(None, [os.environ.get("ENVDOCTOR_ANNOUNCE_DIR")]), *(str(roots.seen_by(None, d)) for d in ANNOUNCE_DIRS)]
-    for pid in announced_pids(dirs, procfs):
-        chosen.setdefault(pid, "announced")
+    try:
+        for pid in announced_pids(dirs, procfs):
+            chosen.setdefault(pid, "announced")
+    except Exception as exc:  # untrusted files: what they break costs their own source, not the run
+        found.notes.append(f"announcements: {type(exc).__name__}: {exc}")
 
     try:
         entries = [pid for pid in map(_pid_name, os.listdir(procfs)) if pid is not None]
