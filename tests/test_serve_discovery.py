@@ -260,8 +260,14 @@ def test_a_selector_variable_past_the_first_mebibyte_of_the_environment_is_found
     tag = f"ENVDOCTOR_TAIL_{os.getpid()}"
     env = {f"PAD{i}": "p" * 120_000 for i in range(11)}
     env.update(PATH=os.environ.get("PATH", "/usr/bin:/bin"), **{tag: "1"})  # inserted last: it ends the block
-    job = subprocess.Popen(["sleep", "120"], env=env)  # returns once the exec is done
+    job = subprocess.Popen(["sleep", "120"], env=env)
     try:
+        # Popen returns once the exec has begun; the new environment is readable a moment later
+        import time
+
+        deadline = time.monotonic() + 30
+        while len(open(f"/proc/{job.pid}/environ", "rb").read()) <= 1 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert len(open(f"/proc/{job.pid}/environ", "rb").read()) > 1 << 20
         found = discovery.discover(Roots(), max_targets=50, selectors=discovery.Selectors(env=(tag,)), announce_dirs=[])
         assert {t.pid: t.source for t in found.targets}.get(job.pid) == "selector"
