@@ -206,6 +206,12 @@ def test_healthz_tells_the_truth():
     assert httpd.healthz(fresh, health, now=125.0)[0] == 200
     code, text = httpd.healthz(fresh, health, now=131.0)
     assert code == 503 and "gpu.health:node" in text and "three intervals" in text
+    # runs that fail at once are not "slow" (helper-78: an announcement broke every run)
+    failing = httpd.Health(lambda: 10.0, lambda: [], lambda: "RecursionError: maximum recursion depth exceeded")
+    code, text = httpd.healthz(fresh, failing, now=131.0)
+    assert code == 503 and "the runs fail: RecursionError" in text and "slow" not in text, text
+    code, text = httpd.healthz(fresh, httpd.Health(lambda: 10.0, lambda: []), now=131.0)
+    assert code == 503 and "the run is slow" in text, text
 
 
 def test_daemon_rewrites_the_textfile_every_run(tmp_path):

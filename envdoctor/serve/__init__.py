@@ -156,7 +156,8 @@ class Daemon:
                 raise StartError(str(exc)) from None
             try:
                 self.server = httpd.Server(address, lambda: self.scheduler.snapshot, self.web,
-                                           httpd.Health(lambda: self.scheduler.settings.interval, self.scheduler.stuck_calls))
+                                           httpd.Health(lambda: self.scheduler.settings.interval, self.scheduler.stuck_calls,
+                                                        lambda: self.scheduler.failing))
             except OSError as exc:
                 # Another process holds the port (a predecessor still stopping), or the address
                 # is not up yet at boot: a later start may succeed, so not 2, which a unit's

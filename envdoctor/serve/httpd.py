@@ -76,11 +76,14 @@ def accepts_gzip(header: str) -> bool:
 
 
 class Health:
-    """What /healthz needs from the scheduler: the interval and what is stuck now."""
+    """What /healthz needs from the scheduler: the interval, what is stuck now, and why the
+    runs fail when they do (None while they complete)."""
 
-    def __init__(self, interval: Callable[[], float], stuck: Callable[[], list[str]]):
+    def __init__(self, interval: Callable[[], float], stuck: Callable[[], list[str]],
+                 failing: Callable[[], str | None] = lambda: None):
         self.interval = interval
         self.stuck = stuck
+        self.failing = failing
 
 
 class Server(ThreadingHTTPServer):
@@ -364,7 +367,13 @@ def healthz(snap: Snapshot, health: Health, now: float | None = None) -> tuple[i
         why = "no run has completed yet"
     else:
         why = f"the last completed run is {seconds:.0f} s old (limit {limit:g} s: three intervals)"
-    detail = f"; stuck: {', '.join(stuck)}" if stuck else "; nothing is stuck past its deadline: the run is slow"
+    failing = health.failing()
+    if stuck:
+        detail = f"; stuck: {', '.join(stuck)}"
+    elif failing:  # not "slow": every run ends at once with this (helper-78)
+        detail = f"; the runs fail: {failing}"
+    else:
+        detail = "; nothing is stuck past its deadline: the run is slow"
     return 503, f"unhealthy: {why}{detail}\n"
 
 

@@ -234,6 +234,7 @@ class Scheduler:
         self._reload = reload
         self._publish = publish  # called with each new snapshot (textfile mode writes it)
         self.stats = Stats()
+        self.failing: str | None = None  # why the last run failed, until one completes (for /healthz)
         self.snapshot: Snapshot = empty()
         self._doorbell = threading.Event()  # rung by stop and reload_requested: the loop's sleep ends at once
         self.reload_requested = _Rings(self._doorbell)
@@ -456,8 +457,10 @@ class Scheduler:
             t0 = time.monotonic()
             try:
                 self.run_once()
+                self.failing = None
             except Exception as exc:  # the daemon outlives any one bad run; /healthz turns 503 if it persists
-                log.event("error", "run failed", error=f"{type(exc).__name__}: {exc}")
+                self.failing = f"{type(exc).__name__}: {exc}"
+                log.event("error", "run failed", error=self.failing)
             self.collect_garbage()
             delay = self.next_delay() - (time.monotonic() - t0)
             if delay > 0:
