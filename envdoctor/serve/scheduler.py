@@ -459,8 +459,11 @@ class Scheduler:
                 self.run_once()
                 self.failing = None
             except Exception as exc:  # the daemon outlives any one bad run; /healthz turns 503 if it persists
-                self.failing = f"{type(exc).__name__}: {exc}"
-                log.event("error", "run failed", error=self.failing)
+                error = f"{type(exc).__name__}: {exc}"
+                log.event("error", "run failed", error=error)  # the log redacts its own lines
+                # /healthz is anyone's who reaches the port: our secrets masked, one short line
+                scrub = redact.Scrubber(sorted(redact.secret_values([os.environ]), key=len, reverse=True))
+                self.failing = " ".join(scrub.text(redact.writable(error)).split())[:300]
             self.collect_garbage()
             delay = self.next_delay() - (time.monotonic() - t0)
             if delay > 0:
