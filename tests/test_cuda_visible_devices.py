@@ -328,3 +328,12 @@ def test_the_pasted_remediation_sets_what_fix_env_sets(value, n, rank):
     pasted = subprocess.run(["bash", "-c", r.remediation + "\necho \"${CUDA_VISIBLE_DEVICES-unset}\""],
                             capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert pasted.stdout.strip() == (wanted or "unset"), (r.remediation, r.fix_env, pasted.stderr)
+
+
+def test_a_huge_value_makes_a_bounded_summary():
+    """helper-78: an 82 KB CUDA_VISIBLE_DEVICES made an 82 KB summary (and /report of 790 KB).
+    The value and the entries ignored are cut, with how much more there was."""
+    value = ",".join(["0", "x", *map(str, range(1, 20000))])
+    r = judge(facts(value, gpus(4)), {})
+    assert r.status is Status.FAIL and len(r.summary) < 1000, len(r.summary)
+    assert "more characters)" in r.summary and "and 19983 more" in r.summary, r.summary
