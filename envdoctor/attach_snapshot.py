@@ -69,9 +69,14 @@ def _call_in_fresh_thread(fn: Callable[[], Any]) -> Any:
 
 
 # The thread count as the script last set it: kept by our wrapper of torch.set_num_threads
-# (installed by attach()), so a publication needs no thread of its own; read once through a
-# fresh thread when the wrapper has seen no call yet (the script set it before attaching).
-_threads: dict[str, Any] = {"value": None}
+# (installed by attach()), so a publication needs no thread of its own; read through a fresh
+# thread when the wrapper has seen no call yet (the script set it before attaching), and again
+# every REREAD_SECONDS in the background: a script that took `from torch import
+# set_num_threads` before attaching calls the original, which the wrapper never sees
+# (helper-79). `gen` counts the wrapper's calls: a read that a call overtook is stale, and is
+# not kept (helper-79: attach() then set_num_threads(16) published 2 for good, 3 runs in 10).
+_threads: dict[str, Any] = {"value": None, "gen": 0, "read_at": 0.0}
+REREAD_SECONDS = 30.0
 
 
 def _wrap_set_num_threads(torch: Any) -> None:
@@ -89,6 +94,7 @@ def _wrap_set_num_threads(torch: Any) -> None:
             _threads["value"] = int(n)
         except (TypeError, ValueError):
             _threads["value"] = None
+        _threads["gen"] += 1
 
     set_num_threads._envdoctor_wrapped = True  # type: ignore[attr-defined]
     set_num_threads.__doc__ = getattr(original, "__doc__", None)
@@ -100,21 +106,33 @@ def _wrapped(torch: Any) -> bool:
     return bool(getattr(getattr(torch, "set_num_threads", None), "_envdoctor_wrapped", False))
 
 
+def _read_threads(torch: Any) -> int | None:
+    """torch.get_num_threads() as a fresh thread sees it (the count last set, however it was
+    set), kept unless the wrapper saw a call while it was read."""
+    gen = _threads["gen"]
+    _threads["read_at"] = time.monotonic()
+    value = _call_in_fresh_thread(lambda: int(torch.get_num_threads()))
+    if value is not None and _threads["gen"] == gen and _wrapped(torch):
+        _threads["value"] = value
+    return value
+
+
 def _live_num_threads(torch: Any) -> int | None:
     from envdoctor.attach import current  # the wrapper belongs to an attached process only
 
-    just_wrapped = False
     if current() is not None and not _wrapped(torch):
         _wrap_set_num_threads(torch)
-        just_wrapped = _wrapped(torch)
     value = _threads["value"]
-    if value is not None:
-        return value
-    value = _call_in_fresh_thread(lambda: int(torch.get_num_threads()))
-    # Trust the wrapper from the next publication on: a call the script began through the
-    # original function just as the wrapper went in has surely finished by then.
-    if _wrapped(torch) and not just_wrapped:
-        _threads["value"] = value
+    if value is None:
+        read = _read_threads(torch)
+        return _threads["value"] if _threads["value"] is not None else read
+    if time.monotonic() - _threads["read_at"] >= REREAD_SECONDS:
+        # in the background: a publication does not wait for a thread to be scheduled
+        _threads["read_at"] = time.monotonic()
+        try:
+            threading.Thread(target=_read_threads, args=(torch,), name="envdoctor-attach-reread", daemon=True).start()
+        except RuntimeError:  # no thread to spare: read again next time
+            pass
     return value
 
 

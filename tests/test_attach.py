@@ -104,6 +104,47 @@ def test_live_torch_settings_and_the_dataloader_hook_when_attach_comes_first():
     assert loader["batch_bytes_max"] == 8 * 256 * 4 and loader["batches_seen"] == 8
 
 
+def test_a_set_num_threads_that_overtakes_the_first_read_is_kept_and_a_bypassed_one_is_read_again():
+    """helper-79, with real torch: (a) attach() then set_num_threads(16) at once: the first
+    publication's fresh-thread read (the old 2) overwrote what the wrapper had just recorded,
+    and 2 was published for good; (b) a script that took `from torch import set_num_threads`
+    before attaching calls the original, which the wrapper never sees: it is read again in
+    the background every REREAD_SECONDS."""
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    r = run_py("""
+        import json, time
+        import torch
+        from torch import set_num_threads as original_set_num_threads
+        import envdoctor
+        from envdoctor import attach_snapshot
+
+        p = envdoctor.attach(interval=3600)
+        torch.set_num_threads(2)
+        read = attach_snapshot._call_in_fresh_thread
+        def overtaken(fn):
+            value = read(fn)             # the count before ...
+            torch.set_num_threads(16)    # ... the script's call lands while it is read
+            return value
+        attach_snapshot._threads["value"] = None
+        attach_snapshot._call_in_fresh_thread = overtaken
+        first = p.snapshot()["torch"]["num_threads"]
+        attach_snapshot._call_in_fresh_thread = read
+        then = p.snapshot()["torch"]["num_threads"]
+        original_set_num_threads(1)      # bypasses the wrapper
+        bypassed = p.snapshot()["torch"]["num_threads"]
+        attach_snapshot._threads["read_at"] -= attach_snapshot.REREAD_SECONDS  # as if 30 s went by
+        p.snapshot()                     # starts the read in the background
+        deadline = time.monotonic() + 30
+        while attach_snapshot._threads["value"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(json.dumps([first, then, bypassed, p.snapshot()["torch"]["num_threads"], torch.get_num_threads()]))
+    """)
+    assert r.returncode == 0, r.stderr
+    first, then, bypassed, reread, actual = json.loads(r.stdout)
+    assert then == 16 and first == 16, (first, then)  # the wrapper's value was kept, not the stale read
+    assert bypassed == 16 and reread == 1 == actual, (bypassed, reread, actual)
+
+
 def test_a_dataloader_that_is_gone_leaves_the_document_and_the_signature_stays_its_own():
     """helper-75: a one-off 8-worker loader deleted long ago stayed in the document, and
     cpu.threads and shm.size judged the job by its workers; an iterator that outlives its
