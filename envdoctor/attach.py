@@ -111,6 +111,16 @@ def _writable_directory(after: str | None = None) -> str | None:
     return None
 
 
+def _program_identity(exe_link: str) -> list[int] | None:
+    """[device, inode] of the program a process runs (stat through /proc/N/exe, which names
+    the same file from every mount namespace), or None where it cannot be read."""
+    try:
+        st = os.stat(exe_link)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
 def _seconds(name: str, value: Any) -> float:
     """A finite number of seconds, or ValueError at the attach() call. An infinite interval
     (or a NaN or infinite first_delay) reached Event.wait() in the publisher thread: an
@@ -163,6 +173,7 @@ class Publisher:
         first_delay = max(0.0, _seconds("first_delay", first_delay))
         self.pid = os.getpid()
         self.start_ticks = own_start_ticks()
+        self.exe = _program_identity("/proc/self/exe")
         self.namespace = pid_namespace("/proc/self/ns/pid")
         # absolute: a relative directory and a later os.chdir() left documents behind
         self.directory = os.path.abspath(directory) if directory else _writable_directory()
@@ -267,6 +278,8 @@ class Publisher:
         doc = snapshot(self.interval, self.cost())
         doc["path"] = self.path
         doc["start_ticks"] = self.start_ticks  # whose document it is, when pid 1 of two namespaces share /dev/shm
+        if self.exe is not None:
+            doc["exe"] = self.exe  # which program wrote it: an exec keeps the pid and the start time
         return doc
 
     def publish(self) -> None:

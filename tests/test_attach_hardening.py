@@ -195,6 +195,36 @@ def test_the_reader_prefers_a_usable_tmp_document_over_a_stale_dev_shm_one(tmp_p
     assert doc is not None and source.startswith("/tmp/")
 
 
+def test_a_document_of_the_program_a_job_exec_d_from_is_refused():
+    """helper-79: a job that attached, set 16 threads and exec'd /bin/sleep kept its pid and
+    start time, and `check --pid` judged the sleep by the python's document for 15 s. The
+    document says which program wrote it (device and inode through /proc/self/exe)."""
+    pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
+    code = ("import os, sys, time, torch, envdoctor\n"
+            "p = envdoctor.attach(interval=60); torch.set_num_threads(16); p.publish()\n"
+            "sys.stdout.write('published\\n'); sys.stdout.flush()\n"
+            "sys.stdin.readline()\n"
+            "os.execv('/bin/sleep', ['sleep', '120'])\n")
+    job = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    try:
+        assert job.stdout.readline() == "published\n"
+        doc, source = read_document(Roots(), job.pid)
+        assert doc is not None and doc["torch"]["num_threads"] == 16 and len(doc["exe"]) == 2, source
+        job.stdin.write("\n")
+        job.stdin.flush()
+        deadline = time.monotonic() + 30
+        while os.readlink(f"/proc/{job.pid}/exe") != os.path.realpath("/bin/sleep") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        doc, reason = read_document(Roots(), job.pid)
+        assert doc is None and "exec'd since" in reason, reason
+    finally:
+        job.kill()
+        job.wait()
+        for leftover in Path("/dev/shm").glob(f"envdoctor-attach-{job.pid}-*"):
+            leftover.unlink()
+
+
 def test_a_document_written_by_another_process_with_the_same_pid_is_refused(tmp_path):
     roots = fake_process(tmp_path, start_ticks=1000)
     shm = roots.procfs / "4242" / "root" / "dev" / "shm"
