@@ -23,7 +23,8 @@ that die when training starts are often the same thing.
 What it judges (thresholds in [check."shm.size"]):
 - fail: size below min_bytes (default 256 MiB; Docker's 64 MiB default is named);
   with DataLoader settings known, size below what the workers hold at once:
-  (num_workers x prefetch_factor + 1 batch in use) x batch_bytes.
+  (num_workers x prefetch_factor + 1 batch in use) x batch_bytes. Below min_bytes
+  with a known loader that fits, under a CPU build of torch (no NCCL): a warning.
 - warn: size below recommended_bytes (default 1 GiB, what NVIDIA's NGC containers
   are started with) when the DataLoader settings are unknown, or below the workers'
   need times headroom (default 1.5) when they are known; free space below that
@@ -76,7 +77,8 @@ class ShmFacts(namedtuple("ShmFacts", (
         "live_loader",  # Mapping[str, Any] | None = None: the attached job's busiest DataLoader (envdoctor.attach)
         "own_bytes",  # int | None = None: unlinked files the --pid process tree holds open (envdoctor.shm_held); None: not read
         "own_complete",  # bool | None = None: False: the tree was larger than envdoctor reads, own_bytes may be short
-), defaults=(None, None, None, None, None))):
+        "torch_cuda",  # bool | None = None: whether the target's torch is a CUDA build (NCCL); None: not asked
+), defaults=(None, None, None, None, None, None))):
     __slots__ = ()
 
 
@@ -133,6 +135,13 @@ def gather(ctx) -> ShmFacts:
         held = held_bytes(ctx.roots.procfs, ctx.target.pid, seen.st_dev)
         if held is not None:
             facts = facts._replace(own_bytes=held.bytes, own_complete=held.complete)
+    if size is not None and size < int(ctx.settings["min_bytes"]) and _need(with_live_loader(facts, ctx.settings))[0]:
+        # below the floor with a loader that may fit: the floor's other reason is NCCL, which a
+        # CPU build of torch does not have (helper-79: a CPU job was failed for it)
+        try:
+            facts = facts._replace(torch_cuda=bool(ctx.torch.get("cuda_compiled")))
+        except Unavailable:
+            pass
     return facts
 
 
@@ -202,6 +211,11 @@ def _rule_size_below_min(facts: ShmFacts, settings: Mapping[str, Any]) -> list[F
                  if size < need * headroom else "")
         why = (f"NCCL fails there, as does a DataLoader with more in flight; {how} need "
                f"{format_bytes(need)}, which fits{short}")
+        if facts.torch_cuda is False:  # no NCCL in a CPU build: only a larger loader would fail
+            return [Finding(Status.WARN, f"{_subject(facts)} is {format_bytes(size)}{_docker(size)}, expected >= "
+                            f"{format_bytes(min_bytes)}: a DataLoader with more in flight fails there; {how} need "
+                            f"{format_bytes(need)}, which fits{short} (this torch is a CPU build: no NCCL)",
+                            _remediation(facts, settings))]
     else:
         why = "DataLoader workers die with a bus error ('insufficient shared memory') and NCCL fails"
     return [Finding(Status.FAIL, f"{_subject(facts)} is {format_bytes(size)}{_docker(size)}, expected >= "

@@ -299,6 +299,21 @@ def test_below_the_floor_a_known_loader_that_fits_is_not_told_workers_die():
     assert "which fits, but not with x1.5 headroom = 240 MiB" in tight.summary and "die" not in tight.summary
 
 
+def test_below_the_floor_a_fitting_loader_under_a_cpu_torch_warns_without_nccl():
+    """helper-79: a CPU-only job (torch without CUDA, so no NCCL) whose 4 workers fit in a
+    64 MiB /dev/shm failed with "NCCL fails there". The floor's NCCL reason needs a CUDA
+    build: with a CPU one it warns (a larger loader would fail); with a CUDA one it fails."""
+    mib = 1024 * 1024
+    facts = ShmFacts("/dev/shm", 64 * mib, 64 * mib, "tmpfs", "/dev/shm")
+    cpu = judge(facts._replace(torch_cuda=False), loader(4, mib // 8, 2))
+    assert cpu.status is Status.WARN and "NCCL fails" not in cpu.summary and "CPU build: no NCCL" in cpu.summary, cpu.summary
+    for torch_cuda in (True, None):  # a CUDA build, or not known: the floor stands
+        r = judge(facts._replace(torch_cuda=torch_cuda), loader(4, mib // 8, 2))
+        assert r.status is Status.FAIL and "NCCL fails there" in r.summary, r.summary
+    unknown_loader = judge(facts._replace(torch_cuda=False), DEFAULTS)  # workers may need anything: still a fail
+    assert unknown_loader.status is Status.FAIL
+
+
 def test_the_floor_row_reads_as_english_for_a_live_loader_too():
     """Helper-54: an attached job's row read "this job's the running job's (live) 4 DataLoader workers"."""
     mib = 1024 * 1024
