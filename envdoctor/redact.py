@@ -224,9 +224,14 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
             elif kind is _SECRET:
                 if len(value) >= min_secret:
                     values[value] = value
-            elif kind is _UNKNOWN and len(value) >= min_unknown:
+            elif kind is _UNKNOWN and len(value) >= min_unknown and not _OPTION_WORD.fullmatch(value):
                 values[value] = value
     return sorted(values.values(), key=len, reverse=True)
+
+
+# A command-line option alone (EXECFLAGS=--strict): vocabulary, not a secret; masked, it hid
+# envdoctor's own words ("***: not starting true", helper-79). A secret-named variable's is masked.
+_OPTION_WORD = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
 
 
 _SECRET, _SHOWN, _UNKNOWN = "secret", "shown", "unknown"

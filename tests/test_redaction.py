@@ -76,6 +76,15 @@ def test_visible_env_allow_list_and_masks():
     assert redact.visible_env(env) == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_IB_KEY": redact.MASK, "RANK": "0"}
 
 
+def test_an_unknown_variable_holding_an_option_word_masks_nothing():
+    """helper-79: EXECFLAGS=--strict masked exec's own words ("***: not starting true"). An
+    option word is vocabulary; a secret-named variable holding one is still masked."""
+    scrub = redact.Scrubber(redact.secret_values([{"EXECFLAGS": "--strict", "MY_FLAG": "-verbose_mode"}]))
+    assert scrub.text("--strict: not starting true; -verbose_mode") == "--strict: not starting true; -verbose_mode"
+    scrub = redact.Scrubber(redact.secret_values([{"EXECFLAGS": "--strict=x9Qz7", "API_TOKEN": "--strict-token"}]))
+    assert scrub.text("--strict=x9Qz7 --strict-token") == "*** ***"
+
+
 def test_scrubber_masks_longest_first_and_leaves_short_values():
     scrub = redact.Scrubber(redact.secret_values([{"A_TOKEN": "abcdefgh", "B_TOKEN": "abcdefghijkl", "X_KEY": "1"}]))
     assert scrub.text("v=abcdefghijkl w=abcdefgh n=1") == "v=*** w=*** n=1"
