@@ -357,7 +357,9 @@ def judge(facts: ThreadFacts, settings: Mapping[str, Any]) -> Result:
     if not findings and budget.effective is None:
         return skip("cannot tell how many CPUs the target may use: "
                     + ("; ".join(out.get("notes", [])) or "no affinity, quota or online count"), **out)
-    set_vars = ", ".join(f"{k}={v}" for k, v in facts.variables.items()) or "no thread variables set"
+    # a value with a blank at an end quoted: shown bare, ' 4' read as "4" (helper-80)
+    set_vars = ", ".join(f"{k}={v!r}" if v != v.strip() else f"{k}={v}"
+                         for k, v in facts.variables.items()) or "no thread variables set"
     ok_summary = (f"threads fit: {set_vars}; {_fmt_cpus(budget.effective or 0)} effective CPUs ({budget.where}), "
                   f"{_count(budget.processes, 'process', 'processes')} per node, up to "
                   f"{_count(budget.recommended or 1, 'thread')} each")
