@@ -1,15 +1,17 @@
 """CUDA runtime: does the torch build match the driver, the GPUs and cuDNN?
 
 What it reads
-  - from the torch probe (run in the target interpreter; torch is never imported
-    in envdoctor's process): torch's version, the CUDA version it was built with
-    (torch.version.cuda, None for a CPU-only build), the GPU architectures it
-    carries kernels for (torch.cuda.get_arch_list(): sm_XY = compiled machine
-    code, compute_XY = PTX), whether torch.cuda.is_available(), the cuDNN
-    version (and the error torch raises when the cuDNN it finds does not match
-    the one it was built with);
+  - from torch's files (README, "How torch facts are gathered"; torch is never
+    imported in envdoctor's process): torch's version, the CUDA version it was
+    built with (torch.version.cuda, None for a CPU-only build), the GPU
+    architectures it carries kernels for (torch.cuda.get_arch_list(): sm_XY =
+    compiled machine code, compute_XY = PTX), the cuDNN version (and the error
+    torch raises when the cuDNN it finds does not match the one it was built
+    with). Whether torch.cuda.is_available() only a running torch knows: null
+    from files, given by a probe (only where no file says where torch is) or by
+    `envdoctor.preflight()` in the job;
   - from NVML: the driver version, the highest CUDA version the driver supports,
-    each GPU's name and compute capability (read here, not in the probe, because
+    each GPU's name and compute capability (read here, not from torch, because
     asking torch for a capability creates a CUDA context);
   - CUDA_LAUNCH_BLOCKING from the target's environment.
 
@@ -48,7 +50,8 @@ Statuses
          version mismatch.
   warn   driver older than the build within the same major (minor version
          compatibility: works, with limits); a GPU reachable only by JIT from
-         PTX; torch.cuda.is_available() False although NVML sees GPUs; a CUDA
+         PTX; torch.cuda.is_available() False although NVML sees GPUs (where it is
+         known: preflight() in the job, or a probe); a CUDA
          build without cuDNN; CUDA_LAUNCH_BLOCKING=1 (not for a CPU-only torch, which
          launches no kernels); torch's files replaced on
          disk after the process loaded them (a pip install over a running job:

@@ -2,13 +2,18 @@
 
 What it reads
   - torch.backends.cudnn.enabled / .benchmark / .deterministic,
-    torch.are_deterministic_algorithms_enabled() and its warn_only flag. From
-    `envdoctor check` these come from the torch probe, so they are the
-    interpreter's defaults (a script sets them at run time); from inside the
-    script, `envdoctor.preflight()` reads the live values the script has set;
+    torch.are_deterministic_algorithms_enabled() and its warn_only flag: values a
+    script sets at run time, so only a running torch knows them. From inside the
+    script, `envdoctor.preflight()` reads the live values; an attached job
+    (envdoctor.attach) publishes them for `check --pid` and serve. Otherwise
+    `envdoctor check` reads torch from its files and never imports it (README,
+    "How torch facts are gathered"): these facts are null, and only the
+    environment's part is judged (a short probe in the interpreter runs only
+    where no file says where its torch is, and then gives its defaults);
   - CUBLAS_WORKSPACE_CONFIG from the target's environment;
-  - whether torch can use CUDA here (probe, and NVML's GPU count): on a
-    CPU-only torch or a node without GPUs these settings change nothing.
+  - whether torch can use CUDA here (a CUDA build, from torch's version.py, and
+    NVML's GPU count): on a CPU-only torch or a node without GPUs these settings
+    change nothing.
 
 Why it matters (PITFALLS 6)
   cudnn.benchmark=True times every candidate convolution algorithm for each new
