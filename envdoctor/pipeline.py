@@ -62,7 +62,8 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
     skip = skipped(selection.only, selection.skip, config)
     for check_id in [*only, *skip]:
         if check_id not in known:
-            raise UsageError(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(sorted(known))}")
+            raise UsageError(f"unknown check id {check_id!r}{_named_by(check_id, selection, config)}; "
+                             f"`envdoctor checks` lists them: {', '.join(sorted(known))}")
     asked_out = [check_id for check_id in selection.only if check_id in registry.left_out]
     if asked_out:  # asked for by name, on the command line: not dropped without a word
         raise UsageError(f"--only {', '.join(asked_out)}: {_left_out(asked_out)}")
@@ -79,6 +80,15 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
     if not plans and (only or skip) and not registry.failures_selected(only, skip, disabled_in(config)):
         raise NothingToRun("--only/--skip (or the config's only/skip) leave no check to run" + left_out_hint(registry, only))
     return plans
+
+
+def _named_by(check_id: str, selection: Selection, config: Config) -> str:
+    """Where an id came from, when not from the command line: a variable an image or a CI
+    job set reads like a typo on the command line, and nothing pointed at it (helper-84)."""
+    if check_id in selection.only or check_id in selection.skip:
+        return ""
+    key = "only" if check_id in config.only else "skip"
+    return f" in ENVDOCTOR_{key.upper()} (the environment) or the config's {key}"
 
 
 class NothingToRun(UsageError):

@@ -88,6 +88,14 @@ def test_bad_usage_exits_2_with_one_clear_line(args, message):
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("variable", ["ENVDOCTOR_ONLY", "ENVDOCTOR_SKIP"])
+def test_an_unknown_id_from_the_environment_names_the_variable(variable):
+    """helper-84: ENVDOCTOR_SKIP=nosuch.check (set by an image or a CI job) read like a typo on
+    the command line, and nothing pointed at it."""
+    proc = cli("check", env={variable: "nosuch.check"})
+    assert proc.returncode == 2 and f"unknown check id 'nosuch.check' in {variable} (the environment)" in proc.stderr, proc.stderr
+
+
 def test_explain_prints_the_checks_own_page_and_settings():
     proc = cli("explain", "shm.size")
     assert proc.returncode == 0, proc.stderr
