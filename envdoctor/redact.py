@@ -224,14 +224,18 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
             elif kind is _SECRET:
                 if len(value) >= min_secret:
                     values[value] = value
-            elif kind is _UNKNOWN and len(value) >= min_unknown and not _OPTION_WORD.fullmatch(value):
+            elif kind is _UNKNOWN and len(value) >= min_unknown and not (
+                    len(value) <= MAX_OPTION_WORD and _OPTION_WORD.fullmatch(value)):
                 values[value] = value
     return sorted(values.values(), key=len, reverse=True)
 
 
-# A command-line option alone (EXECFLAGS=--strict): vocabulary, not a secret; masked, it hid
-# envdoctor's own words ("***: not starting true", helper-79). A secret-named variable's is masked.
-_OPTION_WORD = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*")
+# A long option alone (EXECFLAGS=--strict): vocabulary, not a secret; masked, it hid
+# envdoctor's own words ("***: not starting true", helper-79). Written as options are:
+# two dashes, lowercase words joined by dashes; a token that merely begins with a dash
+# (base64url: '-Rk2Jx9_q3Wm...', helper-83) stays masked, as does a secret-named variable's.
+_OPTION_WORD = re.compile(r"--[a-z]+(?:-[a-z0-9]+)*")
+MAX_OPTION_WORD = 40
 
 
 _SECRET, _SHOWN, _UNKNOWN = "secret", "shown", "unknown"

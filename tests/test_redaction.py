@@ -79,10 +79,14 @@ def test_visible_env_allow_list_and_masks():
 def test_an_unknown_variable_holding_an_option_word_masks_nothing():
     """helper-79: EXECFLAGS=--strict masked exec's own words ("***: not starting true"). An
     option word is vocabulary; a secret-named variable holding one is still masked."""
-    scrub = redact.Scrubber(redact.secret_values([{"EXECFLAGS": "--strict", "MY_FLAG": "-verbose_mode"}]))
-    assert scrub.text("--strict: not starting true; -verbose_mode") == "--strict: not starting true; -verbose_mode"
+    scrub = redact.Scrubber(redact.secret_values([{"EXECFLAGS": "--strict", "MY_FLAG": "--fail-on"}]))
+    assert scrub.text("--strict: not starting true; --fail-on") == "--strict: not starting true; --fail-on"
     scrub = redact.Scrubber(redact.secret_values([{"EXECFLAGS": "--strict=x9Qz7", "API_TOKEN": "--strict-token"}]))
     assert scrub.text("--strict=x9Qz7 --strict-token") == "*** ***"
+    # helper-83: a token that begins with a dash is no option word (base64url, 1 in 75 do)
+    for token in ("-Rk2Jx9_q3WmZ8vLp0aTq7Yc", "--Rk2Jx9q3WmZ8vLp0aTq7Yc", "--" + "ab-" * 20):
+        scrub = redact.Scrubber(redact.secret_values([{"GITHUB_PAT": token}]))
+        assert scrub.text(f"token {token} here") == "token *** here", token
 
 
 def test_scrubber_masks_longest_first_and_leaves_short_values():
