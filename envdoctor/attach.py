@@ -111,14 +111,25 @@ def _writable_directory(after: str | None = None) -> str | None:
     return None
 
 
-def _program_identity(exe_link: str) -> list[int] | None:
-    """[device, inode] of the program a process runs (stat through /proc/N/exe, which names
-    the same file from every mount namespace), or None where it cannot be read."""
+def _program_identity(exe_link: str, stat_file: str) -> list[int] | None:
+    """[device, inode, stack start] of the program image a process runs: the file (stat
+    through /proc/N/exe, which names the same file from every mount namespace) and where
+    its stack began (field 28 of /proc/N/stat), which every exec moves, of the same
+    interpreter too (helper-83: a job that re-exec'd its python kept its document). The
+    stack start reads 0 to a reader without ptrace access, and stays put where address
+    randomisation is off: then only the file tells. None where the file cannot be read."""
     try:
         st = os.stat(exe_link)
     except OSError:
         return None
-    return [st.st_dev, st.st_ino]
+    stack = 0
+    try:
+        with open(stat_file, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        stack = int(fields[25]) if len(fields) > 25 and fields[25].isdigit() else 0
+    except (OSError, IndexError, ValueError):
+        pass
+    return [st.st_dev, st.st_ino, stack]
 
 
 def _seconds(name: str, value: Any) -> float:
@@ -173,7 +184,7 @@ class Publisher:
         first_delay = max(0.0, _seconds("first_delay", first_delay))
         self.pid = os.getpid()
         self.start_ticks = own_start_ticks()
-        self.exe = _program_identity("/proc/self/exe")
+        self.exe = _program_identity("/proc/self/exe", "/proc/self/stat")
         self.namespace = pid_namespace("/proc/self/ns/pid")
         # absolute: a relative directory and a later os.chdir() left documents behind
         self.directory = os.path.abspath(directory) if directory else _writable_directory()

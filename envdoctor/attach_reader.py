@@ -182,16 +182,19 @@ def _same_process(doc: Mapping[str, Any], roots: Any, pid: int) -> str | None:
     namespaces' pid 1 shared /dev/shm. Compared only when the target shares our time
     namespace: inside another (`unshare --time`) the kernel shifts the ticks it shows.
     A document without a start time (an older envdoctor) is taken on its pid alone. The
-    program's identity ("exe": device and inode) tells an exec after publishing: the pid
-    and the start time stay, the program and its settings do not."""
+    program image's identity ("exe": device, inode and stack start) tells an exec after
+    publishing: the pid and the start time stay, the program and its settings do not."""
     exe = doc.get("exe")
-    if isinstance(exe, list) and len(exe) == 2 and all(type(n) is int for n in exe):
+    if isinstance(exe, list) and len(exe) in (2, 3) and all(type(n) is int for n in exe):
         from envdoctor.attach import _program_identity
 
-        now = _program_identity(roots.proc(pid, "exe"))
-        if now is not None and now != exe:  # helper-79: a job that exec'd sleep was judged by its python for 15 s
-            return ("the process runs another program than the one that wrote the document (it exec'd since): "
-                    "the document is of the program before")
+        now = _program_identity(roots.proc(pid, "exe"), roots.proc(pid, "stat"))
+        # helper-79: a job that exec'd sleep was judged by its python for 15 s; helper-83: one that
+        # re-exec'd its own python too (the same file, its stack elsewhere)
+        moved = len(exe) == 3 and now is not None and 0 not in (exe[2], now[2]) and exe[2] != now[2]
+        if now is not None and (now[:2] != exe[:2] or moved):
+            return ("the process runs another program image than the one that wrote the document (it exec'd "
+                    "since): the document is of the program before")
     ticks = doc.get("start_ticks")
     if not isinstance(ticks, int) or isinstance(ticks, bool):
         return None

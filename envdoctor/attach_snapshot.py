@@ -4,7 +4,7 @@ figures, and the DataLoaders it built (envdoctor.attach writes it; attach_reader
 The document, schema `envdoctor.attach/v1`, is one JSON object of a few KiB:
 `{"schema", "pid", "published_at", "interval_seconds", "python", "env", "torch",
 "cuda": {"initialized", "devices"}, "dataloaders": [...], "cost"}`, and from attach's
-publisher "path", "start_ticks" and "exe" (the program's device and inode). Everything here
+publisher "path", "start_ticks" and "exe" (the program image's device, inode and stack start). Everything here
 runs inside the job, so it reads torch only if the script already imported it, never
 initialises CUDA, and keeps the DataLoader hooks to a few attribute reads per batch.
 """

@@ -210,12 +210,38 @@ def test_a_document_of_the_program_a_job_exec_d_from_is_refused():
     try:
         assert job.stdout.readline() == "published\n"
         doc, source = read_document(Roots(), job.pid)
-        assert doc is not None and doc["torch"]["num_threads"] == 16 and len(doc["exe"]) == 2, source
+        assert doc is not None and doc["torch"]["num_threads"] == 16 and len(doc["exe"]) == 3, source
         job.stdin.write("\n")
         job.stdin.flush()
         deadline = time.monotonic() + 30
         while os.readlink(f"/proc/{job.pid}/exe") != os.path.realpath("/bin/sleep") and time.monotonic() < deadline:
             time.sleep(0.01)
+        doc, reason = read_document(Roots(), job.pid)
+        assert doc is None and "exec'd since" in reason, reason
+    finally:
+        job.kill()
+        job.wait()
+        for leftover in Path("/dev/shm").glob(f"envdoctor-attach-{job.pid}-*"):
+            leftover.unlink()
+
+
+def test_a_document_of_the_same_interpreter_before_a_re_exec_is_refused():
+    """helper-83: a job that re-exec'd its own python (a restart wrapper) kept the file, the
+    pid and the start time, and its document was believed. Every exec moves the stack."""
+    code = ("import os, sys, envdoctor\n"
+            "p = envdoctor.attach(interval=60); p.publish()\n"
+            "sys.stdout.write('published\\n'); sys.stdout.flush()\n"
+            "sys.stdin.readline()\n"
+            "os.execv(sys.executable, [sys.executable, '-c', "
+            "'import sys; sys.stdout.write(\"again\\\\n\"); sys.stdout.flush(); sys.stdin.readline()'])\n")
+    job = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    try:
+        assert job.stdout.readline() == "published\n"
+        assert read_document(Roots(), job.pid)[0] is not None
+        job.stdin.write("\n")
+        job.stdin.flush()
+        assert job.stdout.readline() == "again\n"  # the same interpreter, exec'd anew
         doc, reason = read_document(Roots(), job.pid)
         assert doc is None and "exec'd since" in reason, reason
     finally:
