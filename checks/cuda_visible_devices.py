@@ -421,7 +421,11 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
         return []  # a CPU job; on a node without GPUs the judge's note says what a GPU node would do
     p = view.parsed
     seen = "no GPU" if count == 0 else f"only {count} GPU{'s' if count != 1 else ''} ({_span(count)})"
-    serving = _serving_entries(p, facts) if p is not None and (p.stop is not None or p.duplicate is not None) else []
+    # the list another finding fixes (an invalid entry, a duplicate, a range or a list split by
+    # blanks: helper-83, '0-3' with LOCAL_RANK=3 printed two exports, the last one all 8 GPUs)
+    fixed = p is not None and (p.stop is not None or p.duplicate is not None
+                               or any(_meant_several(token) for token, _ in p.lenient))
+    serving = _serving_entries(p, facts) if fixed else []
     if len(serving) > rank:
         # the bad entry's own fix (which --fix applies) gives this rank its GPU: the same fix, said
         # once (helper-51: two different exports; helper-53: the last one pasted won, and failed)

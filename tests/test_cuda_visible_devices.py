@@ -337,3 +337,12 @@ def test_a_huge_value_makes_a_bounded_summary():
     r = judge(facts(value, gpus(4)), {})
     assert r.status is Status.FAIL and len(r.summary) < 1000, len(r.summary)
     assert "more characters)" in r.summary and "and 19983 more" in r.summary, r.summary
+
+
+@pytest.mark.parametrize("value, fix", [("0-3", "0,1,2,3"), ("0 1 2 3", "0,1,2,3"), ("0-3,5", "0,1,2,3,5")])
+def test_a_range_with_local_rank_gives_one_export(value, fix):
+    """helper-83: '0-3' with LOCAL_RANK=3 on 8 GPUs printed `export ...=0,1,2,3; export
+    ...=0,...,7`: two exports, the last one pasted wins. The range's fix serves the rank."""
+    r = judge(facts(value, gpus(8), local_rank="3"), {})
+    assert r.status is Status.FAIL and r.remediation.count("export CUDA_VISIBLE_DEVICES=") == 1, r.remediation
+    assert f"export CUDA_VISIBLE_DEVICES={fix}" in r.remediation and r.fix_env == {"CUDA_VISIBLE_DEVICES": fix}
