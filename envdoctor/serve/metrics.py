@@ -54,6 +54,9 @@ class ServeCollector:
         yield _counter("targets_overflow", "Targets found but not examined because max_targets was reached.",
                        s["targets_overflow_total"])
         yield _counter("runs", "Completed runs since the daemon started.", s["runs_total"])
+        if "start_time_seconds" in s:
+            yield _gauge("start_time_seconds", "When this daemon started, in seconds since the epoch: a change is a restart.",
+                         s["start_time_seconds"])
         yield _gauge("last_run_duration_seconds", "How long the last completed run took.", s["last_run_duration_seconds"])
         yield _counter("call_timeouts", "Bounded calls (checks, NVML reads, probes) that ran past their deadline.",
                        s["call_timeouts_total"])

@@ -235,6 +235,7 @@ class Scheduler:
         self._publish = publish  # called with each new snapshot (textfile mode writes it)
         self.stats = Stats()
         self.failing: str | None = None  # why the last run failed, until one completes (for /healthz)
+        self.started_at = round(time.time(), 3)  # envdoctor_start_time_seconds: its changes count restarts
         self.snapshot: Snapshot = empty()
         self._doorbell = threading.Event()  # rung by stop and reload_requested: the loop's sleep ends at once
         self.reload_requested = _Rings(self._doorbell)
@@ -295,6 +296,7 @@ class Scheduler:
             "targets": len(found.targets), "targets_overflow_total": self.stats.targets_overflow_total,
             "runs_total": self.stats.runs_total, "last_run_duration_seconds": seconds,
             "call_timeouts_total": self.watchdog.timeouts_total, "stuck_calls": len(stuck),
+            "start_time_seconds": self.started_at,
         }
         body = metrics.render(report, self.registry.checks,
                               metrics.ServeCollector(found.targets, serve_stats, self.stats.check_timeouts),
