@@ -164,13 +164,15 @@ class RuntimeFacts(namedtuple("RuntimeFacts", (
         "gpus",  # tuple[Gpu, ...] = ()
         "launch_blocking",  # str | None = None: CUDA_LAUNCH_BLOCKING as set, None when unset
         "env_error",  # str | None = None
-), defaults=(None, None, None, (), None, None))):
+        "skip_cudnn_check",  # str | None = None: PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK as set
+), defaults=(None, None, None, (), None, None, None))):
     __slots__ = ()
 
 
 def gather(ctx) -> RuntimeFacts:
     torch = ctx.torch
     launch_blocking, env_error = ctx.env_var("CUDA_LAUNCH_BLOCKING")
+    skip_cudnn, _ = ctx.env_var(SKIP_CUDNN_CHECK)
     try:
         nvml = ctx.nvml
         driver = nvml.driver_version()
@@ -178,8 +180,15 @@ def gather(ctx) -> RuntimeFacts:
         gpus = tuple(Gpu(int(g.index), str(g.name or f"GPU {g.index}"), tuple(g.compute_capability) if g.compute_capability else None)
                      for g in nvml.devices() if not getattr(g, "lost", False))
     except Unavailable as exc:
-        return RuntimeFacts(torch, nvml_reason=str(exc), launch_blocking=launch_blocking, env_error=env_error)
-    return RuntimeFacts(torch, None, driver, tuple(driver_cuda) if driver_cuda else None, gpus, launch_blocking, env_error)
+        return RuntimeFacts(torch, nvml_reason=str(exc), launch_blocking=launch_blocking, env_error=env_error,
+                            skip_cudnn_check=skip_cudnn)
+    return RuntimeFacts(torch, None, driver, tuple(driver_cuda) if driver_cuda else None, gpus, launch_blocking, env_error,
+                        skip_cudnn)
+
+
+# torch/backends/cudnn/__init__.py: with this set to "1", torch loads a cuDNN whose version
+# does not match its build instead of raising (torch 2.13, read from the CUDA wheel)
+SKIP_CUDNN_CHECK = "PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK"
 
 
 # -- judging -------------------------------------------------------------------------
@@ -375,6 +384,11 @@ def _rule_cudnn(facts: RuntimeFacts, b: Build) -> list[Finding]:
     """cuDNN that does not load, or a build without it."""
     t, drv = facts.torch, facts.driver_cuda
     errors = t.get("errors") or {}
+    if errors.get("cudnn_version") and facts.skip_cudnn_check == "1":  # helper-86: torch loads it anyway
+        return [Finding(Status.WARN, f"{b.label} loads a cuDNN it was not built for, because {SKIP_CUDNN_CHECK}=1 "
+                        f"skips torch's check ({errors['cudnn_version'][:300]}): it may fail or compute wrongly",
+                        f"unset {SKIP_CUDNN_CHECK}; remove other cuDNN copies from LD_LIBRARY_PATH, or "
+                        + _pip_fix(b.version, drv))]
     if errors.get("cudnn_version"):
         return [Finding(Status.FAIL, f"cuDNN does not load for {b.label}: {errors['cudnn_version'][:300]}",
                         "remove other cuDNN copies from LD_LIBRARY_PATH, or " + _pip_fix(b.version, drv))]

@@ -201,6 +201,18 @@ def test_cudnn_mismatch_fails_and_missing_cudnn_warns():
     assert r.status is Status.WARN and "no cuDNN" in r.summary
 
 
+def test_a_cudnn_mismatch_torch_is_told_to_skip_warns_instead():
+    """helper-86: with PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 torch loads a cuDNN of another
+    version instead of raising (torch/backends/cudnn/__init__.py); it was still "does not load"."""
+    t = with_torch(errors={"cudnn_version": "RuntimeError: cuDNN version incompatibility: torch was built for "
+                                           "cuDNN 9.20.0.48 but the installed cuDNN is 9.10"})
+    r = judge(facts(t)._replace(skip_cudnn_check="1"), {})
+    assert r.status is Status.WARN and "PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1" in r.summary, r.summary
+    assert r.remediation.startswith("unset PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK")
+    for other in (None, "0", "true"):  # torch compares with "1"
+        assert judge(facts(t)._replace(skip_cudnn_check=other), {}).status is Status.FAIL, other
+
+
 def test_launch_blocking_warns_a_cuda_torch_on_a_gpu_node_and_without_one():
     r = judge(facts(launch_blocking="1"), {})
     assert r.status is Status.WARN and r.remediation == "unset CUDA_LAUNCH_BLOCKING"

@@ -87,6 +87,41 @@ def test_no_arch_string_is_unknown_not_empty_guess(tmp_path):
     assert facts["arch_list"] == [] and "no arch string" in facts["unknown"]["arch_list"]
 
 
+def test_a_cudnn_header_without_its_library_is_not_called_available(tmp_path):
+    """helper-86: the header alone (its library deleted) read as cudnn_available True. Only a
+    library file says so; none beside torch is unknown (a system cuDNN may serve it)."""
+    site = copy_fixture(tmp_path)
+    shutil.rmtree(site / "nvidia" / "cudnn" / "lib")
+    facts = torchfacts.read_installation(str(site / "torch"))
+    assert facts["cudnn_version"] == 92400 and facts["cudnn_available"] is None
+
+
+def test_the_cudnn_frontend_package_is_not_read_as_cudnn(tmp_path):
+    """helper-86: nvidia-cudnn-frontend 1.16.0 (without nvidia-cudnn-cu13) was read as cuDNN
+    2.6.0, and failed against the 9.20 torch was built for."""
+    site = copy_fixture(tmp_path)
+    shutil.rmtree(site / "nvidia")
+    shutil.rmtree(site / "nvidia_cudnn_cu13-9.24.0.43.dist-info")
+    frontend = site / "nvidia_cudnn_frontend-1.16.0.dist-info"
+    frontend.mkdir()
+    (frontend / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-cudnn-frontend\nVersion: 1.16.0\n")
+    facts = torchfacts.read_installation(str(site / "torch"))
+    assert facts["cudnn_version"] is None and facts["errors"] == {}, facts["cudnn_source"]
+    assert facts["cudnn_required"] == "9.20.0.48"
+
+
+def test_a_leftover_torch_dist_info_does_not_decide_the_requirements(tmp_path):
+    """helper-86: a torch-2.12.0.dist-info left beside 2.13.0's (sorted first) gave the cuDNN pin
+    of 2.12.0. The dist-info whose version is version.py's is read."""
+    site = copy_fixture(tmp_path)
+    old = site / "torch-2.12.0.dist-info"
+    old.mkdir()
+    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.12.0\n"
+                                  "Requires-Dist: nvidia-cudnn-cu13==9.10.2.21\n")
+    facts = torchfacts.read_installation(str(site / "torch"))
+    assert facts["torch_dist_version"] == "2.13.0" and facts["cudnn_required"] == "9.20.0.48"
+
+
 def test_cudnn_version_from_the_package_when_no_header(tmp_path):
     site = copy_fixture(tmp_path)
     shutil.rmtree(site / "nvidia")

@@ -59,6 +59,9 @@ class TorchFilesError(EnvdoctorError):
     """A torch folder is there but its files do not say what torch it is (broken install)."""
 
 
+CUDNN_PACKAGE = re.compile(r"nvidia-cudnn-cu\d+$")
+
+
 def _cudnn(site: Path, torch_dir: Path, packages: dict[str, str]) -> tuple[int | None, str | None, bool | None]:
     """cuDNN version (torch's integer form), where it was read, and whether a library is there."""
     libs = [site / "nvidia" / "cudnn" / "lib", torch_dir / "lib"]
@@ -75,7 +78,7 @@ def _cudnn(site: Path, torch_dir: Path, packages: dict[str, str]) -> tuple[int |
     if number is not None:
         return number, str(header), present
     for name, version in packages.items():
-        if name.startswith("nvidia-cudnn"):
+        if CUDNN_PACKAGE.match(name):  # nvidia-cudnn-cu13, not nvidia-cudnn-frontend (helper-86: read as cuDNN 2.6)
             return metadata.cudnn_from_version(version), f"{name} {version}", present
     return None, None, present
 
@@ -106,8 +109,8 @@ def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dic
                               "(pip install --force-reinstall torch)")
     site_path = os.path.dirname(torch_dir)
     site = host(site_path)
-    dists = metadata.dist_infos(site)
-    torch_meta = metadata.read_metadata(dists["torch"]) if "torch" in dists else None
+    own = metadata.dist_info_of(site, "torch", str(v["__version__"]))
+    torch_meta = metadata.read_metadata(own) if own is not None else None
     packages = metadata.cuda_packages(site)
     cuda, hip = v.get("cuda"), v.get("hip")
     out: dict[str, Any] = {
@@ -158,20 +161,22 @@ def _arch_facts(td: Path, torch_dir: str, unknown: dict[str, str]) -> dict[str, 
 def _cudnn_facts(site: Path, td: Path, packages: dict[str, str], torch_meta: dict[str, Any] | None,
                  errors: dict[str, str], unknown: dict[str, str]) -> dict[str, Any]:
     version, source, present = _cudnn(site, td, packages)
-    required = metadata.pinned(torch_meta["requires"], "nvidia-cudnn") if torch_meta else None
+    required = metadata.pinned(torch_meta["requires"], "nvidia-cudnn-cu") if torch_meta else None
     mismatch = _cudnn_mismatch(version, required)
     if mismatch:
         errors["cudnn_version"] = mismatch
     if version is None:
         unknown["cudnn_version"] = "no nvidia-cudnn package or cudnn_version.h next to torch"
+    # a library file, not a header or a package record, says it is there (helper-86: the header
+    # alone, its library deleted, read as available); none beside torch may still be the system's
     return {"cudnn_version": version, "cudnn_source": source, "cudnn_required": required,
-            "cudnn_available": True if present or version is not None else None}
+            "cudnn_available": True if present else None}
 
 
 _MEMO: "OrderedDict[tuple[Any, ...], dict[str, Any]]" = OrderedDict()
 _MEMO_LOCK = threading.Lock()
 _MEMO_SIZE = 64
-FILES_SCHEMA = "envdoctor.torch-files-cache/v1"
+FILES_SCHEMA = "envdoctor.torch-files-cache/v2"  # v2: cudnn_available only from a library file
 
 
 def _stamp(path: Path) -> tuple[int, int, int, int, int] | None:

@@ -115,6 +115,26 @@ def dist_infos(site_dir: Path) -> dict[str, Path]:
     return found
 
 
+def dist_info_of(site_dir: Path, name: str, version: str) -> Path | None:
+    """The *.dist-info of distribution `name` whose version is `version` (its local part,
+    '+cu130', aside), else the first of that name: a leftover torch-2.12.0.dist-info beside
+    2.13.0's decided the cuDNN torch was built for (helper-86)."""
+    wanted, base = _normalise(name), version.split("+", 1)[0]
+    found = []
+    try:
+        names = sorted(p.name for p in site_dir.iterdir())
+    except OSError:
+        return None
+    for entry in names:
+        if entry.endswith(".dist-info"):
+            dist, _, dist_version = entry[: -len(".dist-info")].rpartition("-")
+            if _normalise(dist) == wanted:
+                if dist_version.split("+", 1)[0] == base:
+                    return site_dir / entry
+                found.append(site_dir / entry)
+    return found[0] if found else None
+
+
 def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
