@@ -338,10 +338,15 @@ def _rule_missing(facts: DistFacts, launch: Launch) -> list[Finding]:
     if not present:
         return [Finding(Status.FAIL, f"{said}: init_process_group(init_method='env://') needs MASTER_ADDR, "
                         "MASTER_PORT, RANK and WORLD_SIZE together", TORCHRUN)]
+    needs = []
+    if any(k in REQUIRED for k in missing):
+        needs.append("init_process_group(init_method='env://') needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE "
+                     "together")
+    if "LOCAL_RANK" in missing:  # helper-84: only it missing was told the four above were
+        needs.append("a launch that sets LOCAL_WORLD_SIZE sets LOCAL_RANK too (torchrun does), and a script "
+                     "picks its GPU by it")
     return [Finding(Status.FAIL, f"{said} while "
-                    f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set: "
-                    "init_process_group(init_method='env://') needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE "
-                    "together", TORCHRUN)]
+                    f"{', '.join(present)} {'is' if len(present) == 1 else 'are'} set: " + "; ".join(needs), TORCHRUN)]
 
 
 def _rule_numbers(facts: DistFacts, launch: Launch) -> list[Finding]:

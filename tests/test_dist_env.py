@@ -70,6 +70,8 @@ def test_a_partner_set_but_empty_is_missing_and_not_also_set():
 def test_local_world_size_needs_local_rank():
     r = check(torchrun_env(LOCAL_RANK=None))
     assert r.status is Status.FAIL and "LOCAL_RANK is missing" in r.summary
+    # helper-84: the reason is LOCAL_RANK's own, not the four variables env:// needs (all set)
+    assert "sets LOCAL_RANK too" in r.summary and "needs MASTER_ADDR" not in r.summary, r.summary
 
 
 def test_local_rank_alone_is_a_partial_launch():
