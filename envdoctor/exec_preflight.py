@@ -96,6 +96,12 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
         plans = pipeline.plan(registry, config, pipeline.Selection(only=only, skip=skip))
     except pipeline.NothingToRun:  # said below, in exec's words
         plans = []
+    except UsageError as exc:
+        if not str(exc).startswith("unknown check id"):
+            raise
+        # the ids offered are those exec runs: `check`'s whole list named some exec then refused (helper-84)
+        runnable = sorted(c.id for c in registry.checks.values() if runs_in_exec(c))
+        raise UsageError(f"{str(exc).split('; `envdoctor checks`', 1)[0]}; exec runs: {', '.join(runnable)}") from None
     chosen = [p for p in plans if runs_in_exec(p.check)]
     # asked for, not skipped, and never run here: a loaded check that says so, or one of
     # envdoctor's own that a load for exec does not even import (registry.NOT_IN_EXEC)

@@ -189,7 +189,7 @@ def test_a_command_is_found_on_the_path_it_will_get(tmp_path):
     ((), "no command given"),
     (("--fail-on", "loud", "--", "true"), "--fail-on must be warn or fail"),
     (("--timeout", "0", "--", "true"), "--timeout must be a positive"),
-    (("--only", "no.such_check", "--", "true"), "unknown check id 'no.such_check'"),
+    (("--only", "no.such_check", "--", "true"), "unknown check id 'no.such_check'; exec runs: cpu.threads,"),  # helper-84: what exec runs
     (("--only", ",", "--", "true"), "--only ',' names no check id"),
     (("--only", "onnx.opset", "--", "true"), "onnx.opset: does not run in exec"),
     (("--only", "onnx.opset", "--", "true"), "exec runs: cpu.threads, cuda.runtime, cuda.visible_devices"),
