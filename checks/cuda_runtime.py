@@ -47,7 +47,12 @@ Statuses
          CUDA major is older than the build's (or older at all, before CUDA 11);
          a GPU torch has neither machine code nor usable PTX for; a GPU reachable
          only through PTX while the driver is older than the build; a cuDNN
-         version mismatch.
+         version mismatch; on any node, a torch that cannot be imported: a file
+         of its install missing (torch/__init__.py, _C*.so, lib/libtorch_python.so,
+         lib/libtorch_cuda.so for a CUDA build), or a library its libraries need
+         (libcudnn.so.9 of an uninstalled nvidia-cudnn package) in none of the
+         places the loader looks (their RUNPATH, the target's LD_LIBRARY_PATH, the
+         ld.so cache, the system folders); not for a process that has it loaded.
   warn   driver older than the build within the same major (minor version
          compatibility: works, with limits); a GPU reachable only by JIT from
          PTX; torch.cuda.is_available() False although NVML sees GPUs (where it is
@@ -165,7 +170,8 @@ class RuntimeFacts(namedtuple("RuntimeFacts", (
         "launch_blocking",  # str | None = None: CUDA_LAUNCH_BLOCKING as set, None when unset
         "env_error",  # str | None = None
         "skip_cudnn_check",  # str | None = None: PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK as set
-), defaults=(None, None, None, (), None, None, None))):
+        "libraries_missing",  # Mapping[str, str] = {}: library -> the torch library needing it, found nowhere
+), defaults=(None, None, None, (), None, None, None, {}))):
     __slots__ = ()
 
 
@@ -173,6 +179,7 @@ def gather(ctx) -> RuntimeFacts:
     torch = ctx.torch
     launch_blocking, env_error = ctx.env_var("CUDA_LAUNCH_BLOCKING")
     skip_cudnn, _ = ctx.env_var(SKIP_CUDNN_CHECK)
+    missing = _libraries_missing(ctx, torch)
     try:
         nvml = ctx.nvml
         driver = nvml.driver_version()
@@ -181,9 +188,21 @@ def gather(ctx) -> RuntimeFacts:
                      for g in nvml.devices() if not getattr(g, "lost", False))
     except Unavailable as exc:
         return RuntimeFacts(torch, nvml_reason=str(exc), launch_blocking=launch_blocking, env_error=env_error,
-                            skip_cudnn_check=skip_cudnn)
+                            skip_cudnn_check=skip_cudnn, libraries_missing=missing)
     return RuntimeFacts(torch, None, driver, tuple(driver_cuda) if driver_cuda else None, gpus, launch_blocking, env_error,
-                        skip_cudnn)
+                        skip_cudnn, missing)
+
+
+def _libraries_missing(ctx, torch: Mapping[str, Any]) -> dict[str, str]:
+    """The libraries torch's files need that the loader finds nowhere, LD_LIBRARY_PATH (the
+    target's) included. Only for a torch not yet loaded: a process that runs it found them."""
+    unresolved = torch.get("libraries_unresolved") or {}
+    if not unresolved or torch.get("torch_imported"):
+        return {}
+    path, _ = ctx.env_var("LD_LIBRARY_PATH")
+    dirs = [d for d in (path or "").split(":") if d.startswith("/")]
+    return {name: by for name, by in unresolved.items()
+            if not any(ctx.target_path(f"{d}/{name}").exists() for d in dirs)}
 
 
 # torch/backends/cudnn/__init__.py: with this set to "1", torch loads a cuDNN whose version
@@ -258,6 +277,28 @@ def _driver_behind_minor(facts: RuntimeFacts, b: Build) -> bool:
     """The driver's CUDA is older than the build's, within the major: minor version compatibility."""
     drv, build = facts.driver_cuda, b.cuda
     return drv is not None and build is not None and not (drv[0] < build[0] or (drv < build and build[0] < 11)) and drv < build
+
+
+def _rule_import_fails(facts: RuntimeFacts, b: Build) -> list[Finding]:
+    """`import torch` cannot load: files of the install are gone, or a library its own need
+    is nowhere the loader looks (helper-86: nvidia-cudnn uninstalled, torch/lib half deleted,
+    and the versions read well: ok)."""
+    t = facts.torch
+    missing_files = [f for f in (t.get("missing_files") or []) if isinstance(f, str)]
+    libraries = dict(facts.libraries_missing or {})
+    if not missing_files and not libraries:
+        return []
+    said = []
+    if missing_files:
+        said.append(f"{', '.join(missing_files[:5])} missing from {t.get('torch_dir') or 'its folder'}")
+    if libraries:
+        names = sorted(libraries)
+        said.append(f"{', '.join(names[:5])}{' and more' if len(names) > 5 else ''} (needed by "
+                    f"{libraries[names[0]]}) in none of the loader's places (RUNPATH, LD_LIBRARY_PATH, the ld.so "
+                    "cache, the system folders)")
+    return [Finding(Status.FAIL, f"{b.label} cannot be imported here: {'; '.join(said)}; `import torch` fails "
+                    "(\"cannot open shared object file\")", _pip_fix(b.version, facts.driver_cuda)
+                    + "  # reinstalls torch and the nvidia-* libraries it pins")]
 
 
 def _rule_build_unreadable(facts: RuntimeFacts, b: Build) -> list[Finding]:
@@ -437,7 +478,8 @@ def _no_gpu(facts: RuntimeFacts, b: Build) -> str:
 def judge(facts: RuntimeFacts, settings: Mapping[str, Any]) -> Result:
     b = _build(facts.torch)
     out = _facts_out(facts, b)
-    findings = _rule_build_unreadable(facts, b) + _rule_launch_blocking(facts, b) + _rule_torch_replaced(facts, b)
+    findings = (_rule_import_fails(facts, b) + _rule_build_unreadable(facts, b) + _rule_launch_blocking(facts, b)
+                + _rule_torch_replaced(facts, b))
     if not facts.gpus:
         out["findings"] = [f.message for f in findings]
         base = _no_gpu(facts, b)

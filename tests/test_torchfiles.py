@@ -789,3 +789,81 @@ def test_a_pip_upgrade_under_a_running_process_is_said(tmp_path):
     for seen in (moved, facts):
         assert seen["torch_imported"] is True and seen["torch_version"] == "2.99.1+cu128"
         assert seen["torch_files_replaced"] == [str(pkg / "lib" / "libtorch_python.so")]
+
+
+def _needs_installed_torch() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # found, not imported: only its files are read
+        pytest.skip("needs torch (scripts/test.sh installs torch==2.13.0)")
+
+
+def _torch_without(tmp_path: Path, *left_out: str) -> Path:
+    """The installed (CPU) torch, as symlinks in a folder of its own, less `left_out` (paths
+    under torch/): a partial install, as an interrupted pip leaves one."""
+    import importlib.util
+
+    real = Path(importlib.util.find_spec("torch").origin).parent  # located, not imported
+    site = tmp_path / "site-packages"
+    mirror = site / "torch"
+    (mirror / "lib").mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "lib" and entry.name not in left_out:
+            (mirror / entry.name).symlink_to(entry)
+    for entry in (real / "lib").iterdir():
+        if f"lib/{entry.name}" not in left_out:
+            (mirror / "lib" / entry.name).symlink_to(entry)
+    return mirror
+
+
+def test_a_library_torch_needs_that_is_nowhere_fails_its_import(tmp_path):
+    """helper-86: with nvidia-cudnn uninstalled (libcudnn.so.9 needed by libtorch_python.so) or
+    torch/lib half deleted, every version still read well and cuda.runtime said ok; `import
+    torch` fails on every node. Read as the loader searches: DT_NEEDED, RUNPATH ($ORIGIN),
+    the ld.so cache, the system folders, then the target's LD_LIBRARY_PATH."""
+    _needs_installed_torch()
+    whole = torchfacts.read_installation(str(_torch_without(tmp_path / "whole")))
+    assert whole["missing_files"] == [] and whole["libraries_unresolved"] == {}
+    torch_dir = _torch_without(tmp_path / "partial", "lib/libshm.so")
+    facts = torchfacts.read_installation(str(torch_dir))
+    assert facts["libraries_unresolved"] == {"libshm.so": "libtorch_python.so"}, facts["libraries_unresolved"]
+    gone = torchfacts.read_installation(str(_torch_without(tmp_path / "gone", "__init__.py", "lib/libtorch_python.so")))
+    assert gone["missing_files"] == ["__init__.py", "lib/libtorch_python.so"], gone["missing_files"]
+
+    from envdoctor.checks import cuda_runtime
+
+    for torch_facts, said in ((facts, "libshm.so (needed by libtorch_python.so) in none of the loader's places"),
+                              (gone, "__init__.py, lib/libtorch_python.so missing from")):
+        rt = cuda_runtime.RuntimeFacts(torch_facts, libraries_missing=torch_facts["libraries_unresolved"])
+        r = cuda_runtime.judge(rt, {})
+        assert r.status is Status.FAIL and said in r.summary and "cannot be imported here" in r.summary, r.summary
+
+
+def test_ld_library_path_and_a_loaded_torch_answer_for_a_library(tmp_path):
+    """The target's LD_LIBRARY_PATH is a place the loader looks; and a process that has
+    torch loaded found its libraries: neither is a finding."""
+    _needs_installed_torch()
+    import importlib.util
+
+    from envdoctor.checks import cuda_runtime
+    from envdoctor.context import Session
+
+    torch_dir = _torch_without(tmp_path, "lib/libshm.so")
+    facts = torchfacts.read_installation(str(torch_dir))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "libshm.so").symlink_to(Path(importlib.util.find_spec("torch").origin).parent / "lib" / "libshm.so")
+
+    class Ctx:
+        def __init__(self, env):
+            self.session = Session(env_override=env)
+
+        def env_var(self, name):
+            return self.session.env.get(name), None
+
+        def target_path(self, path):
+            return self.session.target_path(path)
+
+    assert cuda_runtime._libraries_missing(Ctx({}), facts) == {"libshm.so": "libtorch_python.so"}
+    assert cuda_runtime._libraries_missing(Ctx({"LD_LIBRARY_PATH": f"/nowhere:{elsewhere}"}), facts) == {}
+    assert cuda_runtime._libraries_missing(Ctx({}), {**facts, "torch_imported": True}) == {}

@@ -158,3 +158,50 @@ def gencode_arches(path: Path) -> list[str] | None:
         if name not in arches:
             arches.append(name)
     return arches or None
+
+
+MAX_DYNAMIC = 64 * 1024  # bytes of .dynamic read (a real one is ~1 KiB: ~60 entries of 16 bytes)
+MAX_NAME = 4096  # bytes of one library name or search path
+DT_NULL, DT_NEEDED, DT_RPATH, DT_RUNPATH = 0, 1, 15, 29
+
+
+def dynamic_needs(path: Path) -> tuple[list[str], list[str]] | None:
+    """(the libraries `path` needs, by soname; its RUNPATH, or else RPATH, folders as
+    written, `$ORIGIN` left in): what the dynamic loader must find before `import torch`
+    can load it, read from the file's .dynamic and .dynstr sections without loading it.
+    None where the file is missing, not ELF, or its sections cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        header = _read(fd, 6, 0)
+        if len(header) < 6 or header[:4] != b"\x7fELF":
+            return None
+        wide, end = header[4] == 2, "<" if header[5] == 1 else ">"
+        dynamic, strings = _section(fd, st.st_size, b".dynamic"), _section(fd, st.st_size, b".dynstr")
+        if dynamic is None or strings is None:
+            return None
+        table = _read(fd, min(dynamic[1], MAX_DYNAMIC), dynamic[0])
+        entry = struct.Struct(end + ("qQ" if wide else "iI"))
+        needed, runpath, rpath = [], [], []
+        for at in range(0, len(table) - entry.size + 1, entry.size):
+            tag, value = entry.unpack_from(table, at)
+            if tag == DT_NULL:
+                break
+            if tag in (DT_NEEDED, DT_RUNPATH, DT_RPATH) and value < strings[1]:
+                # each string read on its own: libtorch_cpu.so's .dynstr holds ~30 MB of symbol names
+                raw = _read(fd, MAX_NAME, strings[0] + value)
+                text = raw[:raw.find(b"\x00") if b"\x00" in raw else len(raw)].decode("utf-8", "replace")
+                if tag == DT_NEEDED:
+                    needed.append(text)
+                else:
+                    (runpath if tag == DT_RUNPATH else rpath).extend(p for p in text.split(":") if p)
+        return needed, runpath or rpath
+    except (OSError, ValueError, struct.error):
+        return None
+    finally:
+        os.close(fd)
