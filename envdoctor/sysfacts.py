@@ -101,9 +101,19 @@ def _torch(session: Session) -> dict[str, Any]:
         out["torch_dir"] = facts.get("torch_dir")
         if facts.get("python"):
             out["python_executable"] = facts["python"]
-        if facts.get("python_version") and session.target.pid is not None:
+        if facts.get("python_version") and (session.target.pid is not None or _another_python(session)):
             out["python_version"] = facts["python_version"]  # the X.Y its site-packages names
     return out
+
+
+def _another_python(session: Session) -> bool:
+    """--python names an interpreter that is not envdoctor's own."""
+    if not session.python_explicit or not session.python:
+        return False
+    try:
+        return not os.path.samefile(session.python, sys.executable)
+    except OSError:
+        return True
 
 
 def _target_interpreter(session: Session) -> tuple[str | None, str | None]:
@@ -144,6 +154,10 @@ class Gathering:
         }
         if session.target.pid is not None and not session.python_explicit:
             facts["python_executable"], facts["python_version"] = _target_interpreter(session)
+        elif _another_python(session):  # --python: its version, not envdoctor's (helper-86), once its files say
+            named = (re.fullmatch(r"python(\d+\.\d+)", os.path.basename(str(session.python)))
+                     or re.fullmatch(r"python(\d+\.\d+)", os.path.basename(os.path.realpath(str(session.python)))))
+            facts["python_version"] = named.group(1) if named else None
         errors: dict[str, str] = {}
         for name, call in self.calls:
             outcome = call.wait(deadline)

@@ -186,6 +186,21 @@ def test_compact_says_one_check_not_one_checks():
     assert proc.stdout.splitlines()[0].startswith("envdoctor: 1 check: "), proc.stdout
 
 
+def test_check_python_gives_that_interpreters_version_not_envdoctors():
+    """helper-86: `check --python /usr/bin/python3` said `Python 3.11.7` (envdoctor's own) beside
+    `Interpreter /usr/bin/python3`, a 3.11.2. Its X.Y is its name's (or its link's), or none."""
+    import json
+    import re
+
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no /usr/bin/python3")
+    named = re.fullmatch(r"python(\d+\.\d+)", os.path.basename(os.path.realpath("/usr/bin/python3")))
+    proc = cli("check", "--python", "/usr/bin/python3", "--only", "cpu.threads", "-f", "json")
+    system = json.loads(proc.stdout)["system"]
+    assert system["python_executable"] == "/usr/bin/python3"
+    assert system["python_version"] == (named.group(1) if named else None), system
+
+
 def test_check_pid_names_the_targets_interpreter_not_envdoctors(tmp_path):
     """Helper-54: under --pid the header's Interpreter (and Python) were envdoctor's own, for a
     /usr/bin/python3 target, unless a torch check had read the target's torch."""
