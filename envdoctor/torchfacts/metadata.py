@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 MAX_TEXT = 256 * 1024  # a version.py or METADATA header is a few KB; a larger file is not one
-_NVIDIA = re.compile(r"^(nvidia[-_].+|cuda[-_]toolkit|cuda[-_]bindings|triton|pytorch[-_]triton.*)$", re.I)
+# nvidia-ml-py (NVML's bindings) and the cuDNN frontend carry no CUDA library (helper-86)
+_NVIDIA = re.compile(r"^(nvidia[-_](?!ml[-_]py$|cudnn[-_]frontend$).+|cuda[-_]toolkit|cuda[-_]bindings|triton|"
+                     r"pytorch[-_]triton.*)$", re.I)
 
 
 def _read_text(path: Path, limit: int = MAX_TEXT) -> str | None:
