@@ -108,10 +108,8 @@ def _run(only: Sequence[str] = (), skip: Sequence[str] = (), fmt: Optional[str] 
          config_file: Optional[str] = None, fail_on: Optional[str] = None, timeout: Optional[float] = None,
          output_text: Optional[str] = None, procfs_text: str = "/proc", sysfs_text: str = "/sys",
          rootfs_text: str = "/") -> int:
-    from envdoctor import export, pipeline
-    from envdoctor.config import FAIL_ON, load as load_config
-    from envdoctor.context import Roots
-    from envdoctor.errors import ConfigError, UsageError
+    from envdoctor import export
+    from envdoctor.config import FAIL_ON
     from envdoctor.model import Status
 
     formats = export.names()
@@ -163,6 +161,27 @@ def _run(only: Sequence[str] = (), skip: Sequence[str] = (), fmt: Optional[str] 
             die(f"{flag} {' '.join(given)!r} names no check id; `envdoctor checks` lists them")  # `--only ,` ran every check
     only = [part.strip() for item in only for part in item.split(",") if part.strip()]
     skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
+    from envdoctor.stdout_guard import PluginsPrintToStderr
+
+    with PluginsPrintToStderr():  # what plug-ins print must not land in the report (helper-85)
+        registry, config, sampling, report = _checked(only, skip, pid, python, onnx, window, config_file, fail_on,
+                                                      timeout, fmt, formats, procfs, sysfs, rootfs)
+    fmt = fmt or os.environ.get("ENVDOCTOR_FORMAT") or "text"
+    emit(report, fmt, registry, config.fail_on, output, umask)
+    threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
+    worst = max((r.status.severity for r in report.results), default=0)
+    return EXIT_FOUND if worst >= threshold else EXIT_OK
+
+
+def _checked(only, skip, pid, python, onnx, window, config_file, fail_on, timeout, fmt, formats, procfs, sysfs,
+             rootfs):
+    """The plug-ins loaded, the config read and the checks run: (registry, config, memory
+    sampling, report)."""
+    from envdoctor import pipeline
+    from envdoctor.config import load as load_config
+    from envdoctor.context import Roots
+    from envdoctor.errors import ConfigError, UsageError
+
     registry = pipeline.load_registry()
     try:
         config = load_config(registry.checks, explicit_file=config_file, known_ids=registry.unloaded_ids, left_out=registry.left_out)
@@ -189,10 +208,7 @@ def _run(only: Sequence[str] = (), skip: Sequence[str] = (), fmt: Optional[str] 
             report = pipeline.execute(registry, config, session, pipeline.Selection(only=only, skip=skip))
     except UsageError as exc:
         die(str(exc))
-    emit(report, fmt, registry, config.fail_on, output, umask)
-    threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
-    worst = max((r.status.severity for r in report.results), default=0)
-    return EXIT_FOUND if worst >= threshold else EXIT_OK
+    return registry, config, sampling, report
 
 
 def emit(report, fmt: str, registry, fail_on: str, output: Optional[Path], umask: Optional[int] = None) -> None:

@@ -369,8 +369,11 @@ def serve(
         from envdoctor.serve import relaunch
 
         relaunch.replace_process(options)  # returns only when it could not: the daemon then runs here
+    from envdoctor.stdout_guard import PluginsPrintToStderr
+
     try:
-        daemon = Daemon(options)
+        with PluginsPrintToStderr():  # a plug-in's print at import is not `--once`'s exposition (helper-85)
+            daemon = Daemon(options)
     except StartError as exc:
         check_command.usage_error(str(exc))
         raise typer.Exit(exc.code) from None

@@ -236,6 +236,11 @@ def answer_and_exit(fn: Callable[[Callable[[Any], None]], Any], fd: int, quiet: 
             os.dup2(devnull, 2)
         except OSError:
             pass
+    else:  # the answer goes through the pipe; a plug-in's print is not the job's output (helper-85)
+        try:
+            os.dup2(2, 1)
+        except OSError:
+            pass
     try:
         try:
             payload = {"value": fn(lambda message: _write_line(fd, {"message": message}))}

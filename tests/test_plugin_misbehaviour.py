@@ -924,3 +924,44 @@ def test_the_backstop_is_armed_even_when_no_dump_thread_can_start(monkeypatch):
         deadman.disarm()
     assert deadman.WEDGED_SECONDS < remaining <= deadman.WEDGED_SECONDS + deadman.BACKSTOP_SECONDS
     assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
+_PRINTS = '''
+import os
+from envdoctor.check import Check
+from envdoctor.model import ok
+
+print("NOISE AT IMPORT")
+
+
+def _run(ctx):
+    print("NOISE FROM A CHECK")
+    os.write(1, b"RAW NOISE ON FD 1\\n")
+    return ok("printed")
+
+
+CHECK = Check(id="noisy.print", title="prints", run=_run, modes=("check", "serve", "exec"))
+'''
+
+
+def test_what_a_plugin_prints_stays_out_of_the_report_and_the_jobs_output(tmp_path):
+    """helper-85: a plug-in's print() at import or in its check, or a write to descriptor 1,
+    landed inside `check -f json` (which no longer parsed), `-f prometheus`, `serve --once`'s
+    exposition, and the job's own stdout under exec. It goes to stderr."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    site = _site(tmp_path, "noisyplug", _PRINTS, "[envdoctor.checks]\nnoisy.print = noisyplug:CHECK\n")
+    env = {"PYTHONPATH": str(site)}
+    out = cli("check", "--only", "noisy.print,shm.size", "-f", "json", env=env)
+    assert [r["check"] for r in json.loads(out.stdout)["results"]] == ["noisy.print", "shm.size"], out.stdout[:300]
+    assert "NOISE AT IMPORT" in out.stderr and "NOISE FROM A CHECK" in out.stderr and "RAW NOISE ON FD 1" in out.stderr
+    out = cli("check", "--only", "noisy.print", "-f", "prometheus", env=env)
+    assert out.stdout.startswith("# HELP") and "NOISE" not in out.stdout, out.stdout[:200]
+    out = cli("serve", "--once", env={**env, "ENVDOCTOR_ONLY": "noisy.print,shm.size"})
+    assert out.returncode == 0 and out.stdout.startswith("# HELP") and "NOISE" not in out.stdout, out.stdout[:200]
+    job = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--only", "noisy.print", "--", "echo", "JOB OUTPUT"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    assert job.returncode == 0 and job.stdout == "JOB OUTPUT\n", (job.stdout, job.stderr[-500:])

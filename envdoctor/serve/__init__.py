@@ -215,8 +215,10 @@ class Daemon:
         if self.options.once:
             from envdoctor.serve.discovery import DiscoveryFailed
 
+            from envdoctor.stdout_guard import PluginsPrintToStderr
+
             try:
-                with deadman.Heartbeat():
+                with deadman.Heartbeat(), PluginsPrintToStderr():  # their prints are not the exposition (helper-85)
                     snap = scheduler.run_once()
             except DiscoveryFailed as exc:  # nothing was examined: no exposition that says all is well
                 log.event("error", "run failed", error=str(exc))
