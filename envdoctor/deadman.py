@@ -61,6 +61,12 @@ def beat() -> None:
     global _dump_fd
     if _dump_fd is None:
         _dump_fd = _open_dump_fd()
+        # a plug-in that crashes the interpreter (SIGSEGV in its C code) is named by its stack
+        # too, where it ended `check` or `serve` without a word (helper-85)
+        try:
+            faulthandler.enable(file=_dump_fd, all_threads=True)
+        except (RuntimeError, ValueError, OSError):
+            pass
     try:
         faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_dump_fd)
     except RuntimeError:  # no thread can be started (`ulimit -u`): no stack, but the backstop still ends a wedge

@@ -965,3 +965,14 @@ def test_what_a_plugin_prints_stays_out_of_the_report_and_the_jobs_output(tmp_pa
     job = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--only", "noisy.print", "--", "echo", "JOB OUTPUT"],
                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     assert job.returncode == 0 and job.stdout == "JOB OUTPUT\n", (job.stdout, job.stderr[-500:])
+
+
+def test_a_plugin_that_crashes_the_interpreter_is_named_by_its_stack(tmp_path):
+    """helper-85: a plug-in check that segfaults (its C code) ended `check` with status 139 and
+    nothing on stderr. The crash now leaves every thread's stack, naming the plug-in."""
+    module = _WEDGED.replace('re.match(r"(a+)+$", "a" * 40 + "b")  # hours inside _sre, holding the interpreter lock',
+                             "import ctypes; ctypes.string_at(0)  # reads address 0: SIGSEGV")
+    site = _site(tmp_path, "crashplug", module, "[envdoctor.checks]\nwedge.regex = crashplug:CHECK\n")
+    proc = cli("check", "--only", "wedge.regex", env={"PYTHONPATH": str(site)})
+    assert proc.returncode == -11, (proc.returncode, proc.stderr[-1000:])
+    assert "Fatal Python error: Segmentation fault" in proc.stderr and "crashplug.py" in proc.stderr, proc.stderr[-2000:]
