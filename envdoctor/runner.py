@@ -89,7 +89,7 @@ def _row(plan: Plan, outcome: Outcome) -> Result:
         return error(f"timed out: answered after {outcome.seconds:.3g} s, past its {plan.timeout:.3g} s timeout; "
                      f"{_raise_hint(plan)}", timeout_seconds=plan.timeout)
     if outcome.kind == DONE:
-        return outcome.value
+        return _bounded(outcome.value)
     if outcome.kind == RAISED:
         exc = outcome.error
         if isinstance(exc, Unavailable):
@@ -102,6 +102,18 @@ def _row(plan: Plan, outcome: Outcome) -> Result:
                      "for it rather than start another", stuck_since=outcome.since)
     at = f", stuck at {outcome.where}" if outcome.where else ""
     return error(f"timed out after {plan.timeout:.3g} s{at}; {_raise_hint(plan)}", timeout_seconds=plan.timeout)
+
+
+MAX_TEXT_CHARS = 20_000  # of a row's summary or fix: a plug-in's 50 MB summary took 12.8 s to report (helper-85)
+
+
+def _bounded(result: Any) -> Any:
+    """The row with its summary and fix cut to MAX_TEXT_CHARS, saying how much more there was."""
+    for name in ("summary", "remediation"):
+        text = getattr(result, name, None)
+        if isinstance(text, str) and len(text) > MAX_TEXT_CHARS:
+            setattr(result, name, f"{text[:MAX_TEXT_CHARS]}... ({len(text) - MAX_TEXT_CHARS} more characters)")
+    return result
 
 
 def _raise_hint(plan: Plan) -> str:

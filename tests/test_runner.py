@@ -243,3 +243,14 @@ def test_a_kept_failure_keeps_where_it_was_raised_not_what_its_factory_had_read(
             assert where_raised(raised.value).startswith("test_runner.py:"), kind  # factory's raise, innermost
         gc.collect()
         assert read[0]() is None, f"{kind.__name__}: the frames' locals (what was read) were kept"
+
+
+def test_a_huge_summary_or_fix_is_cut_saying_how_much_more():
+    """helper-85: a plug-in's 50 MB summary was kept whole, and the report took 12.8 s."""
+    from envdoctor.runner import MAX_TEXT_CHARS
+
+    big = Check(id="x.big", title="big", run=lambda ctx: warn("s" * 1_000_000, "f" * 30_000))
+    r, = run([Plan(big, {}, 5.0)], Session())
+    assert r.status is Status.WARN and len(r.summary) < MAX_TEXT_CHARS + 100, len(r.summary)
+    assert r.summary.endswith(f"... ({1_000_000 - MAX_TEXT_CHARS} more characters)")
+    assert r.remediation.endswith(f"... ({30_000 - MAX_TEXT_CHARS} more characters)")
