@@ -174,7 +174,9 @@ def explain(check_id: str = typer.Argument(..., metavar="ID", help="A check id, 
         typer.echo(_scrubbed("\n".join(lines)))
         return
     if check is None:
-        _die(f"unknown check id {check_id!r}; `envdoctor checks` lists them: {', '.join(registry.ids)}")
+        from envdoctor.pipeline import shown_id
+
+        _die(f"unknown check id {shown_id(check_id)}; `envdoctor checks` lists them: {', '.join(registry.ids)}")
     say(f"{check.id}: {check.title}\n")
     say(inspect.cleandoc(check.explain or "(this check has no explanation)"))
     say("")

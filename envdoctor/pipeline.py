@@ -62,7 +62,7 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
     skip = skipped(selection.only, selection.skip, config)
     for check_id in [*only, *skip]:
         if check_id not in known:
-            raise UsageError(f"unknown check id {check_id!r}{_named_by(check_id, selection, config)}; "
+            raise UsageError(f"unknown check id {shown_id(check_id)}{_named_by(check_id, selection, config)}; "
                              f"`envdoctor checks` lists them: {', '.join(sorted(known))}")
     asked_out = [check_id for check_id in selection.only if check_id in registry.left_out]
     if asked_out:  # asked for by name, on the command line: not dropped without a word
@@ -80,6 +80,14 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
     if not plans and (only or skip) and not registry.failures_selected(only, skip, disabled_in(config)):
         raise NothingToRun("--only/--skip (or the config's only/skip) leave no check to run" + left_out_hint(registry, only))
     return plans
+
+
+def shown_id(check_id: str, limit: int = 100) -> str:
+    """An id as an error quotes it: repr, cut after `limit` characters (helper-85: a 100 KB id
+    was echoed whole)."""
+    if len(check_id) <= limit:
+        return repr(check_id)
+    return f"{check_id[:limit]!r}... ({len(check_id) - limit} more characters)"
 
 
 def _named_by(check_id: str, selection: Selection, config: Config) -> str:

@@ -80,6 +80,7 @@ def test_hanging_and_raising_checks_end_as_errors_near_the_timeout(plugin_env, t
     (("check", "--fail-on", "error"), "--fail-on must be warn or fail"),
     (("check", "--path.procfs", "/nonexistent"), "is not a directory"),
     (("explain", "nope.nope"), "unknown check id 'nope.nope'"),
+    (("explain", "a" * 100_000), "... (99900 more characters)"),  # helper-85: echoed whole
 ])
 def test_bad_usage_exits_2_with_one_clear_line(args, message):
     proc = cli(*args)
