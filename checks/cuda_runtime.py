@@ -194,15 +194,23 @@ def gather(ctx) -> RuntimeFacts:
 
 
 def _libraries_missing(ctx, torch: Mapping[str, Any]) -> dict[str, str]:
-    """The libraries torch's files need that the loader finds nowhere, LD_LIBRARY_PATH (the
-    target's) included. Only for a torch not yet loaded: a process that runs it found them."""
+    """The libraries torch's files need that the loader finds nowhere, nor torch's own
+    preload: the target's LD_LIBRARY_PATH (an empty or relative entry is the working
+    folder's, as the loader reads it) and PYTHONPATH (torch loads `nvidia/*/lib/` from
+    sys.path) included. Only for this process's view (check, --python, exec): a --pid
+    process is read through /proc/N/root (envdoctor.torchfacts.libraries), and one that
+    runs torch found them."""
     unresolved = torch.get("libraries_unresolved") or {}
-    if not unresolved or torch.get("torch_imported"):
+    if not unresolved or torch.get("torch_imported") or ctx.target.pid is not None:
         return {}
+    from envdoctor.torchfacts.libraries import preloaded_from
+
     path, _ = ctx.env_var("LD_LIBRARY_PATH")
-    dirs = [d for d in (path or "").split(":") if d.startswith("/")]
+    dirs = [os.path.join(os.getcwd(), d) for d in path.split(":")] if path else []
+    python_path, _ = ctx.env_var("PYTHONPATH")
+    sites = [os.path.join(os.getcwd(), d) for d in python_path.split(":") if d] if python_path else []
     return {name: by for name, by in unresolved.items()
-            if not any(ctx.target_path(f"{d}/{name}").exists() for d in dirs)}
+            if not any(os.path.exists(os.path.join(d, name)) for d in dirs) and not preloaded_from(sites, name)}
 
 
 # torch/backends/cudnn/__init__.py: with this set to "1", torch loads a cuDNN whose version
@@ -296,9 +304,11 @@ def _rule_import_fails(facts: RuntimeFacts, b: Build) -> list[Finding]:
         said.append(f"{', '.join(names[:5])}{' and more' if len(names) > 5 else ''} (needed by "
                     f"{libraries[names[0]]}) in none of the loader's places (RUNPATH, LD_LIBRARY_PATH, the ld.so "
                     "cache, the system folders)")
+    fix = (_pip_fix(b.version, facts.driver_cuda) if b.cuda is not None else
+           f"pip install --force-reinstall torch=={(b.version or '').split('+', 1)[0] or 'VERSION'} "
+           "--index-url https://download.pytorch.org/whl/cpu")  # a CPU build stays one (helper-87)
     return [Finding(Status.FAIL, f"{b.label} cannot be imported here: {'; '.join(said)}; `import torch` fails "
-                    "(\"cannot open shared object file\")", _pip_fix(b.version, facts.driver_cuda)
-                    + "  # reinstalls torch and the nvidia-* libraries it pins")]
+                    "(\"cannot open shared object file\")", fix + "  # reinstalls torch and the libraries it pins")]
 
 
 def _rule_build_unreadable(facts: RuntimeFacts, b: Build) -> list[Finding]:
@@ -463,6 +473,10 @@ def _facts_out(facts: RuntimeFacts, b: Build) -> dict[str, Any]:
         out["nvml_unavailable"] = facts.nvml_reason
     if facts.launch_blocking is not None:
         out["CUDA_LAUNCH_BLOCKING"] = facts.launch_blocking
+    if t.get("missing_files") or facts.libraries_missing:  # what the import-failure finding names (helper-87)
+        out["torch_dir"] = t.get("torch_dir")
+        out["missing_files"] = list(t.get("missing_files") or [])
+        out["libraries_missing"] = dict(facts.libraries_missing or {})
     return out
 
 

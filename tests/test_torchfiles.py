@@ -857,6 +857,7 @@ def test_ld_library_path_and_a_loaded_torch_answer_for_a_library(tmp_path):
     class Ctx:
         def __init__(self, env):
             self.session = Session(env_override=env)
+            self.target = self.session.target
 
         def env_var(self, name):
             return self.session.env.get(name), None
@@ -867,3 +868,10 @@ def test_ld_library_path_and_a_loaded_torch_answer_for_a_library(tmp_path):
     assert cuda_runtime._libraries_missing(Ctx({}), facts) == {"libshm.so": "libtorch_python.so"}
     assert cuda_runtime._libraries_missing(Ctx({"LD_LIBRARY_PATH": f"/nowhere:{elsewhere}"}), facts) == {}
     assert cuda_runtime._libraries_missing(Ctx({}), {**facts, "torch_imported": True}) == {}
+    # the ground truth: the real import fails there, and works with the library on LD_LIBRARY_PATH
+    code = ["-c", "import torch"]
+    env = {**os.environ, "PYTHONPATH": str(torch_dir.parent)}
+    assert subprocess.run([sys.executable, *code], env=env, capture_output=True, timeout=120).returncode != 0
+    fine = subprocess.run([sys.executable, *code], env={**env, "LD_LIBRARY_PATH": str(elsewhere)}, capture_output=True,
+                          text=True, timeout=120)
+    assert fine.returncode == 0, fine.stderr[-500:]

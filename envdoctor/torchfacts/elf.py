@@ -165,8 +165,8 @@ MAX_NAME = 4096  # bytes of one library name or search path
 DT_NULL, DT_NEEDED, DT_RPATH, DT_RUNPATH = 0, 1, 15, 29
 
 
-def dynamic_needs(path: Path) -> tuple[list[str], list[str]] | None:
-    """(the libraries `path` needs, by soname; its RUNPATH, or else RPATH, folders as
+def dynamic_needs(path: Path) -> tuple[list[str], list[str], list[str]] | None:
+    """(the libraries `path` needs, by soname; its RUNPATH folders; its RPATH folders; as
     written, `$ORIGIN` left in): what the dynamic loader must find before `import torch`
     can load it, read from the file's .dynamic and .dynstr sections without loading it.
     None where the file is missing, not ELF, or its sections cannot be read."""
@@ -200,7 +200,7 @@ def dynamic_needs(path: Path) -> tuple[list[str], list[str]] | None:
                     needed.append(text)
                 else:
                     (runpath if tag == DT_RUNPATH else rpath).extend(p for p in text.split(":") if p)
-        return needed, runpath or rpath
+        return needed, runpath, rpath
     except (OSError, ValueError, struct.error):
         return None
     finally:

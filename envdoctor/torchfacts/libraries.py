@@ -1,79 +1,139 @@
 """What `import torch` needs the dynamic loader to find, and what it would not.
 
-torch's extension module loads libtorch_python.so, which needs libtorch.so,
+torch's extension module `_C*.so` loads libtorch_python.so, which needs libtorch.so,
 libtorch_cuda.so, and for a CUDA wheel the libraries of the nvidia-* wheels it pins
-(libcudnn.so.9, libnccl.so.2, libcublas...), found through its RUNPATH
+(libcudnn.so.9, libnccl.so.2, libcublas...), found through their RUNPATH
 (`$ORIGIN/../../nvidia/cudnn/lib`...). An uninstalled nvidia-cudnn package, or a
 torch/lib folder half deleted, makes `import torch` fail on every node ("libcudnn.so.9:
 cannot open shared object file"), while every version file still reads well
-(helper-86: cuda.runtime said ok). Read here as the loader searches, without loading
-anything: the libraries' DT_NEEDED and RUNPATH (envdoctor.torchfacts.elf), then the
-ld.so cache and the system folders. LD_LIBRARY_PATH is the target's environment's,
-applied by the check (these facts are cached per installation).
+(helper-86: cuda.runtime said ok).
+
+Read as the loader searches (ld.so(8)), without loading anything: each library's
+DT_NEEDED, then its DT_RUNPATH, or where it has none the DT_RPATH of it and of the
+libraries that loaded it (conda's builds use RPATH), `$ORIGIN` being the folder the
+file was opened in, and `..` after it taken on disk, as the kernel takes it;
+then the ld.so cache and the system folders. And as torch itself does when that
+fails: `torch/__init__.py` loads each CUDA library from `nvidia/*/lib` of any folder on
+`sys.path` (pip puts torch and the nvidia-* wheels in lib64 and lib on some systems)
+(helper-87). What the target's environment adds (LD_LIBRARY_PATH, PYTHONPATH) the
+check applies: these facts are cached per installation. Only for a torch this process
+can open as itself: through /proc/N/root an absolute symlink would be read against
+our root, not the target's.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 
 from envdoctor.torchfacts import elf
 
-TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
-if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Callable
-
-START = "libtorch_python.so"  # what torch/_C*.so loads first
-MAX_LIBRARIES = 32  # of torch's own folder, followed from START (a wheel's chain is ~8)
+MAX_LIBRARIES = 32  # of torch's own folder, followed from _C*.so (a wheel's chain is ~8)
 MAX_CACHE = 16 * 1024 * 1024  # bytes of /etc/ld.so.cache read (a real one is ~100 KB)
 SYSTEM_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
                "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+START = "lib/libtorch_python.so"
 
 
-def missing_files(torch_dir: str, host: Callable[[str], Path], cuda: bool) -> list[str]:
+def missing_files(torch_dir: str, cuda: bool) -> list[str]:
     """The files every `import torch` opens that are not there (a partial install)."""
-    missing = [name for name in ("__init__.py", f"lib/{START}") + (("lib/libtorch_cuda.so",) if cuda else ())
-               if not host(f"{torch_dir}/{name}").is_file()]
+    missing = [name for name in ("__init__.py", START) + (("lib/libtorch_cuda.so",) if cuda else ())
+               if not os.path.isfile(os.path.join(torch_dir, name))]
+    return (["_C*.so"] if not _extension(torch_dir) else []) + missing
+
+
+def _extension(torch_dir: str) -> str | None:
     try:
-        has_c = any(n.startswith("_C.") and n.endswith(".so") for n in os.listdir(host(torch_dir)))
+        names = os.listdir(torch_dir)
     except OSError:
-        has_c = False
-    return (["_C*.so"] if not has_c else []) + missing
+        return None
+    return next((os.path.join(torch_dir, n) for n in sorted(names) if n.startswith("_C.") and n.endswith(".so")), None)
 
 
-def unresolved(torch_dir: str, host: Callable[[str], Path]) -> dict[str, str]:
-    """{library: the torch library that needs it} for each library the loader finds in none
-    of its places but LD_LIBRARY_PATH: the needing file's RUNPATH, the ld.so cache, the
-    system folders. Followed from libtorch_python.so through torch's own folder."""
-    lib_dir = os.path.normpath(f"{torch_dir}/lib")
-    cache = _ld_cache(host)
-    todo, seen, out = [START], set(), {}
+def unresolved(torch_dir: str, sites: list[str]) -> dict[str, str]:
+    """{library: the torch library that needs it} for each library found in none of the
+    loader's places but LD_LIBRARY_PATH, nor where torch's own preload looks in `sites`
+    (the site folders this interpreter has besides PYTHONPATH)."""
+    lib_dir = os.path.realpath(os.path.join(torch_dir, "lib"))
+    cache = _ld_cache()
+    first = _extension(torch_dir) or os.path.join(torch_dir, START)
+    todo: list[tuple[str, list[str]]] = [(first, [])]
+    seen: set[str] = set()
+    out: dict[str, str] = {}
     while todo and len(seen) < MAX_LIBRARIES:
-        name = todo.pop(0)
-        if name in seen:
+        path, inherited = todo.pop(0)
+        if os.path.realpath(path) in seen:
             continue
-        seen.add(name)
-        needs = elf.dynamic_needs(host(f"{lib_dir}/{name}"))
+        seen.add(os.path.realpath(path))
+        needs = elf.dynamic_needs(path)
         if needs is None:
             continue
-        needed, paths = needs
-        dirs = [os.path.normpath(p.replace("${ORIGIN}", lib_dir).replace("$ORIGIN", lib_dir)) for p in paths]
+        needed, runpath, rpath = needs
+        origin = os.path.dirname(path)  # the folder as opened: a symlink's own, as the loader takes it
+        rpath = [_expand(p, origin) for p in rpath]
+        chain = [] if runpath else rpath + inherited  # RPATH counts, its loaders' too, only without RUNPATH
+        dirs = [_expand(p, origin) for p in runpath] if runpath else chain
         for soname in needed:
             if "/" in soname:
                 continue
-            found = next((d for d in dirs if host(f"{d}/{soname}").exists()), None)
-            if found == lib_dir:
-                todo.append(soname)
-            elif found is None and not _in_cache(cache, soname) and not any(
-                    host(f"{d}/{soname}").exists() for d in SYSTEM_DIRS):
-                out.setdefault(soname, name)
+            found = next((os.path.join(d, soname) for d in dirs if os.path.exists(os.path.join(d, soname))), None)
+            if found is not None:
+                if os.path.realpath(os.path.dirname(found)) == lib_dir:
+                    todo.append((found, chain))
+            elif not (_in_cache(cache, soname) or any(os.path.exists(os.path.join(d, soname)) for d in SYSTEM_DIRS)
+                      or preloaded_from(sites, soname)):
+                out.setdefault(soname, os.path.basename(path))
     return out
 
 
-def _ld_cache(host: Callable[[str], Path]) -> bytes:
+def preloaded_from(sites: list[str], soname: str) -> str | None:
+    """Where torch's __init__ would load `soname` from: `nvidia/*/lib/` of a folder on sys.path."""
+    for site in sites:
+        for match in glob.glob(os.path.join(glob.escape(site), "nvidia", "*", "lib", glob.escape(soname))):
+            return match
+    return None
+
+
+def site_dirs(torch_dir: str) -> list[str]:
+    """The site folders this interpreter also has: torch's own, its lib/lib64 twin (pip
+    puts platform wheels in one and pure ones in the other on some systems), and the base
+    interpreter's when a venv includes the system site packages."""
+    site = os.path.dirname(os.path.normpath(torch_dir))
+    out = [site]
+    for a, b in (("/lib64/", "/lib/"), ("/lib/", "/lib64/")):
+        if a in site + "/":
+            out.append((site + "/").replace(a, b, 1).rstrip("/"))
+            break
+    venv = re.match(r"^(.*)/lib(?:64)?/python(\d+\.\d+)/site-packages$", site)
+    if venv:
+        cfg = _read_text(os.path.join(venv.group(1), "pyvenv.cfg"))
+        home = re.search(r"^\s*home\s*=\s*(.+?)\s*$", cfg, re.M)
+        system = re.search(r"^\s*include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I)
+        if home and system:
+            base = os.path.dirname(home.group(1))
+            out += [f"{base}/{lib}/python{venv.group(2)}/{kind}" for lib in ("lib", "lib64")
+                    for kind in ("site-packages", "dist-packages")]
+    return out
+
+
+def _expand(path: str, origin: str) -> str:
+    """`$ORIGIN` put in; `..` left for the kernel, which takes it on disk (helper-87: a
+    symlinked torch's `$ORIGIN/../../nvidia` is beside the real folder, not the link)."""
+    return path.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+
+
+def _read_text(path: str) -> str:
     try:
-        with open(host("/etc/ld.so.cache"), "rb") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(65536)
+    except OSError:
+        return ""
+
+
+def _ld_cache() -> bytes:
+    try:
+        with open("/etc/ld.so.cache", "rb") as f:
             return f.read(MAX_CACHE)
     except OSError:
         return b""
