@@ -238,9 +238,16 @@ def answer_and_exit(fn: Callable[[Callable[[Any], None]], Any], fd: int, quiet: 
             pass
     else:  # the answer goes through the pipe; a plug-in's print is not the job's output (helper-85)
         try:
+            os.fstat(2)
             os.dup2(2, 1)
-        except OSError:
-            pass
+        except OSError:  # stderr closed: to /dev/null, never left on the job's stdout (helper-87)
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)
+                if devnull != 1:
+                    os.close(devnull)
+            except OSError:
+                pass
     try:
         try:
             payload = {"value": fn(lambda message: _write_line(fd, {"message": message}))}

@@ -9,6 +9,7 @@ they say is still seen, and given back before the report is written.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 
@@ -28,15 +29,19 @@ class PluginsPrintToStderr:
     def __enter__(self) -> "PluginsPrintToStderr":
         _flush()  # what is ours already goes where it was meant to
         try:
+            os.fstat(2)  # asked first: with stderr closed, the copy below would take number 2
+            stderr_open = True
+        except OSError:
+            stderr_open = False
+        try:
             os.fstat(1)
-            saved = os.dup(1)
+            saved = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)  # above the three standard ones (helper-87)
         except OSError:  # stdout closed: no report on it to spoil
             return self
         try:
-            try:
-                os.fstat(2)
+            if stderr_open:
                 os.dup2(2, 1)
-            except OSError:  # stderr closed: what they print is dropped
+            else:  # what they print is dropped
                 devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
                 try:
                     os.dup2(devnull, 1)

@@ -976,3 +976,24 @@ def test_a_plugin_that_crashes_the_interpreter_is_named_by_its_stack(tmp_path):
     proc = cli("check", "--only", "wedge.regex", env={"PYTHONPATH": str(site)})
     assert proc.returncode == -11, (proc.returncode, proc.stderr[-1000:])
     assert "Fatal Python error: Segmentation fault" in proc.stderr and "crashplug.py" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_what_a_plugin_prints_stays_out_with_stderr_closed_too(tmp_path):
+    """helper-87: with stderr closed, the copy of stdout took number 2, and what plug-ins printed
+    went into `serve --once`'s exposition and the job's output again. It is dropped."""
+    import os
+    import subprocess
+    import sys
+
+    site = _site(tmp_path, "noisyplug", _PRINTS, "[envdoctor.checks]\nnoisy.print = noisyplug:CHECK\n")
+    env = {**os.environ, "PYTHONPATH": str(site), "ENVDOCTOR_ONLY": "noisy.print,shm.size"}
+    env.pop("ENVDOCTOR_CONFIG", None)
+    once = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, timeout=120, text=True, pass_fds=(), close_fds=True,
+                          preexec_fn=lambda: os.close(2))
+    assert once.returncode == 0 and once.stdout.startswith("# HELP") and "NOISE" not in once.stdout, once.stdout[:200]
+    env.pop("ENVDOCTOR_ONLY")
+    job = subprocess.run([sys.executable, "-m", "envdoctor", "exec", "--only", "noisy.print", "--", "echo", "JOB"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=120, text=True,
+                         preexec_fn=lambda: os.close(2))
+    assert job.returncode == 0 and job.stdout == "JOB\n", job.stdout
