@@ -6,6 +6,7 @@ pass on 2026-11-23); the real ones run in a private mount namespace as root."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -195,60 +196,58 @@ def test_the_reader_prefers_a_usable_tmp_document_over_a_stale_dev_shm_one(tmp_p
     assert doc is not None and source.startswith("/tmp/")
 
 
+@contextlib.contextmanager
+def _job_that_execs(setup: str, then_exec: str):
+    """A python job that attaches (running `setup` first), publishes, says so, and on a line
+    on its stdin runs `then_exec`; yields the Popen. Its leftover document is removed."""
+    code = (f"import os, sys, envdoctor\n{setup}\n"
+            "p = envdoctor.attach(interval=60); p.publish()\n"
+            "sys.stdout.write('published\\n'); sys.stdout.flush()\n"
+            f"sys.stdin.readline()\n{then_exec}\n")
+    job = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    try:
+        assert job.stdout.readline() == "published\n"
+        yield job
+    finally:
+        job.kill()
+        job.wait()
+        for leftover in Path("/dev/shm").glob(f"envdoctor-attach-{job.pid}-*"):
+            leftover.unlink()
+
+
+def _go_on(job) -> None:
+    job.stdin.write("\n")
+    job.stdin.flush()
+
+
 def test_a_document_of_the_program_a_job_exec_d_from_is_refused():
     """helper-79: a job that attached, set 16 threads and exec'd /bin/sleep kept its pid and
     start time, and `check --pid` judged the sleep by the python's document for 15 s. The
     document says which program wrote it (device and inode through /proc/self/exe)."""
     pytest.importorskip("torch", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
-    code = ("import os, sys, time, torch, envdoctor\n"
-            "p = envdoctor.attach(interval=60); torch.set_num_threads(16); p.publish()\n"
-            "sys.stdout.write('published\\n'); sys.stdout.flush()\n"
-            "sys.stdin.readline()\n"
-            "os.execv('/bin/sleep', ['sleep', '120'])\n")
-    job = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
-    try:
-        assert job.stdout.readline() == "published\n"
+    with _job_that_execs("import torch; torch.set_num_threads(16)", "os.execv('/bin/sleep', ['sleep', '120'])") as job:
         doc, source = read_document(Roots(), job.pid)
         assert doc is not None and doc["torch"]["num_threads"] == 16 and len(doc["exe"]) == 3, source
-        job.stdin.write("\n")
-        job.stdin.flush()
+        _go_on(job)
         deadline = time.monotonic() + 30
         while os.readlink(f"/proc/{job.pid}/exe") != os.path.realpath("/bin/sleep") and time.monotonic() < deadline:
             time.sleep(0.01)
         doc, reason = read_document(Roots(), job.pid)
         assert doc is None and "exec'd since" in reason, reason
-    finally:
-        job.kill()
-        job.wait()
-        for leftover in Path("/dev/shm").glob(f"envdoctor-attach-{job.pid}-*"):
-            leftover.unlink()
 
 
 def test_a_document_of_the_same_interpreter_before_a_re_exec_is_refused():
     """helper-83: a job that re-exec'd its own python (a restart wrapper) kept the file, the
     pid and the start time, and its document was believed. Every exec moves the stack."""
-    code = ("import os, sys, envdoctor\n"
-            "p = envdoctor.attach(interval=60); p.publish()\n"
-            "sys.stdout.write('published\\n'); sys.stdout.flush()\n"
-            "sys.stdin.readline()\n"
-            "os.execv(sys.executable, [sys.executable, '-c', "
-            "'import sys; sys.stdout.write(\"again\\\\n\"); sys.stdout.flush(); sys.stdin.readline()'])\n")
-    job = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
-    try:
-        assert job.stdout.readline() == "published\n"
+    again = ("os.execv(sys.executable, [sys.executable, '-c', "
+             "'import sys; sys.stdout.write(\"again\\\\n\"); sys.stdout.flush(); sys.stdin.readline()'])")
+    with _job_that_execs("", again) as job:
         assert read_document(Roots(), job.pid)[0] is not None
-        job.stdin.write("\n")
-        job.stdin.flush()
+        _go_on(job)
         assert job.stdout.readline() == "again\n"  # the same interpreter, exec'd anew
         doc, reason = read_document(Roots(), job.pid)
         assert doc is None and "exec'd since" in reason, reason
-    finally:
-        job.kill()
-        job.wait()
-        for leftover in Path("/dev/shm").glob(f"envdoctor-attach-{job.pid}-*"):
-            leftover.unlink()
 
 
 def test_a_document_written_by_another_process_with_the_same_pid_is_refused(tmp_path):
