@@ -52,6 +52,7 @@ from collections import namedtuple
 from envdoctor.cgroup import EffectiveCpus, effective_cpus
 from envdoctor.check import Check, Metric
 from envdoctor.errors import ParseError
+from envdoctor.quoted import quoted_value
 from envdoctor.model import Finding, Result, Status, skip, verdict
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
@@ -245,7 +246,7 @@ def _rule_invalid_values(facts: ThreadFacts, budget: Budget) -> list[Finding]:
         try:
             parse_thread_count(name, value)
         except ParseError as exc:
-            found.append(_finding(Status.FAIL, f"{name}={value!r} is invalid: {exc}; expected a positive integer, "
+            found.append(_finding(Status.FAIL, f"{name}={quoted_value(value)} is invalid: {exc}; expected a positive integer, "
                                   f"and {_ignored(name, value)}", budget))
     return found
 

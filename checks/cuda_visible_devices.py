@@ -42,6 +42,7 @@ from collections import namedtuple
 from envdoctor import visible_devices as vd
 from envdoctor.check import Check, Metric
 from envdoctor.errors import Unavailable
+from envdoctor.quoted import quoted_value
 from envdoctor.model import Finding, Result, Status, verdict
 
 _LOCAL_RANK = re.compile(r"^\s*[0-9]{1,30}\s*$")  # longer is no rank (and int() refuses > 4300 digits)
@@ -86,15 +87,7 @@ def gather(ctx) -> VisibleFacts:
     )
 
 
-SHOWN_CHARS = 200  # of a value in a summary (helper-78: an 82 KB value made an 82 KB summary)
 SHOWN_ENTRIES = 16
-
-
-def _value(raw: str) -> str:
-    """The value as a summary quotes it: repr, cut after SHOWN_CHARS with how much more there was."""
-    if len(raw) <= SHOWN_CHARS:
-        return repr(raw)
-    return f"{raw[:SHOWN_CHARS]!r}... ({len(raw) - SHOWN_CHARS} more characters)"
 
 
 def _some(entries) -> str:
@@ -257,7 +250,7 @@ def _rule_listed_twice(facts: VisibleFacts, view: View) -> list[Finding]:
     p = view.parsed
     if p is None or p.duplicate is None:
         return []
-    return [_clean_fix(p, Status.FAIL, f"CUDA_VISIBLE_DEVICES={_value(p.raw)} lists {p.duplicate} twice: "
+    return [_clean_fix(p, Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)} lists {p.duplicate} twice: "
                        "CUDA then exposes no GPU at all", facts)]
 
 
@@ -272,19 +265,19 @@ def _rule_bad_entry(facts: VisibleFacts, view: View) -> list[Finding]:
     after = [t for t in p.ignored if not _names_no_gpu(t)]  # entries that would have named a GPU
     quoted = (" (the value holds quote characters: they are part of the value, kept by an env file, "
               "Dockerfile ENV or YAML)" if p.quoted else "")
-    invalid = f"CUDA_VISIBLE_DEVICES={_value(raw)}: entry {bad!r} is invalid ({p.stop_reason})"
+    invalid = f"CUDA_VISIBLE_DEVICES={quoted_value(raw)}: entry {bad!r} is invalid ({p.stop_reason})"
     if _hides_all_on_purpose(view):
         if _no_gpu_here(facts):
             return []  # nothing to hide: said in the ok summary
         listed = f"; or export CUDA_VISIBLE_DEVICES={','.join(str(g.index) for g in facts.gpus)}" if facts.gpus else ""
         if after:  # '-1,0': CUDA runs the job on the CPU; --fix does not make it a GPU job
-            return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={_value(raw)} hides every GPU: CUDA stops at {bad!r} and "
+            return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(raw)} hides every GPU: CUDA stops at {bad!r} and "
                             f"ignores {_some(after)} after it, so the job runs on the CPU{quoted}",
                             "export CUDA_VISIBLE_DEVICES=-1  # no GPU, as now; or list only the GPUs the job should "
                             f"use{listed}")]
         fix = ("export CUDA_VISIBLE_DEVICES=-1  # as meant, without the quotes; or unset CUDA_VISIBLE_DEVICES for all GPUs"
                if p.quoted else f"unset CUDA_VISIBLE_DEVICES  # all GPUs{listed}")
-        return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={_value(raw)} hides every GPU: CUDA sees none and the job "
+        return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(raw)} hides every GPU: CUDA sees none and the job "
                         f"runs on the CPU{quoted}", fix)]
     if after:
         return [_clean_fix(p, Status.FAIL, f"{invalid}; CUDA stops reading there and ignores {_some(after)} "
@@ -329,9 +322,9 @@ def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
             what = f"{res.missing} matches no {'GPU' if p.mode == vd.GPU_UUID else 'MIG device'} on this node"
         fix = (_export(list(range(physical))) if p.mode == vd.INDEX and physical
                else "list existing GPUs (nvidia-smi -L shows their indices and UUIDs)")
-        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={_value(p.raw)}: {what}{lost}", fix))
+        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {what}{lost}", fix))
     if res.ambiguous is not None:
-        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={_value(p.raw)}: {res.ambiguous} matches several devices, "
+        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {res.ambiguous} matches several devices, "
                              f"so CUDA treats it as invalid{lost}", "use longer UUID prefixes (nvidia-smi -L)"))
     return found
 
@@ -343,7 +336,7 @@ def _rule_same_gpu_twice(facts: VisibleFacts, view: View) -> list[Finding]:
         return []
     uuids = [g.uuid or "" for g in facts.gpus or ()]
     named = uuids[res.duplicate] if p.mode == vd.GPU_UUID else res.duplicate
-    return [Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={_value(p.raw)}: two entries name the same GPU ({named}), so CUDA "
+    return [Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: two entries name the same GPU ({named}), so CUDA "
                     "exposes no GPU at all", "list each GPU once (nvidia-smi -L)")]
 
 
@@ -367,14 +360,14 @@ def _rule_container_gpus(facts: VisibleFacts, view: View) -> list[Finding]:
         return []
     if count == 0:
         return [Finding(Status.WARN, f"NVIDIA_VISIBLE_DEVICES={nvd!r}: this container was given no GPU, so "
-                        f"CUDA_VISIBLE_DEVICES={_value(p.raw)} selects nothing",
+                        f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)} selects nothing",
                         "docker run --gpus all ...  # or NVIDIA_VISIBLE_DEVICES=all")]
     if res is None or res.missing is None:
         return []
     what = "hides every GPU" if not res.ordinals else f"hides {res.missing} and what follows"
     fix = _export(list(range(count))) if p.mode == vd.INDEX else "list the UUIDs the container was given"
     return [Finding(Status.WARN, f"NVIDIA_VISIBLE_DEVICES={nvd!r} gives this container {count} GPU"
-                    f"{'s' if count != 1 else ''}, numbered 0-{count - 1} inside it; CUDA_VISIBLE_DEVICES={_value(p.raw)} "
+                    f"{'s' if count != 1 else ''}, numbered 0-{count - 1} inside it; CUDA_VISIBLE_DEVICES={quoted_value(p.raw)} "
                     f"{what} (use the container's own numbering)", fix)]
 
 
@@ -455,10 +448,10 @@ def _ok_summary(facts: VisibleFacts, view: View) -> str:
             return "CUDA_VISIBLE_DEVICES is unset: CUDA will use every GPU"
         return f"CUDA_VISIBLE_DEVICES is unset: CUDA will use all {physical} GPU{'s' if physical != 1 else ''}"
     if count == 0 and _hides_all_on_purpose(view) and _no_gpu_here(facts):
-        return f"CUDA_VISIBLE_DEVICES={_value(raw)} hides every GPU, and this node has none: the job runs on the CPU"
+        return f"CUDA_VISIBLE_DEVICES={quoted_value(raw)} hides every GPU, and this node has none: the job runs on the CPU"
     shown = _some(view.visible_list) or "none"
     of = f" of {physical}" if physical is not None else ""
-    return f"CUDA_VISIBLE_DEVICES={_value(raw)}: CUDA will use {count}{of} GPU{'s' if count != 1 else ''} ({shown})"
+    return f"CUDA_VISIBLE_DEVICES={quoted_value(raw)}: CUDA will use {count}{of} GPU{'s' if count != 1 else ''} ({shown})"
 
 
 def judge(facts: VisibleFacts, settings) -> Result:

@@ -63,6 +63,7 @@ from envdoctor.check import Check
 from envdoctor.errors import ParseError
 from envdoctor.paths import read_text
 from envdoctor.watchdog import RAISED, STUCK, TIMED_OUT, default_watchdog
+from envdoctor.quoted import quoted_value
 from envdoctor.model import Finding, Result, Status, skip, verdict
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
@@ -351,7 +352,7 @@ def _rule_missing(facts: DistFacts, launch: Launch) -> list[Finding]:
 
 def _rule_numbers(facts: DistFacts, launch: Launch) -> list[Finding]:
     """Every launch number an integer, at or above its floor; the port in range."""
-    found = [Finding(Status.FAIL, f"{k}={facts.env[k]!r} is not an integer", TORCHRUN)
+    found = [Finding(Status.FAIL, f"{k}={quoted_value(facts.env[k])} is not an integer", TORCHRUN)
              for k, v in launch.values.items() if v is None]
     for k, low in (("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)):
         value = launch.values.get(k)
@@ -386,13 +387,13 @@ def _rule_master_addr(facts: DistFacts, launch: Launch) -> list[Finding]:
     if facts.resolve_timed_out:  # or EAI_AGAIN: no DNS server answered, the same news as a timeout
         why = (f"could not be resolved now ({facts.resolve_error}: the DNS server did not answer)" if facts.resolve_error
                else f"did not resolve within {facts.resolve_timeout:g} s (slow or unreachable DNS)")
-        return [Finding(Status.WARN, f"MASTER_ADDR={addr!r} {why}: ranks may time out at the rendezvous",
+        return [Finding(Status.WARN, f"MASTER_ADDR={quoted_value(addr)} {why}: ranks may time out at the rendezvous",
                         f"getent hosts {addr}  # or export MASTER_ADDR=<rank 0's IP address>")]
     if facts.master_addresses is None and facts.resolve_error is not None:
-        return [Finding(Status.FAIL, f"MASTER_ADDR={addr!r} does not resolve ({facts.resolve_error}): every rank will "
+        return [Finding(Status.FAIL, f"MASTER_ADDR={quoted_value(addr)} does not resolve ({facts.resolve_error}): every rank will "
                         "fail to reach the rendezvous", "export MASTER_ADDR=<rank 0's hostname or IP address>")]
     if facts.master_addresses and launch.multi_node and all(_loopback(a) for a in facts.master_addresses):
-        return [Finding(Status.WARN, f"MASTER_ADDR={addr!r} is a loopback address but the job spans nodes "
+        return [Finding(Status.WARN, f"MASTER_ADDR={quoted_value(addr)} is a loopback address but the job spans nodes "
                         f"(WORLD_SIZE={launch.world}, LOCAL_WORLD_SIZE={launch.local_world}): other nodes cannot reach it",
                         "export MASTER_ADDR=<rank 0's hostname or IP address>")]
     return []
@@ -409,11 +410,11 @@ def _rule_nccl_ifname(facts: DistFacts, launch: Launch) -> list[Finding]:
         suggestion = f"export NCCL_SOCKET_IFNAME={usable[0] if usable else 'eth0'}"
         if not selected:
             blanks = " (blanks are part of the names)" if any(n != n.strip() for n in spec.names) else ""
-            found.append(Finding(Status.FAIL, f"NCCL_SOCKET_IFNAME={spec.raw!r} selects no interface of the target (it "
+            found.append(Finding(Status.FAIL, f"NCCL_SOCKET_IFNAME={quoted_value(spec.raw)} selects no interface of the target (it "
                                  f"has {', '.join(interfaces) or 'none'}){blanks}: NCCL stops with 'no socket interface "
                                  "found'", suggestion))
         elif launch.multi_node and all(i == "lo" for i in selected):
-            found.append(Finding(Status.WARN, f"NCCL_SOCKET_IFNAME={spec.raw!r} selects only the loopback interface "
+            found.append(Finding(Status.WARN, f"NCCL_SOCKET_IFNAME={quoted_value(spec.raw)} selects only the loopback interface "
                                  "but the job spans nodes", suggestion))
     if spec.dropped:
         found.append(Finding(Status.WARN, f"NCCL_SOCKET_IFNAME lists more than {_NCCL_MAX_IFS} entries: NCCL ignores "
@@ -430,7 +431,7 @@ def _rule_gloo_ifname(facts: DistFacts, launch: Launch) -> list[Finding]:
     absent = [n for n in wanted if n not in facts.interfaces]
     if wanted and not absent:
         return []
-    return [Finding(Status.FAIL, f"GLOO_SOCKET_IFNAME={value!r} names {', '.join(absent) or 'no interface'}, which the "
+    return [Finding(Status.FAIL, f"GLOO_SOCKET_IFNAME={quoted_value(value)} names {', '.join(absent) or 'no interface'}, which the "
                     f"target does not have (it has {', '.join(facts.interfaces) or 'none'})",
                     "export GLOO_SOCKET_IFNAME=eth0  # exact names, see ip -br link")]
 

@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from envdoctor.record import Record
+from envdoctor.stdout_guard import PluginsPrintToStderr  # here: run() must need no file to import (out of descriptors)
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -214,8 +215,6 @@ class Daemon:
         scheduler = self.scheduler
         if self.options.once:
             from envdoctor.serve.discovery import DiscoveryFailed
-
-            from envdoctor.stdout_guard import PluginsPrintToStderr
 
             try:
                 with deadman.Heartbeat(), PluginsPrintToStderr():  # their prints are not the exposition (helper-85)
