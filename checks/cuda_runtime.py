@@ -47,13 +47,16 @@ Statuses
          CUDA major is older than the build's (or older at all, before CUDA 11);
          a GPU torch has neither machine code nor usable PTX for; a GPU reachable
          only through PTX while the driver is older than the build; a cuDNN
-         version mismatch; on any node, a torch that cannot be imported: a file
-         of its install missing (torch/__init__.py, _C*.so, lib/libtorch_python.so,
-         lib/libtorch_cuda.so for a CUDA build), or a library its libraries need
-         (libcudnn.so.9 of an uninstalled nvidia-cudnn package) in none of the
-         places the loader looks (their RUNPATH, the target's LD_LIBRARY_PATH, the
-         ld.so cache, the system folders); not for a process that has it loaded.
-  warn   driver older than the build within the same major (minor version
+         version mismatch; on any node, a torch that cannot be imported because a
+         file of its install is missing (torch/__init__.py, _C*.so,
+         lib/libtorch_python.so, lib/libtorch_cuda.so for a CUDA build); not for a
+         process that has it loaded, nor read through --pid.
+  warn   a library torch's libraries need (libcudnn.so.9 of an uninstalled
+         nvidia-cudnn package) in none of the places the loader looks (their
+         RUNPATH and RPATH, LD_LIBRARY_PATH, LD_PRELOAD, the ld.so cache, the system
+         folders) nor in nvidia/*/lib on the interpreter's sys.path, where torch
+         looks (a warn: a place envdoctor does not read may still provide it);
+         driver older than the build within the same major (minor version
          compatibility: works, with limits); a GPU reachable only by JIT from
          PTX; torch.cuda.is_available() False although NVML sees GPUs (where it is
          known: preflight() in the job, or a probe); a CUDA
@@ -77,6 +80,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections import namedtuple
 
 from envdoctor.check import Check, Metric
@@ -171,7 +175,8 @@ class RuntimeFacts(namedtuple("RuntimeFacts", (
         "env_error",  # str | None = None
         "skip_cudnn_check",  # str | None = None: PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK as set
         "libraries_missing",  # Mapping[str, str] = {}: library -> the torch library needing it, found nowhere
-), defaults=(None, None, None, (), None, None, None, {}))):
+        "files_missing",  # tuple[str, ...] = (): files of torch's install every import opens, not there
+), defaults=(None, None, None, (), None, None, None, {}, ()))):
     __slots__ = ()
 
 
@@ -179,7 +184,7 @@ def gather(ctx) -> RuntimeFacts:
     torch = ctx.torch
     launch_blocking, env_error = ctx.env_var("CUDA_LAUNCH_BLOCKING")
     skip_cudnn, _ = ctx.env_var(SKIP_CUDNN_CHECK)
-    missing = _libraries_missing(ctx, torch)
+    files_missing, missing = _import_problems(ctx, torch)
     try:
         nvml = ctx.nvml
         driver = nvml.driver_version()
@@ -188,29 +193,33 @@ def gather(ctx) -> RuntimeFacts:
                      for g in nvml.devices() if not getattr(g, "lost", False))
     except Unavailable as exc:
         return RuntimeFacts(torch, nvml_reason=str(exc), launch_blocking=launch_blocking, env_error=env_error,
-                            skip_cudnn_check=skip_cudnn, libraries_missing=missing)
+                            skip_cudnn_check=skip_cudnn, libraries_missing=missing, files_missing=files_missing)
     return RuntimeFacts(torch, None, driver, tuple(driver_cuda) if driver_cuda else None, gpus, launch_blocking, env_error,
-                        skip_cudnn, missing)
+                        skip_cudnn, missing, files_missing)
 
 
-def _libraries_missing(ctx, torch: Mapping[str, Any]) -> dict[str, str]:
-    """The libraries torch's files need that the loader finds nowhere, nor torch's own
-    preload: the target's LD_LIBRARY_PATH (an empty or relative entry is the working
-    folder's, as the loader reads it) and PYTHONPATH (torch loads `nvidia/*/lib/` from
-    sys.path) included. Only for this process's view (check, --python, exec): a --pid
-    process is read through /proc/N/root (envdoctor.torchfacts.libraries), and one that
-    runs torch found them."""
-    unresolved = torch.get("libraries_unresolved") or {}
-    if not unresolved or torch.get("torch_imported") or ctx.target.pid is not None:
-        return {}
-    from envdoctor.torchfacts.libraries import preloaded_from
+def _import_problems(ctx, torch: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(files of torch's install that every import opens and are not there; {library: the
+    torch library needing it} for libraries found nowhere the loader or torch's own preload
+    looks), read now, not cached: an ldconfig or an install beside torch changes them
+    (helper-88). Only for this process's view (check, --python, exec): a --pid process is
+    read through /proc/N/root, and one that runs torch found them."""
+    torch_dir = torch.get("torch_dir")
+    if ctx.target.pid is not None or torch.get("torch_imported") or not torch_dir or torch.get("source") != "files":
+        return (), {}
+    from envdoctor.torchfacts import libraries
 
-    path, _ = ctx.env_var("LD_LIBRARY_PATH")
+    files = tuple(libraries.missing_files(torch_dir, torch.get("torch_cuda_version") is not None))
+    env = dict(ctx.env)
+    python = torch.get("python") or sys.executable
+    sites = libraries.search_path(torch_dir, python, env, torch.get("python_version"))
+    if os.path.abspath(python) == os.path.abspath(sys.executable):  # this interpreter: its sys.path is known
+        sites = [p for p in sys.path if p] + sites
+    unresolved = libraries.unresolved(torch_dir, sites, libraries.preloads(env))
+    path = env.get("LD_LIBRARY_PATH")  # an empty or relative entry is the working folder's, as the loader reads it
     dirs = [os.path.join(os.getcwd(), d) for d in path.split(":")] if path else []
-    python_path, _ = ctx.env_var("PYTHONPATH")
-    sites = [os.path.join(os.getcwd(), d) for d in python_path.split(":") if d] if python_path else []
-    return {name: by for name, by in unresolved.items()
-            if not any(os.path.exists(os.path.join(d, name)) for d in dirs) and not preloaded_from(sites, name)}
+    return files, {name: by for name, by in unresolved.items() if not any(os.path.isfile(os.path.join(d, name))
+                                                                           for d in dirs)}
 
 
 # torch/backends/cudnn/__init__.py: with this set to "1", torch loads a cuDNN whose version
@@ -288,27 +297,32 @@ def _driver_behind_minor(facts: RuntimeFacts, b: Build) -> bool:
 
 
 def _rule_import_fails(facts: RuntimeFacts, b: Build) -> list[Finding]:
-    """`import torch` cannot load: files of the install are gone, or a library its own need
-    is nowhere the loader looks (helper-86: nvidia-cudnn uninstalled, torch/lib half deleted,
-    and the versions read well: ok)."""
+    """`import torch` cannot load: files of its install are gone (a fail: nothing else
+    provides them), or a library its own need is nowhere envdoctor can see the loader or
+    torch's preload look (a warn: a place it does not read may provide it, `import` lines
+    of a .pth file, an LD_AUDIT library; helper-88 found five it did not read, and a fail
+    would have made exec --strict refuse a job that runs). helper-86: nvidia-cudnn
+    uninstalled, torch/lib half deleted, and the versions read well: ok."""
     t = facts.torch
-    missing_files = [f for f in (t.get("missing_files") or []) if isinstance(f, str)]
+    missing_files = list(facts.files_missing or ())
     libraries = dict(facts.libraries_missing or {})
-    if not missing_files and not libraries:
-        return []
-    said = []
-    if missing_files:
-        said.append(f"{', '.join(missing_files[:5])} missing from {t.get('torch_dir') or 'its folder'}")
-    if libraries:
-        names = sorted(libraries)
-        said.append(f"{', '.join(names[:5])}{' and more' if len(names) > 5 else ''} (needed by "
-                    f"{libraries[names[0]]}) in none of the loader's places (RUNPATH, LD_LIBRARY_PATH, the ld.so "
-                    "cache, the system folders)")
     fix = (_pip_fix(b.version, facts.driver_cuda) if b.cuda is not None else
            f"pip install --force-reinstall torch=={(b.version or '').split('+', 1)[0] or 'VERSION'} "
            "--index-url https://download.pytorch.org/whl/cpu")  # a CPU build stays one (helper-87)
-    return [Finding(Status.FAIL, f"{b.label} cannot be imported here: {'; '.join(said)}; `import torch` fails "
-                    "(\"cannot open shared object file\")", fix + "  # reinstalls torch and the libraries it pins")]
+    found = []
+    if missing_files:
+        found.append(Finding(Status.FAIL, f"{b.label} cannot be imported here: {', '.join(missing_files[:5])} missing "
+                             f"from {t.get('torch_dir') or 'its folder'}; `import torch` fails",
+                             fix + "  # reinstalls torch and the libraries it pins"))
+    if libraries:
+        names = sorted(libraries)
+        found.append(Finding(Status.WARN, f"{b.label} may not import here: {', '.join(names[:5])}"
+                             f"{' and more' if len(names) > 5 else ''} (needed by {libraries[names[0]]}) is in none of "
+                             "the places the loader looks (RUNPATH and RPATH, LD_LIBRARY_PATH, LD_PRELOAD, the ld.so "
+                             "cache, the system folders) nor in nvidia/*/lib on sys.path, where torch looks; "
+                             "`import torch` would fail (\"cannot open shared object file\")",
+                             fix + "  # reinstalls torch and the libraries it pins; first: python -c 'import torch'"))
+    return found
 
 
 def _rule_build_unreadable(facts: RuntimeFacts, b: Build) -> list[Finding]:
@@ -473,9 +487,9 @@ def _facts_out(facts: RuntimeFacts, b: Build) -> dict[str, Any]:
         out["nvml_unavailable"] = facts.nvml_reason
     if facts.launch_blocking is not None:
         out["CUDA_LAUNCH_BLOCKING"] = facts.launch_blocking
-    if t.get("missing_files") or facts.libraries_missing:  # what the import-failure finding names (helper-87)
+    if facts.files_missing or facts.libraries_missing:  # what the import-failure finding names (helper-87)
         out["torch_dir"] = t.get("torch_dir")
-        out["missing_files"] = list(t.get("missing_files") or [])
+        out["missing_files"] = list(facts.files_missing)
         out["libraries_missing"] = dict(facts.libraries_missing or {})
     return out
 

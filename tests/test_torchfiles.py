@@ -820,28 +820,29 @@ def test_a_library_torch_needs_that_is_nowhere_fails_its_import(tmp_path):
     """helper-86: with nvidia-cudnn uninstalled (libcudnn.so.9 needed by libtorch_python.so) or
     torch/lib half deleted, every version still read well and cuda.runtime said ok; `import
     torch` fails on every node. Read as the loader searches: DT_NEEDED, RUNPATH ($ORIGIN),
-    the ld.so cache, the system folders, then the target's LD_LIBRARY_PATH."""
+    the ld.so cache, the system folders, then the target's LD_LIBRARY_PATH. A missing file of
+    torch's own fails; a library nowhere envdoctor looks warns (helper-88: places it cannot read)."""
     _needs_installed_torch()
-    whole = torchfacts.read_installation(str(_torch_without(tmp_path / "whole")))
-    assert whole["missing_files"] == [] and whole["libraries_unresolved"] == {}
-    torch_dir = _torch_without(tmp_path / "partial", "lib/libshm.so")
-    facts = torchfacts.read_installation(str(torch_dir))
-    assert facts["libraries_unresolved"] == {"libshm.so": "libtorch_python.so"}, facts["libraries_unresolved"]
-    gone = torchfacts.read_installation(str(_torch_without(tmp_path / "gone", "__init__.py", "lib/libtorch_python.so")))
-    assert gone["missing_files"] == ["__init__.py", "lib/libtorch_python.so"], gone["missing_files"]
-
     from envdoctor.checks import cuda_runtime
+    from envdoctor.torchfacts import libraries
 
-    for torch_facts, said in ((facts, "libshm.so (needed by libtorch_python.so) in none of the loader's places"),
-                              (gone, "__init__.py, lib/libtorch_python.so missing from")):
-        rt = cuda_runtime.RuntimeFacts(torch_facts, libraries_missing=torch_facts["libraries_unresolved"])
-        r = cuda_runtime.judge(rt, {})
-        assert r.status is Status.FAIL and said in r.summary and "cannot be imported here" in r.summary, r.summary
+    whole = str(_torch_without(tmp_path / "whole"))
+    assert libraries.missing_files(whole, False) == [] and libraries.unresolved(whole, []) == {}
+    partial = str(_torch_without(tmp_path / "partial", "lib/libshm.so"))
+    assert libraries.unresolved(partial, []) == {"libshm.so": "libtorch_python.so"}
+    gone = str(_torch_without(tmp_path / "gone", "__init__.py", "lib/libtorch_python.so"))
+    assert libraries.missing_files(gone, False) == ["__init__.py", "lib/libtorch_python.so"]
+    facts = torchfacts.read_installation(partial)
+    r = cuda_runtime.judge(cuda_runtime.RuntimeFacts(facts, libraries_missing={"libshm.so": "libtorch_python.so"}), {})
+    assert r.status is Status.WARN and "may not import here: libshm.so (needed by libtorch_python.so)" in r.summary, r.summary
+    r = cuda_runtime.judge(cuda_runtime.RuntimeFacts(facts, files_missing=("__init__.py",)), {})
+    assert r.status is Status.FAIL and "cannot be imported here: __init__.py missing from" in r.summary, r.summary
 
 
-def test_ld_library_path_and_a_loaded_torch_answer_for_a_library(tmp_path):
-    """The target's LD_LIBRARY_PATH is a place the loader looks; and a process that has
-    torch loaded found its libraries: neither is a finding."""
+def test_ld_library_path_ld_preload_and_a_loaded_torch_answer_for_a_library(tmp_path):
+    """The target's LD_LIBRARY_PATH and LD_PRELOAD are places the loader looks (helper-88: a
+    library given through LD_PRELOAD was called missing); a process that has torch loaded
+    found its libraries: none of them is a finding."""
     _needs_installed_torch()
     import importlib.util
 
@@ -852,22 +853,19 @@ def test_ld_library_path_and_a_loaded_torch_answer_for_a_library(tmp_path):
     facts = torchfacts.read_installation(str(torch_dir))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / "libshm.so").symlink_to(Path(importlib.util.find_spec("torch").origin).parent / "lib" / "libshm.so")
+    real = Path(importlib.util.find_spec("torch").origin).parent / "lib" / "libshm.so"
+    (elsewhere / "libshm.so").symlink_to(real)
 
     class Ctx:
         def __init__(self, env):
-            self.session = Session(env_override=env)
+            self.session = Session(env_override={"PATH": "/usr/bin", **env})
             self.target = self.session.target
+            self.env = self.session.env
 
-        def env_var(self, name):
-            return self.session.env.get(name), None
-
-        def target_path(self, path):
-            return self.session.target_path(path)
-
-    assert cuda_runtime._libraries_missing(Ctx({}), facts) == {"libshm.so": "libtorch_python.so"}
-    assert cuda_runtime._libraries_missing(Ctx({"LD_LIBRARY_PATH": f"/nowhere:{elsewhere}"}), facts) == {}
-    assert cuda_runtime._libraries_missing(Ctx({}), {**facts, "torch_imported": True}) == {}
+    assert cuda_runtime._import_problems(Ctx({}), facts) == ((), {"libshm.so": "libtorch_python.so"})
+    assert cuda_runtime._import_problems(Ctx({"LD_LIBRARY_PATH": f"/nowhere:{elsewhere}"}), facts) == ((), {})
+    assert cuda_runtime._import_problems(Ctx({"LD_PRELOAD": str(real)}), facts) == ((), {})
+    assert cuda_runtime._import_problems(Ctx({}), {**facts, "torch_imported": True}) == ((), {})
     # the ground truth: the real import fails there, and works with the library on LD_LIBRARY_PATH
     code = ["-c", "import torch"]
     env = {**os.environ, "PYTHONPATH": str(torch_dir.parent)}

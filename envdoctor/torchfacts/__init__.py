@@ -139,14 +139,6 @@ def read_installation(torch_dir: str, host: Callable[[str], Path] = Path) -> dic
         # a CPU-only (or ROCm) build: no CUDA kernels, no cuDNN (torch.backends.cudnn.is_available() is False)
         out.update(arch_list=[], arch_source=None, cudnn_version=None, cudnn_source=None, cudnn_required=None,
                    cudnn_available=False)
-    # what `import torch` would not find (before LD_LIBRARY_PATH and PYTHONPATH, the target's, which the
-    # check applies); only for a torch read as itself, not through /proc/N/root (envdoctor.torchfacts.libraries)
-    out["missing_files"] = out["libraries_unresolved"] = None
-    if str(host("/x")) == "/x":
-        from envdoctor.torchfacts import libraries
-
-        out["missing_files"] = libraries.missing_files(torch_dir, cuda is not None)
-        out["libraries_unresolved"] = libraries.unresolved(torch_dir, libraries.site_dirs(torch_dir))
     out["onnx_default_opset"] = metadata.onnx_default_opset(td)
     out["onnx_max_opset"] = metadata.onnx_max_opset(td)
     out["unknown"] = unknown

@@ -26,6 +26,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from pathlib import Path
 
 from envdoctor.torchfacts import elf
 
@@ -51,10 +52,10 @@ def _extension(torch_dir: str) -> str | None:
     return next((os.path.join(torch_dir, n) for n in sorted(names) if n.startswith("_C.") and n.endswith(".so")), None)
 
 
-def unresolved(torch_dir: str, sites: list[str]) -> dict[str, str]:
+def unresolved(torch_dir: str, sites: list[str], preloaded: set[str] = frozenset()) -> dict[str, str]:
     """{library: the torch library that needs it} for each library found in none of the
-    loader's places but LD_LIBRARY_PATH, nor where torch's own preload looks in `sites`
-    (the site folders this interpreter has besides PYTHONPATH)."""
+    loader's places but LD_LIBRARY_PATH, nor among `preloaded` (LD_PRELOAD's), nor where
+    torch's own preload looks in `sites` (the interpreter's sys.path)."""
     lib_dir = os.path.realpath(os.path.join(torch_dir, "lib"))
     cache = _ld_cache()
     first = _extension(torch_dir) or os.path.join(torch_dir, START)
@@ -71,17 +72,16 @@ def unresolved(torch_dir: str, sites: list[str]) -> dict[str, str]:
             continue
         needed, runpath, rpath = needs
         origin = os.path.dirname(path)  # the folder as opened: a symlink's own, as the loader takes it
-        rpath = [_expand(p, origin) for p in rpath]
-        chain = [] if runpath else rpath + inherited  # RPATH counts, its loaders' too, only without RUNPATH
-        dirs = [_expand(p, origin) for p in runpath] if runpath else chain
+        chain = [_expand(p, origin) for p in rpath] + inherited  # every loader's RPATH up the chain (glibc's walk)
+        dirs = [_expand(p, origin) for p in runpath] if runpath else chain  # RUNPATH: no RPATH at all
         for soname in needed:
-            if "/" in soname:
+            if "/" in soname or soname in preloaded:
                 continue
-            found = next((os.path.join(d, soname) for d in dirs if os.path.exists(os.path.join(d, soname))), None)
+            found = next((os.path.join(d, soname) for d in dirs if os.path.isfile(os.path.join(d, soname))), None)
             if found is not None:
                 if os.path.realpath(os.path.dirname(found)) == lib_dir:
                     todo.append((found, chain))
-            elif not (_in_cache(cache, soname) or any(os.path.exists(os.path.join(d, soname)) for d in SYSTEM_DIRS)
+            elif not (_in_cache(cache, soname) or any(os.path.isfile(os.path.join(d, soname)) for d in SYSTEM_DIRS)
                       or preloaded_from(sites, soname)):
                 out.setdefault(soname, os.path.basename(path))
     return out
@@ -91,8 +91,65 @@ def preloaded_from(sites: list[str], soname: str) -> str | None:
     """Where torch's __init__ would load `soname` from: `nvidia/*/lib/` of a folder on sys.path."""
     for site in sites:
         for match in glob.glob(os.path.join(glob.escape(site), "nvidia", "*", "lib", glob.escape(soname))):
-            return match
+            if os.path.isfile(match):  # a dangling link or a folder of that name loads nothing (helper-88)
+                return match
     return None
+
+
+def search_path(torch_dir: str, python: str | None, env: dict, python_version: str | None) -> list[str]:
+    """The interpreter's sys.path as its files say (no interpreter started): PYTHONPATH, its
+    site folders (a venv's and, with system site packages, its base's), the user site
+    (~/.local, pip --user), torch's own site and its lib/lib64 twin, and the folders their
+    `.pth` files add (helper-88: each was a place torch's preload finds nvidia/*/lib)."""
+    from envdoctor.torchfacts import locate
+
+    cwd = os.getcwd()
+    dirs = [os.path.join(cwd, d) for d in (env.get("PYTHONPATH") or "").split(":") if d]
+    sites = locate.interpreter_site_dirs(python, lambda p: Path(p), os.path.realpath) if python else []
+    version = python_version or (re.search(r"python(\d+\.\d+)", torch_dir) or [None, None])[1]
+    home = env.get("HOME")
+    if home and version and env.get("PYTHONNOUSERSITE") is None and _user_site_enabled(python):
+        sites.append(f"{home}/.local/lib/python{version}/site-packages")
+    dirs += sites + site_dirs(torch_dir)
+    for site in sites:  # Python reads .pth files in its site folders only, not in PYTHONPATH's
+        dirs += _pth_folders(site)
+    return list(dict.fromkeys(dirs))
+
+
+def _user_site_enabled(python: str | None) -> bool:
+    """Whether `python` searches the user site: not from a venv, unless it includes the
+    system site packages (site.py's ENABLE_USER_SITE)."""
+    if not python:
+        return True
+    cfg = _read_text(os.path.join(os.path.dirname(os.path.dirname(python)), "pyvenv.cfg"))
+    if not cfg:
+        return True
+    return re.search(r"^\s*include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I) is not None
+
+
+def _pth_folders(site: str) -> list[str]:
+    """The folders a site folder's `.pth` files add (lines that name one; `import` lines run
+    code, which is not read here)."""
+    try:
+        names = sorted(n for n in os.listdir(site) if n.endswith(".pth"))
+    except OSError:
+        return []
+    out = []
+    for name in names[:64]:
+        for line in _read_text(os.path.join(site, name)).splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "import ", "import\t")):
+                folder = os.path.join(site, line)
+                if os.path.isdir(folder):
+                    out.append(os.path.normpath(folder))
+    return out
+
+
+def preloads(env: dict) -> set[str]:
+    """The libraries loaded before any other, by name: LD_PRELOAD's and /etc/ld.so.preload's
+    (helper-88: a cuDNN given so was called missing, and exec --strict refused the job)."""
+    listed = re.split(r"[\s:]+", env.get("LD_PRELOAD") or "") + re.split(r"\s+", _read_text("/etc/ld.so.preload"))
+    return {os.path.basename(item) for item in listed if item}
 
 
 def site_dirs(torch_dir: str) -> list[str]:
