@@ -207,6 +207,13 @@ def _import_problems(ctx, torch: Mapping[str, Any]) -> tuple[tuple[str, ...], di
     torch_dir = torch.get("torch_dir")
     if ctx.target.pid is not None or torch.get("torch_imported") or not torch_dir or torch.get("source") != "files":
         return (), {}
+    try:
+        return _import_problems_read(ctx, torch, torch_dir)
+    except (OSError, ValueError):  # a removed working folder, a path the system refuses: nothing said
+        return (), {}
+
+
+def _import_problems_read(ctx, torch: Mapping[str, Any], torch_dir: str) -> tuple[tuple[str, ...], dict[str, str]]:
     from envdoctor.torchfacts import libraries
 
     files = tuple(libraries.missing_files(torch_dir, torch.get("torch_cuda_version") is not None))
@@ -217,7 +224,8 @@ def _import_problems(ctx, torch: Mapping[str, Any]) -> tuple[tuple[str, ...], di
         sites = [p for p in sys.path if p] + sites
     unresolved = libraries.unresolved(torch_dir, sites, libraries.preloads(env))
     path = env.get("LD_LIBRARY_PATH")  # an empty or relative entry is the working folder's, as the loader reads it
-    dirs = [os.path.join(os.getcwd(), d) for d in path.split(":")] if path else []
+    cwd = libraries.working_folder()
+    dirs = [os.path.join(cwd, d) for d in path.split(":") if cwd or d.startswith("/")] if path else []
     return files, {name: by for name, by in unresolved.items() if not any(os.path.isfile(os.path.join(d, name))
                                                                            for d in dirs)}
 

@@ -103,8 +103,8 @@ def search_path(torch_dir: str, python: str | None, env: dict, python_version: s
     `.pth` files add (helper-88: each was a place torch's preload finds nvidia/*/lib)."""
     from envdoctor.torchfacts import locate
 
-    cwd = os.getcwd()
-    dirs = [os.path.join(cwd, d) for d in (env.get("PYTHONPATH") or "").split(":") if d]
+    cwd = working_folder()
+    dirs = [os.path.join(cwd, d) for d in (env.get("PYTHONPATH") or "").split(":") if d and (cwd or d.startswith("/"))]
     sites = locate.interpreter_site_dirs(python, lambda p: Path(p), os.path.realpath) if python else []
     version = python_version or (re.search(r"python(\d+\.\d+)", torch_dir) or [None, None])[1]
     home = env.get("HOME")
@@ -114,6 +114,15 @@ def search_path(torch_dir: str, python: str | None, env: dict, python_version: s
     for site in sites:  # Python reads .pth files in its site folders only, not in PYTHONPATH's
         dirs += _pth_folders(site)
     return list(dict.fromkeys(dirs))
+
+
+def working_folder() -> str:
+    """The working folder relative entries are read against; "" where it was removed (a
+    relative entry then names nothing, as for the loader)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
 
 
 def _user_site_enabled(python: str | None) -> bool:
