@@ -54,22 +54,33 @@ def _flood(count: int) -> None:
     assert done.wait(60), "logging blocked on a full stream"
 
 
+def _flood_then_read(stream, read_fd: int, count: int) -> tuple[bytes, bytes, int]:
+    """Log `count` lines into `stream` while nobody reads `read_fd`, then read what was kept,
+    log one more line and read that: (kept, after, lines dropped before the reading). Closes
+    both ends and resets the log."""
+    from envdoctor import log
+
+    log.configure("info", stream)
+    try:
+        _flood(count)
+        dropped = log._dropped
+        kept = _drain(read_fd)
+        log.event("info", "after the reader came back")
+        after = _drain(read_fd)
+    finally:
+        log.configure("info", None)
+        stream.close()
+        os.close(read_fd)
+    return kept, after, dropped
+
+
 def test_a_full_stderr_drops_lines_counts_them_and_never_blocks(monkeypatch):
     from envdoctor import log
 
     read, write = _small_pipe()
     stream = os.fdopen(write, "w")
     monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
-    log.configure("info", stream)
-    try:
-        _flood(2000)
-        kept = _drain(read)
-        log.event("info", "after the reader came back")
-        after = _drain(read)
-    finally:
-        log.configure("info", None)
-        stream.close()
-        os.close(read)
+    kept, after, _ = _flood_then_read(stream, read, 2000)
     lines = kept.decode().splitlines()
     assert 0 < len(lines) < 2000 and kept.endswith(b"\n")
     assert all(line.startswith("ts=") and "target appeared" in line for line in lines), lines[-3:]
@@ -182,18 +193,8 @@ def test_a_terminal_nobody_reads_drops_lines_and_never_blocks(monkeypatch):
     master, slave = pty.openpty()
     stream = os.fdopen(slave, "w")
     monkeypatch.setattr(log, "STALL_SECONDS", 0.05)
-    log.configure("info", stream)
-    try:
-        _flood(3000)
-        assert log._dropped > 0
-        dropped = log._dropped
-        kept = _drain(master)
-        log.event("info", "after the reader came back")
-        after = _drain(master)
-    finally:
-        log.configure("info", None)
-        stream.close()
-        os.close(master)
+    kept, after, dropped = _flood_then_read(stream, master, 3000)
+    assert dropped > 0
     lines = kept.decode().replace("\r\n", "\n").splitlines()
     assert lines and all(line.startswith("ts=") for line in lines if line), lines[-3:]
     said = after.decode().replace("\r\n", "\n").splitlines()
