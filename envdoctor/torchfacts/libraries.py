@@ -130,10 +130,10 @@ def _user_site_enabled(python: str | None) -> bool:
     system site packages (site.py's ENABLE_USER_SITE)."""
     if not python:
         return True
-    cfg = _read_text(os.path.join(os.path.dirname(os.path.dirname(python)), "pyvenv.cfg"))
-    if not cfg:
-        return True
-    return re.search(r"^\s*include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I) is not None
+    from envdoctor.torchfacts import locate
+
+    cfg = locate._pyvenv(os.path.dirname(os.path.dirname(python)), Path)
+    return cfg is None or cfg.get("include-system-site-packages", "false").lower() == "true"
 
 
 def _pth_folders(site: str) -> list[str]:
@@ -171,16 +171,12 @@ def site_dirs(torch_dir: str) -> list[str]:
         if a in site + "/":
             out.append((site + "/").replace(a, b, 1).rstrip("/"))
             break
-    venv = re.match(r"^(.*)/lib(?:64)?/python(\d+\.\d+)/site-packages$", site)
-    if venv:
-        cfg = _read_text(os.path.join(venv.group(1), "pyvenv.cfg"))
-        home = re.search(r"^\s*home\s*=\s*(.+?)\s*$", cfg, re.M)
-        system = re.search(r"^\s*include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I)
-        if home and system:
-            base = os.path.dirname(home.group(1))
-            out += [f"{base}/{lib}/python{venv.group(2)}/{kind}" for lib in ("lib", "lib64")
-                    for kind in ("site-packages", "dist-packages")]
-    return out
+    venv = re.match(r"^(.*)/lib(?:64)?/python\d+\.\d+/site-packages$", site)
+    if venv and os.path.isfile(os.path.join(venv.group(1), "pyvenv.cfg")):  # the venv's own folders, and its base's
+        from envdoctor.torchfacts import locate
+
+        out += locate.interpreter_site_dirs(f"{venv.group(1)}/bin/python", Path, os.path.realpath)
+    return list(dict.fromkeys(out))
 
 
 def _expand(path: str, origin: str) -> str:
