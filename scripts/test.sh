@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.."
 # prometheus + promtool (metrics lint, rules, the fleet's Prometheus), systemd-analyze (the
 # unit), node_exporter (web config and textfile collector side by side), curl and openssl
 # (TLS, mTLS, basic auth with real certificates; deploy/README's commands), tini (the init
-# `envdoctor exec` is tested under).
+# `envdoctor exec` is tested under), gcc (builds the stand-in CUDA torch whose import
+# cuda.runtime is compared with: tests/test_torch_import_layouts.py).
 missing=""
 need() { command -v "$1" >/dev/null 2>&1 || case " $missing " in *" $2 "*) ;; *) missing="$missing $2" ;; esac; }
 need promtool prometheus
@@ -30,6 +31,7 @@ need prometheus-node-exporter prometheus-node-exporter
 need curl curl
 need openssl openssl
 need tini tini
+need gcc gcc
 if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ]; then
         echo "== installing$missing (Debian packages)"
