@@ -1,6 +1,7 @@
 """CPU one `envdoctor serve` run costs over N target processes, measured in-process.
 
     .venv/bin/python benchmarks/serve_run_cpu.py [--targets 64] [--runs 20] [--rounds 3] [--history-points 720] [--torch]
+        [--pause 15] [--spread] [--profile FILE]
 
 Starts N `sleep` processes (not our children: serve never examines its own) tagged
 with an environment variable that a `[serve] select_env` config selects, builds the
@@ -35,8 +36,10 @@ code path, for comparing two versions of the code on one machine.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import os
+import pstats
 import random
 import resource
 import shlex
@@ -45,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +118,34 @@ def wait_for_torch(marker: str, count: int, timeout: float = 300.0) -> None:
     raise SystemExit(f"torch did not load in {count} processes within {timeout:g} s")
 
 
+def start_profiles() -> list[cProfile.Profile]:
+    """cProfile on this thread and on every thread the daemon starts from now on: a run's
+    checks run in the watchdog's worker threads, which a profile of this thread alone
+    shows as time spent waiting on a lock."""
+    profiles = [cProfile.Profile()]
+
+    def profile_this_thread(*_: object) -> None:
+        profile = cProfile.Profile()
+        profiles.append(profile)
+        profile.enable()  # replaces this hook in the new thread
+
+    threading.setprofile(profile_this_thread)
+    profiles[0].enable()
+    return profiles
+
+
+def stop_profiles(profiles: list[cProfile.Profile], path: str) -> None:
+    """Every thread's profile merged into one file, and its top 25 by time of their own."""
+    threading.setprofile(None)
+    profiles[0].disable()
+    stats = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        profile.create_stats()
+        stats.add(profile)
+    stats.dump_stats(path)
+    stats.sort_stats("tottime").print_stats(25)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, default=64)
@@ -131,6 +163,10 @@ def main() -> None:
     parser.add_argument("--spread", action="store_true",
                         help="let a run's threads go to any CPU, as before 2026-11-26 (serve.onecpu keeps them on "
                              "one while a run lasts); compares the two on one machine")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="profile with cProfile, every thread, from the daemon's start (its import and warm-up runs "
+                             "too): write the stats to FILE (pstats) and print the 25 functions that took the most "
+                             "time of their own; the CPU figures are then cProfile's")
     args = parser.parse_args()
 
     tag = f"ENVDOCTOR_RUNCPU_{os.getpid()}"
@@ -146,6 +182,8 @@ def main() -> None:
     try:
         if args.torch:
             wait_for_torch(marker, args.targets)
+        # before the daemon exists: the threads it starts in its first runs are profiled too
+        profiles = start_profiles() if args.profile else None
         from envdoctor.serve import Daemon, Options
 
         scheduler = Daemon(Options(once=True, config_file=str(config))).scheduler
@@ -170,6 +208,8 @@ def main() -> None:
                 if args.pause > 0:
                     time.sleep(args.pause)  # not counted: the daemon's sleep costs no CPU
             per_run.append((cpu / args.runs, wall / args.runs))
+        if profiles:
+            stop_profiles(profiles, args.profile)
         cpu = statistics.median(c for c, _ in per_run)
         wall = statistics.median(w for _, w in per_run)
         print(f"{args.targets} targets + node: CPU {cpu * 1000:.1f} ms per run (rounds: "
