@@ -119,24 +119,27 @@ def wait_for_torch(marker: str, count: int, timeout: float = 300.0) -> None:
 
 
 def start_profiles() -> list[cProfile.Profile]:
-    """cProfile on this thread and on every thread the daemon starts from now on: a run's
-    checks run in the watchdog's worker threads, which a profile of this thread alone
-    shows as time spent waiting on a lock."""
+    """cProfile over every thread the daemon has: a run's checks run in the watchdog's
+    worker threads, which a profile of this thread alone shows as time spent waiting on a
+    lock. From Python 3.12 one profile sees every thread (sys.monitoring is process-wide);
+    before, each new thread gets its own, merged at the end."""
     profiles = [cProfile.Profile()]
+    if sys.version_info < (3, 12):
 
-    def profile_this_thread(*_: object) -> None:
-        profile = cProfile.Profile()
-        profiles.append(profile)
-        profile.enable()  # replaces this hook in the new thread
+        def profile_this_thread(*_: object) -> None:
+            profile = cProfile.Profile()
+            profiles.append(profile)
+            profile.enable()  # replaces this hook in the new thread
 
-    threading.setprofile(profile_this_thread)
+        threading.setprofile(profile_this_thread)
     profiles[0].enable()
     return profiles
 
 
 def stop_profiles(profiles: list[cProfile.Profile], path: str) -> None:
     """Every thread's profile merged into one file, and its top 25 by time of their own."""
-    threading.setprofile(None)
+    if sys.version_info < (3, 12):
+        threading.setprofile(None)
     profiles[0].disable()
     stats = pstats.Stats(profiles[0])
     for profile in profiles[1:]:
