@@ -144,7 +144,8 @@ def stop_profiles(profiles: list[cProfile.Profile], path: str) -> None:
     stats = pstats.Stats(profiles[0])
     for profile in profiles[1:]:
         profile.create_stats()
-        stats.add(profile)
+        if profile.stats:  # a thread that did nothing while profiled has none, which pstats refuses
+            stats.add(profile)
     stats.dump_stats(path)
     stats.sort_stats("tottime").print_stats(25)
 
@@ -167,9 +168,9 @@ def main() -> None:
                         help="let a run's threads go to any CPU, as before 2026-11-26 (serve.onecpu keeps them on "
                              "one while a run lasts); compares the two on one machine")
     parser.add_argument("--profile", metavar="FILE",
-                        help="profile with cProfile, every thread, from the daemon's start (its import and warm-up runs "
-                             "too): write the stats to FILE (pstats) and print the 25 functions that took the most "
-                             "time of their own; the CPU figures are then cProfile's")
+                        help="profile the timed runs with cProfile, every thread: write the stats to FILE (pstats) and "
+                             "print the 25 functions that took the most time of their own; the CPU figures are "
+                             "then cProfile's")
     args = parser.parse_args()
 
     tag = f"ENVDOCTOR_RUNCPU_{os.getpid()}"
@@ -200,6 +201,8 @@ def main() -> None:
             fill_history(scheduler.history, args.history_points, args.interval)
         per_run = []
         switched = 0
+        for profile in profiles or ():
+            profile.clear()  # the import, warm-up runs and history filling were profiled too: forgotten
         for _ in range(args.rounds):
             cpu = wall = 0.0
             for _ in range(args.runs):
