@@ -350,8 +350,9 @@ def serve(
     Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config;
     74 when --once could not write --textfile or its metrics to stdout, or could not list
     the processes for want of open files; 75 when the listen address is in use or not on
-    this host yet (a later start may succeed); 1, with every thread's stack on stderr, when
-    a plug-in check held the interpreter for 20 s (so that the supervisor restarts it).
+    this host yet (a later start may succeed); killed by SIGPROF (155 in a shell), with every
+    thread's stack on stderr, when a plug-in check held the interpreter for 20 s of CPU (so
+    that the supervisor restarts it; a stopped or frozen daemon spends none and goes on).
     """
     from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError

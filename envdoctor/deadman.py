@@ -7,14 +7,24 @@ regular expression: `re.match(r'(a+)+$', 'a' * 40 + 'b')` runs for hours in
 `_sre`) stops every Python thread: no deadline is noticed, no signal handler
 runs, SIGTERM is ignored, and `check` or `serve` hangs for good.
 
-Only a thread that needs no interpreter lock can see that: faulthandler's
-watchdog, a C thread. A heartbeat from Python re-arms it every second; when no
-Python thread has run for WEDGED_SECONDS, it writes every thread's stack to
-stderr (naming the stuck plug-in's file and line) and ends the process with exit
-status 1; if even that write cannot finish, SIGALRM ends it BACKSTOP_SECONDS
-later. A service manager then restarts `serve` (the systemd unit restarts on
-failure; a DaemonSet always). Armed only by envdoctor's own commands, never in a
-training script (`preflight()`, `attach()`), whose process is the user's.
+No Python thread can see that, so the kernel does: a CPU-time timer
+(ITIMER_PROF) that a heartbeat from Python re-arms every second. Once the process
+has spent WEDGED_SECONDS of CPU with no Python thread running, the timer's SIGPROF
+reaches faulthandler's C handler, which writes every thread's stack to stderr
+(naming the stuck plug-in's file and line) and hands the signal on to its default
+action, which ends the process. A service manager then restarts `serve` (the systemd
+unit restarts on failure; a DaemonSet always). If no CPU is spent at all (a C call
+that blocks holding the lock) or the dump itself blocks, SIGALRM ends the process
+BACKSTOP_SECONDS of real time after the last beat.
+
+Why CPU time and not a wall clock (faulthandler's dump_traceback_later, before
+2026-11-27): a process that is stopped burns no CPU. `kill -STOP`, `docker pause`, a
+cgroup freeze (`systemctl freeze`), a debugger or a paused VM stopped the heartbeat
+and the wall clock went on, so on thaw the watchdog found 20 s gone and ended a
+healthy daemon (helper-89). Stopped for less than BACKSTOP_SECONDS, it now goes on.
+Armed only by envdoctor's own commands, never in a training script (`preflight()`,
+`attach()`), whose process is the user's; never where SIGPROF or SIGALRM already has
+a use (a sampling profiler's), which the deadman then leaves alone.
 """
 
 from __future__ import annotations
@@ -24,10 +34,12 @@ import os
 import signal
 import threading
 
-WEDGED_SECONDS = 20.0  # no Python thread ran for this long: the interpreter is wedged
+WEDGED_SECONDS = 20.0  # CPU seconds spent with no Python thread running: the interpreter is wedged
 BEAT_SECONDS = 1.0
+BACKSTOP_SECONDS = 300.0  # real time after the last beat: ends a wedge that burns no CPU, or a dump that blocks
 
 _dump_fd: int | None = None
+_dump_on_sigprof: bool | None = None  # decided at the first beat: is SIGPROF ours to use?
 
 
 def _open_dump_fd() -> int:
@@ -44,21 +56,30 @@ def _open_dump_fd() -> int:
         return 2
 
 
-BACKSTOP_SECONDS = 10.0  # after the dump's deadline: SIGALRM ends a process whose dump cannot finish
+def _claim_sigprof(fd: int) -> bool:
+    """faulthandler's C handler on SIGPROF: the stacks, then the default action (the end).
+    Only if nothing else has a use for SIGPROF or its timer (a sampling profiler)."""
+    if signal.getsignal(signal.SIGPROF) != signal.SIG_DFL or signal.getitimer(signal.ITIMER_PROF)[0]:
+        return False
+    try:
+        faulthandler.register(signal.SIGPROF, file=fd, all_threads=True, chain=True)
+    except (RuntimeError, ValueError, OSError):
+        return False
+    return True
 
 
 def _backstop(seconds: float) -> None:
     """SIGALRM, left at its default action, ends the process in the kernel, with no Python
-    and no write: the end when even the dump blocks (stderr a socket nobody reads, which
-    cannot be reopened non-blocking; seen stuck in sock_alloc_send_pskb). Only while no
-    one else has a use for SIGALRM."""
+    and no write: the end when no CPU is spent (a C call blocked holding the lock) or the
+    dump blocks (stderr a socket nobody reads, which cannot be reopened non-blocking; seen
+    stuck in sock_alloc_send_pskb). Only while no one else has a use for SIGALRM."""
     if signal.getsignal(signal.SIGALRM) == signal.SIG_DFL:
         signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def beat() -> None:
-    """Python is running: push the deadline WEDGED_SECONDS away again."""
-    global _dump_fd
+    """Python is running: push both deadlines away again."""
+    global _dump_fd, _dump_on_sigprof
     if _dump_fd is None:
         _dump_fd = _open_dump_fd()
         # a plug-in that crashes the interpreter (SIGSEGV in its C code) is named by its stack
@@ -67,15 +88,20 @@ def beat() -> None:
             faulthandler.enable(file=_dump_fd, all_threads=True)
         except (RuntimeError, ValueError, OSError):
             pass
-    try:
-        faulthandler.dump_traceback_later(WEDGED_SECONDS, exit=True, file=_dump_fd)
-    except RuntimeError:  # no thread can be started (`ulimit -u`): no stack, but the backstop still ends a wedge
-        pass
-    _backstop(WEDGED_SECONDS + BACKSTOP_SECONDS)
+    if _dump_on_sigprof is None:
+        _dump_on_sigprof = _claim_sigprof(_dump_fd)
+    if _dump_on_sigprof:
+        signal.setitimer(signal.ITIMER_PROF, WEDGED_SECONDS)
+    _backstop(BACKSTOP_SECONDS)
 
 
 def disarm() -> None:
-    faulthandler.cancel_dump_traceback_later()
+    """Both timers off, SIGPROF given back: the command is done with its plug-ins."""
+    global _dump_on_sigprof
+    if _dump_on_sigprof:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        faulthandler.unregister(signal.SIGPROF)
+    _dump_on_sigprof = None
     _backstop(0)
 
 

@@ -256,7 +256,8 @@ def test_what_a_plugin_format_starts_ends_with_its_render(tmp_path):
 
 def test_a_wedged_check_ends_even_when_its_stderr_is_a_socket_nobody_reads(tmp_path):
     """Helper-17: a socket cannot be reopened non-blocking, the dump blocked in
-    sock_alloc_send_pskb, and the process never exited; SIGALRM is the backstop."""
+    sock_alloc_send_pskb, and the process never exited; SIGALRM is the backstop. The
+    plug-in shortens the backstop (300 s) to 5 s past the dump's deadline, for the test."""
     import os
     import signal
     import socket
@@ -264,9 +265,12 @@ def test_a_wedged_check_ends_even_when_its_stderr_is_a_socket_nobody_reads(tmp_p
     import sys
     import time
 
-    from envdoctor.deadman import BACKSTOP_SECONDS, WEDGED_SECONDS
+    from envdoctor.deadman import WEDGED_SECONDS
 
-    site = _site(tmp_path, "wedgeplug", _WEDGED, "[envdoctor.checks]\nwedge.regex = wedgeplug:CHECK\n")
+    backstop = WEDGED_SECONDS + 5
+    shorter = f"import envdoctor.deadman\nenvdoctor.deadman.BACKSTOP_SECONDS = {backstop}\nenvdoctor.deadman.beat()\n"
+    module = _WEDGED.replace("import re\n", "import re\n" + shorter)
+    site = _site(tmp_path, "wedgeplug", module, "[envdoctor.checks]\nwedge.regex = wedgeplug:CHECK\n")
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("ENVDOCTOR_CONFIG", None)
     ours, theirs = socket.socketpair()
@@ -276,13 +280,13 @@ def test_a_wedged_check_ends_even_when_its_stderr_is_a_socket_nobody_reads(tmp_p
         proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "check", "--only", "wedge.regex", "-f", "json"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=theirs.fileno())
         try:
-            code = proc.wait(timeout=WEDGED_SECONDS + BACKSTOP_SECONDS + 40)
+            code = proc.wait(timeout=backstop + 40)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert code in (1, -signal.SIGALRM), code
-    assert time.monotonic() - started < WEDGED_SECONDS + BACKSTOP_SECONDS + 20
+    assert code in (-signal.SIGPROF, -signal.SIGALRM), code
+    assert time.monotonic() - started < backstop + 20
 
 
 @pytest.mark.parametrize("fmt, written", [("subclass", "a str subclass\n"), ("surrogates", "bad \\xff \\ud800 end\n")])
@@ -362,8 +366,10 @@ def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tm
     """Helper-15: no Python thread runs while the regex holds the lock, so no timeout fired,
     SIGTERM was ignored, and `check` and `serve` hung for good. The deadman's C thread ends
     the process once no Python ran for WEDGED_SECONDS, naming the stuck plug-in. Helper-16:
-    at import, before the deadman was armed, both still hung."""
+    at import, before the deadman was armed, both still hung. Since 2026-11-27 it counts CPU
+    time, and SIGPROF ends the process once the stacks are written."""
     import os
+    import signal
     import subprocess
     import sys
     import time
@@ -387,8 +393,8 @@ def test_a_check_holding_the_interpreter_lock_ends_the_process_with_its_stack(tm
         _, err = proc.communicate()
         pytest.fail(f"still running after {WEDGED_SECONDS + 60:.0f} s; its threads:\n{seen}\nstderr: {err[-2000:]}")
     took = time.monotonic() - started
-    assert proc.returncode == 1, (proc.returncode, stderr[-2000:])
-    assert f"Timeout (0:00:{WEDGED_SECONDS:02.0f})!" in stderr, stderr[-2000:]
+    assert proc.returncode == -signal.SIGPROF, (proc.returncode, stderr[-2000:])
+    assert "most recent call first" in stderr, stderr[-2000:]
     assert "wedgeplug.py" in stderr and "in _run" in stderr  # names the stuck plug-in
     assert took < WEDGED_SECONDS + 30, took
 
@@ -397,6 +403,7 @@ def test_the_deadman_still_exits_when_stderr_is_a_full_pipe_nobody_reads(tmp_pat
     """Helper-16: the dump blocked writing to a full stderr pipe, and the process never exited."""
     import fcntl
     import os
+    import signal
     import subprocess
     import sys
     import time
@@ -424,7 +431,7 @@ def test_the_deadman_still_exits_when_stderr_is_a_full_pipe_nobody_reads(tmp_pat
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        assert code == 1 and time.monotonic() - started < WEDGED_SECONDS + 30
+        assert code == -signal.SIGPROF and time.monotonic() - started < WEDGED_SECONDS + 30
     finally:
         os.close(r)
         os.close(w)
@@ -902,28 +909,95 @@ def test_a_broken_plugin_named_by_only_keeps_its_error_row_where_the_file_skips_
     assert skipped.returncode == 2, skipped.stderr  # the command line's own --skip still wins
 
 
-def test_the_backstop_is_armed_even_when_no_dump_thread_can_start(monkeypatch):
-    """With no thread to spare (`ulimit -u`), faulthandler cannot arm its dump; the beat used to
-    return before arming SIGALRM too, and a wedge then hung the process for good."""
-    import faulthandler
+def test_a_beat_arms_both_deadlines_and_disarm_clears_them():
+    """The dump's deadline counts the process's CPU (ITIMER_PROF), the backstop's real time
+    (ITIMER_REAL); leaving the command gives both back, and SIGPROF's handler with them."""
     import signal
 
     from envdoctor import deadman
 
-    if signal.getsignal(signal.SIGALRM) != signal.SIG_DFL:
-        pytest.skip("SIGALRM has a handler in this test process")
-
-    def no_thread(*args, **kwargs):
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(faulthandler, "dump_traceback_later", no_thread)
+    if signal.getsignal(signal.SIGALRM) != signal.SIG_DFL or signal.getsignal(signal.SIGPROF) != signal.SIG_DFL:
+        pytest.skip("SIGALRM or SIGPROF has a handler in this test process")
     try:
         deadman.beat()
-        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        cpu, _ = signal.getitimer(signal.ITIMER_PROF)
+        real, _ = signal.getitimer(signal.ITIMER_REAL)
     finally:
         deadman.disarm()
-    assert deadman.WEDGED_SECONDS < remaining <= deadman.WEDGED_SECONDS + deadman.BACKSTOP_SECONDS
-    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    assert deadman.WEDGED_SECONDS - 1 < cpu <= deadman.WEDGED_SECONDS + 0.1  # rounded up to a clock tick
+    assert deadman.BACKSTOP_SECONDS - 1 < real <= deadman.BACKSTOP_SECONDS
+    assert signal.getitimer(signal.ITIMER_PROF)[0] == 0 and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
+def test_the_deadman_leaves_a_sigprof_someone_else_uses_and_keeps_its_backstop():
+    """A sampling profiler's SIGPROF handler and timer are not taken over; the real-time
+    backstop is armed all the same (with no dump, a wedge still ends)."""
+    import signal
+
+    from envdoctor import deadman
+
+    if signal.getsignal(signal.SIGALRM) != signal.SIG_DFL or signal.getsignal(signal.SIGPROF) != signal.SIG_DFL:
+        pytest.skip("SIGALRM or SIGPROF has a handler in this test process")
+    samples = []
+    signal.signal(signal.SIGPROF, lambda *_: samples.append(1))
+    signal.setitimer(signal.ITIMER_PROF, 1000.0)
+    try:
+        deadman.beat()
+        cpu, _ = signal.getitimer(signal.ITIMER_PROF)
+        real, _ = signal.getitimer(signal.ITIMER_REAL)
+        deadman.disarm()
+        after, _ = signal.getitimer(signal.ITIMER_PROF)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        deadman.disarm()
+    assert cpu > deadman.WEDGED_SECONDS + 900 and after > deadman.WEDGED_SECONDS + 900  # the profiler's, untouched
+    assert deadman.BACKSTOP_SECONDS - 1 < real <= deadman.BACKSTOP_SECONDS
+
+
+def test_a_serve_stopped_longer_than_the_deadline_goes_on_when_continued(tmp_path):
+    """Helper-89: `kill -STOP` (as docker pause, a cgroup freeze or a debugger stops it) for
+    more than WEDGED_SECONDS, and on SIGCONT the deadman's wall-clock watchdog found its
+    deadline gone and ended a healthy daemon with every stack. A stopped process spends no
+    CPU, which is what the deadline counts now: it answers again and stops cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from envdoctor.deadman import WEDGED_SECONDS
+
+    env = dict(os.environ)
+    env.pop("ENVDOCTOR_CONFIG", None)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "envdoctor", "serve", "--web.listen-address", "127.0.0.1:0",
+                                 "--interval", "2"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        port = None
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            for line in log.read_text().splitlines():  # the "listening" line names the port
+                if "msg=listening" in line:
+                    port = line.split("address=")[1].split()[0].rsplit(":", 1)[1]
+        assert port, f"serve never listened: {log.read_text()[-1000:]}"
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(WEDGED_SECONDS + 5)
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(3)
+        assert proc.poll() is None, f"ended after the stop, status {proc.returncode}: {log.read_text()[-1500:]}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            assert answer.status == 200
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
 
 
 _PRINTS = '''
