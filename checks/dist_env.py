@@ -359,7 +359,8 @@ def _rule_numbers(facts: DistFacts, launch: Launch) -> list[Finding]:
         if value is not None and value < low:
             found.append(Finding(Status.FAIL, f"{k}={value} is below {low}", TORCHRUN))
     port = launch.values.get("MASTER_PORT")
-    if port is not None and not 1 <= port <= 65535:
+    alone = port == 0 and launch.values.get("WORLD_SIZE") == 1  # the store binds a free port; no one else must find it
+    if port is not None and not 1 <= port <= 65535 and not alone:
         found.append(Finding(Status.FAIL, f"MASTER_PORT={port} is outside 1-65535", "export MASTER_PORT=29500",
                              env={"MASTER_PORT": "29500"}))
     return found
@@ -380,10 +381,16 @@ def _rule_ranks(facts: DistFacts, launch: Launch) -> list[Finding]:
 
 
 def _rule_master_addr(facts: DistFacts, launch: Launch) -> list[Finding]:
-    """MASTER_ADDR resolves in time, and is not loopback for a job that spans nodes."""
-    addr = facts.env.get("MASTER_ADDR", "").strip()
+    """MASTER_ADDR has no blanks around it, resolves in time, and is not loopback for a job
+    that spans nodes."""
+    raw = facts.env.get("MASTER_ADDR", "")
+    addr = raw.strip()
     if not addr or not any(k in facts.env for k in LAUNCH_VARS):
         return []
+    if raw != addr:  # helper-92: torch hands them to the resolver, which fails; every rank waits out its timeout
+        return [Finding(Status.FAIL, f"MASTER_ADDR={quoted_value(raw)} has blanks around the address: torch resolves "
+                        "them as part of the name, no rank reaches the rendezvous, and each waits out its timeout "
+                        "(30 min by default)", f"export MASTER_ADDR={addr}", env={"MASTER_ADDR": addr})]
     if facts.resolve_timed_out:  # or EAI_AGAIN: no DNS server answered, the same news as a timeout
         why = (f"could not be resolved now ({facts.resolve_error}: the DNS server did not answer)" if facts.resolve_error
                else f"did not resolve within {facts.resolve_timeout:g} s (slow or unreachable DNS)")

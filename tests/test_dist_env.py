@@ -319,3 +319,52 @@ def test_every_finding_brings_its_own_fix():
     assert r.status is Status.FAIL
     assert "does not resolve" in r.summary and "NCCL_SOCKET_IFNAME" in r.summary
     assert "MASTER_ADDR" in r.remediation and "NCCL_SOCKET_IFNAME" in r.remediation
+
+
+# -- what torch itself does with a MASTER_ADDR or MASTER_PORT (helper-92) ------------------------
+
+_INIT = ("import datetime, torch.distributed as d\n"
+         "d.init_process_group('gloo', timeout=datetime.timedelta(seconds=4))\n"
+         "print('joined', d.get_world_size())\n")
+
+
+def _torch_init(env: dict[str, str]):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch.distributed")
+    clean = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    return subprocess.run([sys.executable, "-c", _INIT], env={**clean, **env}, capture_output=True, text=True, timeout=120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1 ", " localhost"])
+def test_a_master_addr_with_blanks_fails_as_torch_fails(addr):
+    """Helper-92: the check stripped the blanks and said ok; torch resolves them as part of
+    the name and the rendezvous times out. The fix strips them, and exec --fix can apply it."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": addr, "MASTER_PORT": str(_free_port())}
+    r = check(env)
+    assert r.status is Status.FAIL and "has blanks around the address" in r.summary, r.summary
+    assert r.fix_env == {"MASTER_ADDR": addr.strip()}
+    truth = _torch_init(env)
+    assert truth.returncode != 0 and "joined" not in truth.stdout, truth.stdout
+    fixed = _torch_init({**env, "MASTER_ADDR": addr.strip()})
+    assert fixed.returncode == 0 and "joined 1" in fixed.stdout, fixed.stderr[-500:]
+
+
+def test_master_port_0_is_fine_for_a_world_of_one_and_fails_beyond():
+    """Helper-92: a world of one binds a free port for its store, and gloo's init works;
+    with more ranks, nobody can find that port."""
+    alone = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
+    r = check(alone)
+    assert r.status is Status.OK, r.summary
+    truth = _torch_init(alone)
+    assert truth.returncode == 0 and "joined 1" in truth.stdout, truth.stderr[-500:]
+    r = check({**alone, "WORLD_SIZE": "2"})
+    assert r.status is Status.FAIL and "MASTER_PORT=0 is outside 1-65535" in r.summary, r.summary
