@@ -25,12 +25,18 @@ What it judges (thresholds in [check."shm.size"]):
   with DataLoader settings known, size below what the workers hold at once:
   (num_workers x prefetch_factor + 1 batch in use) x batch_bytes. Below min_bytes
   with a known loader that fits, under a CPU build of torch (no NCCL): a warning.
+  No /dev/shm at all, a read-only one, or one where no file can be created (its
+  inodes used up, or fewer left than the loader's batches in flight): nothing shared
+  can be made there. With DataLoader settings known,
+  free space below their need (less what the job itself already holds), because
+  other processes or crashed jobs' leftover segments hold the rest.
 - warn: size below recommended_bytes (default 1 GiB, what NVIDIA's NGC containers
   are started with) when the DataLoader settings are unknown, or below the workers'
-  need times headroom (default 1.5) when they are known; free space below that
-  need (or below min_bytes, less what the job itself already holds) because other
-  processes or crashed jobs' leftover segments hold it.
-- skip: no /dev/shm in the target, or it cannot be examined (permission, process gone).
+  need times headroom (default 1.5) when they are known; with the loader unknown,
+  free space below min_bytes (less what the job holds) because others hold it;
+  fewer than 1024 more files can be created (fail: fewer than the loader's batches
+  in flight, or none).
+- skip: /dev/shm cannot be examined (permission, process gone).
 
 How to fix: give the container more (the row names the size: 1g, or the loader's need
 with headroom): `docker run --shm-size=1g ...` or
@@ -78,7 +84,10 @@ class ShmFacts(namedtuple("ShmFacts", (
         "own_bytes",  # int | None = None: unlinked files the --pid process tree holds open (envdoctor.shm_held); None: not read
         "own_complete",  # bool | None = None: False: the tree was larger than envdoctor reads, own_bytes may be short
         "torch_cuda",  # bool | None = None: whether the target's torch is a CUDA build (NCCL); None: not asked
-), defaults=(None, None, None, None, None, None))):
+        "read_only",  # bool | None = None: mounted read-only (statvfs ST_RDONLY): nothing can be created there
+        "free_files",  # int | None = None: files that can still be created; None: no inode limit (or not read)
+        "missing",  # str | None = None: why there is no usable /dev/shm at all (absent, not a directory)
+), defaults=(None, None, None, None, None, None, None, None, None))):
     __slots__ = ()
 
 
@@ -106,15 +115,15 @@ def gather(ctx) -> ShmFacts:
         seen = os.stat(path)
         mode = seen.st_mode
         if not stat.S_ISDIR(mode):
-            raise Unavailable(f"{path} is not a directory: {who} has no usable /dev/shm")
+            return ShmFacts(str(path), None, None, missing=f"{path} is not a directory: {who} has no usable /dev/shm")
         st = os.statvfs(path)
     except PermissionError:
         raise Unavailable(f"permission denied examining {path}", permission_hint(ctx.target)) from None
     except FileNotFoundError:
         if ctx.target.pid is not None and not ctx.proc().exists():
             raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
-        raise Unavailable(f"{path} does not exist: {who} has no /dev/shm, so POSIX shared memory "
-                          "(DataLoader workers, NCCL) cannot work there") from None
+        # a finding, not a skip (helper-92): the check is sure the loader's workers and NCCL fail
+        return ShmFacts(str(path), None, None, missing=f"{path} does not exist: {who} has no /dev/shm")
     except OSError as exc:
         if exc.errno == errno.ESRCH and ctx.target.pid is not None:
             raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
@@ -126,7 +135,9 @@ def gather(ctx) -> ShmFacts:
         size = free = None  # tmpfs size=0 means no limit but memory itself; statvfs then says 0 and 0
     from envdoctor.attach_reader import live_facts
 
-    facts = ShmFacts(str(path), size, free, fstype, mount_point, live_facts(ctx).busiest_loader())
+    facts = ShmFacts(str(path), size, free, fstype, mount_point, live_facts(ctx).busiest_loader(),
+                     read_only=bool(st.f_flag & os.ST_RDONLY),
+                     free_files=st.f_favail if st.f_files else None)  # tmpfs nr_inodes=0: no limit, 0 and 0
     if ctx.target.pid is not None and free is not None and free < _free_wanted(with_live_loader(facts, ctx.settings)):
         # a running job short of free space: how much of the used space is its own batches
         # in flight (a walk of its processes' descriptors, so only when it can matter)
@@ -270,12 +281,50 @@ def _rule_free_short(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Findi
         mine += " (its process tree is larger than envdoctor reads: some of its own may be counted as others')"
     # a size that leaves room beside what others hold: the recommended size alone may be the size
     # it has already (helper-80: 1 GiB with 900 MiB held was told to remount at 1G)
+    need, how = _need(settings)
+    if need is not None:  # the loader is known and its batches do not fit: it dies as if the mount were small (helper-92)
+        return [Finding(Status.FAIL, f"{_subject(facts)} has only {format_bytes(free)} free{held}{mine}; {how} need "
+                        f"{format_bytes(short - own)} more: a worker fails with a bus error or 'No space left on device'",
+                        _remediation(facts, settings, leftovers=True, at_least=others + short))]
     return [Finding(Status.WARN, f"{_subject(facts)} has only {format_bytes(free)} free{held}{mine}, expected >= "
                     f"{format_bytes(short - own)} free",
                     _remediation(facts, settings, leftovers=True, at_least=others + short))]
 
 
-RULES = (_rule_size_below_min, _rule_size_below_need, _rule_size_below_recommended, _rule_free_short)
+FEW_FILES = 1024  # files still creatable below which a DataLoader's batches in flight may not find one
+
+
+def _rule_unusable(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding]:
+    """No /dev/shm, a read-only one, or one where no file can be created: nothing shared
+    can be made there, whatever its size (helper-92: each was ok or a skip, and the
+    DataLoader died with ENOENT, EROFS or ENOSPC)."""
+    if facts.missing:
+        size = docker_size(_suggested(settings))
+        return [Finding(Status.FAIL, f"{facts.missing}: POSIX shared memory (DataLoader workers, NCCL) cannot work "
+                        "there (FileNotFoundError on the first batch)",
+                        f"docker run --shm-size={size} ... (Docker and Kubernetes give every container one); "
+                        f"host: mkdir -p /dev/shm && mount -t tmpfs -o size={size} tmpfs /dev/shm")]
+    found = []
+    if facts.read_only:
+        found.append(Finding(Status.FAIL, f"{_subject(facts)} is mounted read-only: DataLoader workers and NCCL "
+                             "cannot create their segments there ('Read-only file system')",
+                             "mount -o remount,rw /dev/shm; in a container, do not mount /dev/shm read-only "
+                             "(Docker's --read-only leaves it writable)"))
+    if facts.free_files is not None and facts.free_files < FEW_FILES:
+        room = "no more files" if facts.free_files == 0 else f"only {facts.free_files} more files"
+        workers, batch, prefetch = _loader(settings)
+        in_flight = workers * prefetch + 1 if workers > 0 and batch > 0 else 1  # at least a file each
+        found.append(Finding(Status.FAIL if facts.free_files < in_flight else Status.WARN,
+                             f"{_subject(facts)} can hold {room} (its inodes are used up, by leftover segments or a "
+                             "small nr_inodes), whatever its free bytes: each batch in flight is a file"
+                             + (f" ({in_flight} at once here)" if in_flight > 1 else "")
+                             + ", and a worker that cannot make one fails with 'No space left on device'",
+                             "remove leftover /dev/shm/torch_* files of crashed jobs (`ls -la /dev/shm`), or mount it "
+                             "without an nr_inodes limit: mount -o remount,nr_inodes=0 /dev/shm"))
+    return found
+
+
+RULES = (_rule_unusable, _rule_size_below_min, _rule_size_below_need, _rule_size_below_recommended, _rule_free_short)
 
 
 def _used(facts: ShmFacts) -> int | None:
@@ -285,6 +334,8 @@ def _used(facts: ShmFacts) -> int | None:
 
 def _ok_summary(facts: ShmFacts, settings: Mapping[str, Any]) -> str:
     subject, size = _subject(facts), facts.size_bytes
+    if facts.missing:  # never ok: _rule_unusable fails it
+        return facts.missing
     if size is None:
         return f"{subject} is a tmpfs without a size limit (size=0: bounded only by memory)"
     need, how = _need(settings)
@@ -306,6 +357,8 @@ def judge(facts: ShmFacts, settings: Mapping[str, Any]) -> Result:
         "own_complete": facts.own_complete,
         "fstype": facts.fstype,
         "own_mount": facts.mount_point == "/dev/shm" if facts.mount_point is not None else None,
+        "read_only": facts.read_only,
+        "free_files": facts.free_files,
         "min_bytes": int(settings["min_bytes"]),
         "recommended_bytes": int(settings["recommended_bytes"]),
         "need_bytes": _need(settings)[0],

@@ -66,13 +66,16 @@ def _namespace_or_skip() -> None:
         pytest.skip(f"cannot mount a tmpfs in a new mount namespace here: {probe.stderr.strip()}")
 
 
-def _run_in_namespace(size: str, workdir: Path) -> tuple[subprocess.CompletedProcess, dict, subprocess.CompletedProcess]:
-    """In one private mount namespace with a `size` tmpfs on /dev/shm: envdoctor's report, then the DataLoader."""
+def _run_in_namespace(size: str, workdir: Path, mount: str = "", then: str = "",
+                      ) -> tuple[subprocess.CompletedProcess, dict, subprocess.CompletedProcess]:
+    """In one private mount namespace with a `size` tmpfs on /dev/shm: envdoctor's report, then the DataLoader.
+    `mount` replaces the tmpfs mount command; `then` runs after it (filling it, say)."""
     (workdir / "envdoctor.toml").write_text(CONFIG)
     (workdir / "loader.py").write_text(LOADER)
     py = sys.executable
+    mount = mount or "mount -t tmpfs -o size=$SHM_SIZE tmpfs /dev/shm"
     script = (
-        "mount --make-rprivate / && mount -t tmpfs -o size=$SHM_SIZE tmpfs /dev/shm || exit 97; "
+        f"mount --make-rprivate / && {mount} || exit 97; {then or 'true'}; "
         f"{py} -m envdoctor check --only shm.size --format json --config envdoctor.toml > report.json 2> report.err; "
         "echo $? > report.rc; "
         f"{py} loader.py > loader.out 2>&1; echo $? > loader.rc"
@@ -117,6 +120,33 @@ def test_sized_shm_passes_and_the_dataloader_completes(tmp_path):
     assert result["facts"]["size_bytes"] == 2048 * MIB
     assert loader.returncode == 0, loader.stdout[-2000:]
     assert "LOADER DONE 24" in loader.stdout
+
+
+# helper-92: each of these was ok (or a skip, exit 0) while the DataLoader died
+UNUSABLE = {
+    "read-only": ("mount -t tmpfs -o size=2g,ro tmpfs /dev/shm", "", "mounted read-only", "read-only file system"),
+    "no inodes left": ("mount -t tmpfs -o size=2g,nr_inodes=3 tmpfs /dev/shm", "", "can hold only 2 more files",
+                       "no space left on device"),
+    "missing": ("mount -t tmpfs -o size=1m tmpfs /dev && mknod -m 666 /dev/null c 1 3 && mknod -m 666 /dev/zero c 1 5 "
+                "&& mknod -m 666 /dev/urandom c 1 9 && mknod -m 666 /dev/random c 1 8", "", "does not exist",
+                "no such file or directory"),
+    "held by a leftover": ("mount -t tmpfs -o size=512m tmpfs /dev/shm",
+                           "head -c 500M /dev/zero > /dev/shm/torch_leftover", "need 160 MiB more",
+                           "no space left on device|bus error|shared memory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSABLE))
+def test_an_unusable_shm_fails_and_the_dataloader_dies(tmp_path, case):
+    _namespace_or_skip()
+    mount, then, said, died = UNUSABLE[case]
+    run, report, loader = _run_in_namespace("", tmp_path, mount=mount, then=then)
+    result = _shm_result(report)
+    assert result["status"] == "fail" and said in result["summary"], result
+    assert run.returncode == 1
+    # the ground truth the check predicted
+    assert loader.returncode != 0 and "LOADER DONE" not in loader.stdout, loader.stdout[-1000:]
+    assert re.search(died, loader.stdout, re.IGNORECASE), loader.stdout[-2000:]
 
 
 def test_pid_target_is_judged_by_its_own_shm(tmp_path):

@@ -129,9 +129,15 @@ def test_workers_fit_is_ok_even_under_recommended():
     assert "need 40 MiB" in r.summary
 
 
-def test_workers_need_more_than_is_free_warns():
+def test_workers_need_more_than_is_free_fails():
+    """Helper-92: a known loader short of free space dies as one short of size does; it warned."""
     r = judge(shm(8 * GIB, 300 * MIB), loader(2, 100 * MIB))
-    assert r.status is Status.WARN and "only 300 MiB free" in r.summary and "expected >= 500 MiB free" in r.summary
+    assert r.status is Status.FAIL and "only 300 MiB free" in r.summary and "need 500 MiB more" in r.summary, r.summary
+
+
+def test_free_space_short_of_the_floor_with_the_loader_unknown_warns():
+    r = judge(shm(8 * GIB, 100 * MIB), DEFAULTS)
+    assert r.status is Status.WARN and "expected >= 256 MiB free" in r.summary, r.summary
 
 
 def test_floor_still_applies_with_a_tiny_loader():
@@ -147,10 +153,12 @@ def test_no_workers_is_judged_by_the_floors_only():
 # ----------------------------------------------------------------- gather over fixture trees
 
 
-def test_empty_rootfs_skips():
+def test_empty_rootfs_fails():
+    """Helper-92: no /dev/shm was a skip (exit 0) though the row said nothing shared can work."""
     r = run_fixture("shm_empty_rootfs")
-    assert r.status is Status.SKIP
+    assert r.status is Status.FAIL
     assert "does not exist" in r.summary and "shm_empty_rootfs/dev/shm" in r.summary
+    assert "mount -t tmpfs" in r.remediation
 
 
 def test_docker_fixture_fails(monkeypatch):
@@ -192,12 +200,12 @@ def test_other_os_errors_skip(monkeypatch):
     assert r.status is Status.SKIP and "Stale file handle" in r.summary
 
 
-def test_shm_that_is_a_file_skips(tmp_path):
+def test_shm_that_is_a_file_fails(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "shm").write_text("not a directory")
     session = Session(roots=Roots(procfs=tmp_path / "proc", sysfs=tmp_path / "sys", rootfs=tmp_path), env_override={})
     r = run_one(Plan(shm_size.CHECK, DEFAULTS, 10.0), session)
-    assert r.status is Status.SKIP and "not a directory" in r.summary
+    assert r.status is Status.FAIL and "not a directory" in r.summary
 
 
 def test_missing_pid_skips(tmp_path):
@@ -255,18 +263,18 @@ def test_a_running_jobs_own_batches_are_room_for_it_not_space_held_by_others():
     r = judge(running, settings)
     assert r.status is Status.OK, r.summary
     assert r.facts["own_bytes"] == 300 * MIB
-    # others holding space still warns, and names only what is theirs
+    # others holding the space it needs fails (helper-92), and names only what is theirs
     crowded = ShmFacts("/dev/shm", size, 40 * MIB, "tmpfs", "/dev/shm", own_bytes=100 * MIB)
     r = judge(crowded, settings)
-    assert r.status is Status.WARN
+    assert r.status is Status.FAIL
     assert "(372 MiB held by other processes or leftover segments), besides the 100 MiB this job holds" in r.summary
-    assert "expected >= 200 MiB free" in r.summary and "leftover /dev/shm/torch_*" in r.remediation
+    assert "need 200 MiB more" in r.summary and "leftover /dev/shm/torch_*" in r.remediation
 
 
 def test_the_num_workers_fix_never_names_the_jobs_own_count_or_more():
     """Helper-42: 'lower DataLoader num_workers to 2' for a job that had 2 fixed nothing."""
     r = judge(shm(512 * MIB, free=100 * MIB), loader(2, 60 * MIB, 2))  # short of free space only
-    assert r.status is Status.WARN
+    assert r.status is Status.FAIL
     assert "num_workers to" not in r.remediation and "leftover" in r.remediation
     r = judge(shm(512 * MIB), loader(8, 60 * MIB, 2))  # 17 batches of 60 MiB do not fit
     assert "num_workers to 2 " in r.remediation
