@@ -674,6 +674,20 @@ def _stack_from_imports() -> dict[str, Any]:
     return {**limits, "runtime": runtime_facts()._asdict()}
 
 
+def _is_stack(facts: Mapping[str, Any]) -> bool:
+    """What _stack_from_imports writes: onnx's version and limits, and the runtime's facts."""
+    runtime = facts.get("runtime")
+    if not (isinstance(facts.get("onnx_version"), str) and isinstance(facts.get("onnx_max_opset"), int)
+            and isinstance(facts.get("onnx_max_ir_version"), int) and isinstance(runtime, dict)
+            and set(runtime) <= set(RuntimeFacts._fields)):
+        return False
+    numbers = all(runtime.get(k) is None or isinstance(runtime[k], int) for k in ("max_opset", "dev_opset", "max_ir_version"))
+    words = all(runtime.get(k) is None or isinstance(runtime[k], str) for k in ("version", "max_opset_source", "reason"))
+    deprecated = runtime.get("deprecated")
+    return numbers and words and (deprecated is None or (isinstance(deprecated, list)
+                                                         and all(isinstance(d, str) for d in deprecated)))
+
+
 def stack_facts() -> dict[str, Any]:
     """onnx's and onnxruntime's versions and limits, from the disk cache when the
     installation has not changed: importing both costs ~0.2-0.5 s, which a warm
@@ -685,7 +699,7 @@ def stack_facts() -> dict[str, Any]:
     stamp = _install_stamp()
     path = diskcache.entry_file("onnx-stack", repr(stamp))
     cached = diskcache.read(path, STACK_CACHE_SCHEMA, stamp)
-    if cached is not None:
+    if cached is not None and _is_stack(cached):  # a damaged entry is a miss (helper-93: an error row every run)
         return cached
     facts = _stack_from_imports()
     diskcache.write(path, STACK_CACHE_SCHEMA, stamp, facts)

@@ -123,6 +123,13 @@ def _live() -> dict[str, list[list[str | None]]]:
     return table
 
 
+def _is_table(table: Any) -> bool:
+    """What _live() writes: each group a list of [name, value, distribution or None] rows."""
+    return all(isinstance(rows, list) and all(
+        isinstance(row, list) and len(row) in (2, 3) and isinstance(row[0], str) and isinstance(row[1], str)
+        and (len(row) == 2 or row[2] is None or isinstance(row[2], str)) for row in rows) for rows in table.values())
+
+
 def _cache_file() -> Any:
     # one file per interpreter and search path: `python -c` ('' first) and the
     # `envdoctor` script (its bin/ first) do not evict each other's entry
@@ -142,6 +149,8 @@ def entry_points(group: str) -> list[EntryPoint]:
         key = _fingerprint()
         path = _cache_file()
         table = diskcache.read(path, SCHEMA, key)
+        if table is not None and not _is_table(table):
+            table = None  # a damaged entry (helper-93: a group's rows an int, and every command a traceback): read again
         if table is None:
             table = _live()
             diskcache.write(path, SCHEMA, key, table)

@@ -78,6 +78,20 @@ def test_a_corrupt_cache_file_is_a_miss(cache_home):
         json.loads(f.read_text())  # rewritten whole
 
 
+@pytest.mark.parametrize("damage", [1, 10**30, [1, 2], [["name-only"]], [[1, 2, 3]], "text"])
+def test_a_cache_entry_of_the_wrong_shape_is_a_miss(cache_home, damage):
+    """Helper-93: a group's rows replaced by an int (the fingerprint intact) gave every
+    command a traceback until the entry expired a day later."""
+    first = names(entrypoints.entry_points("envdoctor.checks"))
+    for f in cache_home.glob("entry-points-*.json"):
+        entry = json.loads(f.read_text())
+        entry["facts"]["envdoctor.checks"] = damage
+        f.write_text(json.dumps(entry))
+    assert names(entrypoints.entry_points("envdoctor.checks")) == first
+    for f in cache_home.glob("entry-points-*.json"):  # rewritten whole
+        assert json.loads(f.read_text())["facts"]["envdoctor.checks"] != damage
+
+
 def test_only_envdoctor_groups():
     with pytest.raises(ValueError):
         entrypoints.entry_points("console_scripts")

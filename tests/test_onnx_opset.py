@@ -635,6 +635,23 @@ def test_stack_facts_are_cached_so_a_warm_run_imports_neither_onnx_nor_onnxrunti
     assert list((tmp_path / "envdoctor").glob("onnx-stack-*.json"))
 
 
+@pytest.mark.parametrize("damage", [{}, {"onnx_version": None}, {"runtime": "x"}, {"runtime": {"max_opset": "28"}},
+                                    {"runtime": {"surprise": 1}}, {"onnx_max_opset": [28]}])
+def test_a_stack_cache_entry_of_the_wrong_shape_is_a_miss(tmp_path, monkeypatch, damage):
+    """Helper-93: facts emptied or of the wrong types, the fingerprint intact, gave an
+    error row ('the check broke: KeyError') on every run for a day."""
+    from envdoctor.checks import onnx_opset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("ENVDOCTOR_NO_CACHE", raising=False)
+    truth = onnx_opset.stack_facts()
+    (entry_file,) = (tmp_path / "envdoctor").glob("onnx-stack-*.json")
+    entry = json.loads(entry_file.read_text())
+    entry["facts"] = {} if not damage else {**entry["facts"], **damage}
+    entry_file.write_text(json.dumps(entry))
+    assert onnx_opset.stack_facts() == truth
+
+
 def test_a_fifo_is_an_error_at_once_not_a_hang(tmp_path):
     import os
     import time as _time
