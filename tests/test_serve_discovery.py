@@ -274,3 +274,22 @@ def test_a_selector_variable_past_the_first_mebibyte_of_the_environment_is_found
     finally:
         job.kill()
         job.wait()
+
+
+def test_a_selector_variable_whose_name_is_not_utf8_selects_without_breaking_the_run():
+    """helper-93: ENVDOCTOR_SERVE__SELECT_ENV=$'x\\xff' reached discovery as a surrogate-escaped
+    str; encoding it raised, and every run of the daemon failed. Its bytes are the name."""
+    import subprocess
+    import time
+
+    name = os.fsdecode(b"ENVDOCTOR_ODD_\xff_" + str(os.getpid()).encode())
+    job = subprocess.Popen(["sleep", "120"], env={os.fsencode(name): b"1", b"PATH": os.environb.get(b"PATH", b"/usr/bin")})
+    try:
+        deadline = time.monotonic() + 30
+        while os.fsencode(name) not in open(f"/proc/{job.pid}/environ", "rb").read() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        found = discovery.discover(Roots(), max_targets=50, selectors=discovery.Selectors(env=(name,)), announce_dirs=[])
+        assert {t.pid: t.source for t in found.targets}.get(job.pid) == "selector"
+    finally:
+        job.kill()
+        job.wait()

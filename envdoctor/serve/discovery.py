@@ -197,7 +197,9 @@ def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
     if not data:
         return False
     keys = {item.split(b"=", 1)[0] for item in data.split(b"\0") if item}
-    return any(n.encode() in keys for n in names)
+    # a name that is not UTF-8 came from the environment as os.environ reads it (surrogateescape):
+    # its bytes are the name (helper-93: encode() raised, and every run of the daemon failed)
+    return any(n.encode("utf-8", "surrogateescape") in keys for n in names)
 
 
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
