@@ -186,6 +186,12 @@ def test_an_encrypted_key_is_refused_without_asking_for_its_passphrase(tmp_path)
     "http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n",
     f"basic_auth_users:\n  a: '{HASH}'\nbasic_auth_users:\n  b: '{HASH}'\n",  # a key given twice
     f"basic_auth_users:\n  a: '{HASH}'\n  a: '{HASH}'\n",
+    "http_server_config:\n  http2: maybe\n",  # helper-93: a Go bool's key took anything
+    "http_server_config:\n  http2: .nan\n",
+    "http_server_config:\n  http2: yes\n",
+    "http_server_config:\n  http2: false\n",
+    "tls_server_config:\n  prefer_server_cipher_suites: maybe\n",
+    "tls_server_config:\n  prefer_server_cipher_suites: true\n",
 ])
 def test_node_exporter_and_envdoctor_start_with_the_same_files(tmp_path, text):
     """The same web config means the same to both, down to what stops them at start:

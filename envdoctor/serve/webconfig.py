@@ -281,6 +281,7 @@ def _http(name: str, http: Any) -> dict[str, str]:
     for key in http:
         if key not in HTTP_KEYS:
             raise WebConfigError(name, f"http_server_config.{key}", f"unknown key; known: {', '.join(sorted(HTTP_KEYS))}")
+    _a_bool(name, "http_server_config.http2", http.get("http2"))
     headers = http.get("headers") or {}
     if not isinstance(headers, dict):
         raise WebConfigError(name, "http_server_config.headers", "expected a mapping of header: value")
@@ -295,6 +296,15 @@ def _http(name: str, http: Any) -> dict[str, str]:
         if allowed is not None and _scalar(value) not in allowed:
             raise WebConfigError(name, key, f"expected one of {', '.join(allowed)} (as node_exporter), not {_scalar(value)!r}")
     return {str(k): _scalar(v) for k, v in headers.items()}
+
+
+def _a_bool(name: str, key: str, value: Any) -> None:
+    """A key the toolkit reads as a Go bool: YAML's true/false (yes/no/on/off too, as YAML 1.1
+    reads them) or nothing; anything else stops node_exporter at start, so it stops us too
+    (helper-93: "maybe" and nan were taken). Its value changes nothing here: Python's ssl
+    and http.server have no such switch."""
+    if value is not None and not isinstance(value, bool):
+        raise WebConfigError(name, key, f"expected true or false, not {_scalar(value)!r}")
 
 
 def _scalar(value: Any) -> str:
@@ -312,6 +322,7 @@ def _tls(name: str, tls: Any, base: Path) -> tuple[ssl.SSLContext | None, str]:
         if key not in TLS_KEYS:  # the known ones envdoctor takes: the inline PEM keys are refused below
             supported = sorted(TLS_KEYS - {"cert", "key", "client_ca"})
             raise WebConfigError(name, full, f"unknown key; known: {', '.join(supported)}")
+    _a_bool(name, "tls_server_config.prefer_server_cipher_suites", tls.get("prefer_server_cipher_suites"))
     for inline in ("cert", "key", "client_ca"):
         if tls.get(inline):
             raise WebConfigError(name, f"tls_server_config.{inline}", f"inline PEM is not supported; use {inline}_file")
