@@ -46,7 +46,8 @@ multi-node job, NCCL_P2P_DISABLE / NCCL_IB_DISABLE set, NCCL_DEBUG=INFO/TRACE.
 `skip` when none of these variables is set.
 
 How to fix: launch with torchrun, which sets all of them consistently
-(`torchrun --nnodes=2 --nproc-per-node=8 --rdzv-endpoint=node1:29500 train.py`);
+(`torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=node1:29500
+--rdzv-id=JOB train.py` on every node: without --rdzv-backend=c10d each node takes node rank 0);
 otherwise export the missing ones; name a real interface (`export NCCL_SOCKET_IFNAME=eth0`, see `ip -br link`);
 unset the NCCL_*_DISABLE switches and set `NCCL_DEBUG=WARN`.
 """
@@ -288,7 +289,10 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-TORCHRUN = "torchrun --nnodes=N --nproc-per-node=GPUS --rdzv-endpoint=MASTER:29500 train.py  # sets them all"
+# --rdzv-backend=c10d: without it torchrun's static rendezvous makes every node node-rank 0,
+# and a second node fails to host the store on the first one's address (helper-91)
+TORCHRUN = ("torchrun --nnodes=N --nproc-per-node=GPUS --rdzv-backend=c10d --rdzv-endpoint=MASTER:29500 "
+            "--rdzv-id=JOB train.py  # sets them all")
 
 
 class Launch(namedtuple("Launch", (

@@ -69,7 +69,9 @@ def render(report: Report, options) -> str:
     counts = report.counts()
     line = ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.OK, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP))
     console.print(_text(f"{line} in {report.duration_seconds:.2f} s. `envdoctor explain ID` says more about a check."))
-    return buffer.getvalue()
+    # rich pads every line of the system facts to the widest value: ~60 trailing blanks a
+    # line in a log or a pasted report (helper-91)
+    return "\n".join(line.rstrip(" ") for line in buffer.getvalue().split("\n"))
 
 
 EXPORTER = Exporter(name="text", render=render, content_type="text/plain; charset=utf-8", extension="txt",

@@ -320,3 +320,33 @@ def test_two_nodes_each_with_its_own_host_name(tmp_path):
     assert row["facts"]["findings"] == [row["facts"]["findings"][0]]  # the missing rank, and only that
     assert f"1 of 4 ranks did not arrive within" in row["summary"]
     assert f"rank 3 (expected on {names[1]})" in row["summary"]
+
+
+def test_the_torchrun_line_dist_env_tells_users_to_run_launches_two_nodes(tmp_path):
+    """Helper-91: the fix dist.env prints (and the README's multi-node lines) had no
+    --rdzv-backend, so torchrun's static rendezvous made both nodes node rank 0 and the
+    second failed to host the store. The line as printed, run as two 'nodes' on this host,
+    gives each its own node rank and the ranks 0 and 1."""
+    import shlex
+
+    from envdoctor.checks.dist_env import TORCHRUN
+
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint(os.environ['GROUP_RANK'], os.environ['RANK'], os.environ['WORLD_SIZE'])\n")
+    line = (TORCHRUN.split("#")[0].replace("--nnodes=N", "--nnodes=2").replace("GPUS", "1")
+            .replace("MASTER:29500", f"127.0.0.1:{free_port()}").replace("JOB", "envdoctor-test")
+            .replace("train.py", str(script)))
+    argv = [sys.executable, "-m", "torch.distributed.run", *shlex.split(line)[1:]]
+    env = launch_env(tmp_path)
+    nodes = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+             for _ in range(2)]
+    try:
+        seen = [node.communicate(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    assert [n.returncode for n in nodes] == [0, 0], [err[-800:] for _, err in seen]
+    ranks = sorted(out.split() for out, _ in seen)
+    assert ranks == [["0", "0", "2"], ["1", "1", "2"]], ranks
