@@ -44,8 +44,12 @@ against the memory's tightest limit.
   during the window;
 - ok: no sustained growth, or growth whose limit is further than the warn
   horizon (its slope and ETA are still in the summary and the gauges);
-- skip: no window (`envdoctor check` without --window), a window shorter than
-  min_window_seconds, the node target, or the process exited before the window.
+- skip: no window (`envdoctor check` without --window or the config's
+  window_seconds), a window shorter than min_window_seconds, the node target, or
+  the process exited before the window.
+
+window_seconds in [check."memory.cache_growth"] is --window's default: set there
+(in CI, say), every plain `envdoctor check` samples that long before it judges.
 
 How to fix: host memory growing in a training loop: accumulate
 `total_loss += loss.item()` (a float), not `loss`; `.detach()` what you keep

@@ -989,7 +989,7 @@ def _ok_summary(facts: OnnxFacts) -> str:
 
 CHECK = Check(
     id="onnx.opset",
-    title="ONNX exports at an opset that matches PyTorch (Resize >= 11) and that the installed onnxruntime runs",
+    title="ONNX exports at an opset that matches PyTorch (Resize >= 11), that defines every operator the model uses, and that the installed onnxruntime runs",
     gather=gather,
     judge=judge,
     # Loading onnxruntime (and building sessions to find its limits) happens in

@@ -640,3 +640,10 @@ def test_a_multiline_secret_across_the_end_cut_is_not_cut_inside():
             out = _tail(text[: len(pre) + into + _SCRUB_MARGIN], env, cut_end=True)
             assert "QIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQ" not in out, (len(pre), into, out[-200:])
             assert "loading key:" in out or "withheld" in out, out[-200:]
+
+
+def test_a_program_that_is_not_python_is_asked_about():
+    """Helper-91: `--python /bin/true` said only that the probe 'exited with status 0
+    without a result'; a program that succeeds and prints nothing did not run Python."""
+    with pytest.raises(ProbeError, match="printed nothing: is it a Python interpreter"):
+        run_probe("/bin/true", use_cache=False, timeout=30)

@@ -388,7 +388,11 @@ def _execute(python: str, args: list[str], timeout: float, source: str,
                 how = f"was killed by signal {-proc.returncode}"
         else:
             how = f"exited with status {proc.returncode}"
-        raise ProbeError(f"{what} {how} without a result" + (f"; it printed: {said}" if said else ""))
+        if said:
+            raise ProbeError(f"{what} {how} without a result; it printed: {said}")
+        # a quiet success is not Python running the probe at all (helper-91: --python /bin/true)
+        raise ProbeError(f"{what} {how} without a result and printed nothing"
+                         + (": is it a Python interpreter?" if proc.returncode == 0 else ""))
     result["_stderr_tail"] = _tail(err.decode("utf-8", "surrogateescape"), env, cut_start=err_trimmed)
     return result
 
