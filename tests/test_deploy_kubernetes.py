@@ -16,7 +16,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="test ex
 
 HERE = Path(__file__).resolve().parent.parent / "deploy/kubernetes"
 MONITOR_FILES = ["namespace.yaml", "daemonset.yaml", "service.yaml", "podmonitor.yaml"]
-VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
+VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]  # 1.30: recursiveReadOnly
 
 
 def _docs():
@@ -79,6 +79,9 @@ def test_pod_reads_the_host_read_only_through_the_path_flags():
     assert flags == {"--path.procfs": mounts["proc"]["mountPath"], "--path.sysfs": mounts["sys"]["mountPath"],
                      "--path.rootfs": mounts["root"]["mountPath"]}
     assert all(mounts[name]["readOnly"] for name in host_paths)
+    # helper-89: the top mount alone read-only left the host's submounts writable
+    assert all(mounts[name].get("recursiveReadOnly") == "IfPossible" for name in host_paths)
+    assert not any(mounts[name].get("mountPropagation") for name in host_paths)  # IfPossible requires None
 
 
 def test_pod_drops_every_capability_but_the_two_and_cannot_escalate():
