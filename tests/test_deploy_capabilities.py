@@ -100,3 +100,42 @@ def test_root_with_every_other_capability_dropped_still_reads_everything(other_u
     only_two = ["--inh-caps=-all", "--bounding-set=-all,+sys_ptrace,+dac_read_search"]
     assert _read_as(other_users_process, *only_two) == {"environ", "root", "maps"}
     assert _read_as(other_users_process, "--inh-caps=-all", "--bounding-set=-all,+sys_ptrace") == {"root", "maps"}
+
+
+def test_a_monitor_that_may_not_read_another_users_python_process_says_so():
+    """Helper-89: without CAP_SYS_PTRACE another user's torch job could not be told from any
+    python process (its maps are closed), and it vanished from the metrics without a word,
+    where the docs promised a skip with the reason. serve counts such processes
+    (envdoctor_targets_unreadable) and logs why once; with the capabilities, none."""
+    from helpers import unprivileged_envdoctor
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to run processes as other users")
+    job = subprocess.Popen(["setpriv", f"--reuid={TARGET_UID}", f"--regid={TARGET_UID}", "--clear-groups",
+                            _system_python(), "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if os.stat(f"/proc/{job.pid}/environ").st_uid == TARGET_UID and "python" in open(f"/proc/{job.pid}/comm").read():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.02)
+
+        def unreadable(out):
+            line = next(l for l in out.stdout.splitlines() if l.startswith("envdoctor_targets_unreadable "))
+            return float(line.split()[1])
+
+        stripped = unprivileged_envdoctor("serve", "--once")
+        assert stripped.returncode == 0, stripped.stderr[-1000:]
+        assert unreadable(stripped) >= 1
+        assert 'msg="processes not examined: permission denied"' in stripped.stderr and "CAP_SYS_PTRACE" in stripped.stderr
+        from helpers import cli
+
+        whole = cli("serve", "--once")
+        assert whole.returncode == 0 and unreadable(whole) == 0, whole.stderr[-1000:]
+        assert "permission denied" not in whole.stderr
+    finally:
+        job.kill()
+        job.wait(timeout=10)

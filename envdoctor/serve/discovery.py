@@ -83,11 +83,13 @@ class Found(Record):
         overflow: int = 0,  # found but not examined (max_targets)
         notes: list[str] | None = None,  # sources that could not be read, for the log
         left_out: frozenset[str] = frozenset(),  # the labels of those `overflow` counts
+        unreadable: int = 0,  # python processes whose maps this daemon may not read: not examined
     ) -> None:
         self.targets = [] if targets is None else targets
         self.overflow = overflow
         self.notes = [] if notes is None else notes
         self.left_out = left_out
+        self.unreadable = unreadable
 
 
 def _read(path: Path | str, limit: int = 4096) -> bytes | None:
@@ -128,6 +130,19 @@ def _torch_maps(procfs: Path, pid: int) -> str | None:
         lines.append(data[data.rfind(b"\n", 0, at) + 1:end])
         start = end
     return b"\n".join(lines).decode("utf-8", "surrogateescape")
+
+
+def _maps_denied(procfs: Path, pid: int) -> bool:
+    """Whether the process's maps are closed to this daemon (another user's process, and no
+    CAP_SYS_PTRACE): whether it runs torch cannot be seen (helper-89: such jobs vanished
+    from the metrics without a word)."""
+    try:
+        os.close(os.open(f"{procfs}/{pid}/maps", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _is_workload(procfs: Path, pid: int) -> tuple[bool, str, tuple[bytes, bytes]]:
@@ -269,6 +284,8 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
             torch_maps[pid] = lines
         elif selectors.env and _env_has(procfs, pid, selectors.env):
             chosen[pid] = "selector"
+        elif _is_python(procfs, pid, comm) and _maps_denied(procfs, pid):
+            found.unreadable += 1  # another user's, without CAP_SYS_PTRACE: said, not silently left out
 
     order = {"nvml": 0, "announced": 1, "selector": 2, "torch": 3}
     # only pids alive in this procfs (NVML may list pids of another pid namespace)

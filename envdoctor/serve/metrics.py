@@ -53,6 +53,9 @@ class ServeCollector:
         yield _gauge("targets", "Targets examined in the last run (the node included).", s["targets"])
         yield _counter("targets_overflow", "Targets found but not examined because max_targets was reached.",
                        s["targets_overflow_total"])
+        if "targets_unreadable" in s:
+            yield _gauge("targets_unreadable", "Python processes the last run could not examine: their /proc/N/maps "
+                         "is closed to the daemon (another user's, without CAP_SYS_PTRACE).", s["targets_unreadable"])
         yield _counter("runs", "Completed runs since the daemon started.", s["runs_total"])
         if "start_time_seconds" in s:
             yield _gauge("start_time_seconds", "When this daemon started, in seconds since the epoch: a change is a restart.",

@@ -242,6 +242,7 @@ class Scheduler:
         self.stop = _Rings(self._doorbell)
         self._known_targets: set[str] = set()
         self._overflow_said: tuple[int, int] = (0, 0)  # (any overflow, max_targets) when last logged
+        self._unreadable_said = False  # whether "processes not examined: permission denied" was last said
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
@@ -294,6 +295,7 @@ class Scheduler:
         stuck = self.watchdog.stuck()
         serve_stats = {
             "targets": len(found.targets), "targets_overflow_total": self.stats.targets_overflow_total,
+            "targets_unreadable": found.unreadable,
             "runs_total": self.stats.runs_total, "last_run_duration_seconds": seconds,
             "call_timeouts_total": self.watchdog.timeouts_total, "stuck_calls": len(stuck),
             "start_time_seconds": self.started_at,
@@ -443,6 +445,15 @@ class Scheduler:
         elif not found.overflow and self._overflow_said[0]:
             log.event("info", "targets within max_targets again", targets=len(found.targets), max_targets=self.settings.max_targets)
         self._overflow_said = overflow
+        if bool(found.unreadable) != self._unreadable_said:  # said when it starts and when it ends, not every run
+            if found.unreadable:
+                log.event("warn", "processes not examined: permission denied", processes=found.unreadable,
+                          reason="python processes of other users whose /proc/N/maps this daemon may not read: "
+                                 "whether they run torch is not known; give it CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH "
+                                 "(the systemd unit and the DaemonSet do)")
+            else:
+                log.event("info", "every python process readable again")
+            self._unreadable_said = bool(found.unreadable)
         log.event("debug", "run complete", seconds=f"{seconds:.3f}", targets=len(found.targets))
 
     # -- the loop -----------------------------------------------------------------
