@@ -37,7 +37,8 @@ Why it matters (PITFALLS 7)
 Statuses
   fail   a model with a linear or cubic Resize/Upsample below opset 11 (`min_opset`); a Resize/Upsample
          whose mode onnxruntime refuses (anything but 'nearest', 'linear', 'cubic'); a model whose
-         opset or IR version is beyond what the installed onnxruntime loads; a model that uses
+         opset, ai.onnx.ml opset or IR version is beyond what the installed onnxruntime
+         loads; a model that uses
          an ai.onnx operator its opset does not define (Gelu, from opset 20, at 13), or
          defines only as deprecated where onnxruntime refuses it (Upsample from opset 10,
          Scatter from 11), where the graph can run it (onnxruntime: "No Op registered",
@@ -49,7 +50,10 @@ Statuses
          torch's default export opset is below 11 or beyond what onnxruntime runs;
          a model above onnxruntime's released opset that loads only because
          ALLOW_RELEASED_ONNX_OPSET_ONLY=0; an operator onnx deprecates at the model's
-         opset when no onnxruntime is installed to say whether it refuses it.
+         opset when no onnxruntime is installed to say whether it refuses it; an opset
+         below 7, the oldest onnxruntime supports (Relu at opset 1 has no implementation);
+         an operator of a domain onnxruntime defines nothing in (it loads only with a
+         custom-op library registered).
   ok     otherwise; the facts list the versions and each model's opsets.
 
 How to fix
@@ -109,7 +113,8 @@ class ModelInfo(namedtuple("ModelInfo", (
         "uses_default_domain",  # bool = True
         "called",  # frozenset[str] = frozenset(): "domain:op_type" the main graph calls, directly or through functions
         "unknown_ops",  # tuple[UnknownOp, ...] = (): ai.onnx operators the opset in force there does not define
-), defaults=((), True, frozenset(), ()))):
+        "functions",  # frozenset[str] = frozenset(): "domain:name" of the model's own functions
+), defaults=((), True, frozenset(), (), frozenset()))):
     """What one .onnx file declares: its IR version, opsets and interpolation nodes."""
 
     __slots__ = ()
@@ -159,7 +164,9 @@ class RuntimeFacts(namedtuple("RuntimeFacts", (
         "max_ir_version",  # int | None = None
         "reason",  # str | None = None: why some of the above are None
         "deprecated",  # tuple[str, ...] | None = None: "Op:opset" of its schemas that deprecate an ai.onnx op
-), defaults=(None, None, None, None, None, None, None))):
+        "ml_max_opset",  # int | None = None: highest ai.onnx.ml opset it loads (released)
+        "domains",  # tuple[str, ...] | None = None: the operator domains its schemas define
+), defaults=(None, None, None, None, None, None, None, None, None))):
     """The installed onnxruntime and the limits it enforces when loading a model."""
 
     __slots__ = ()
@@ -277,7 +284,8 @@ def _model_info(model: Any) -> ModelInfo:
                 for sub in attr.graphs:
                     queue.append((sub.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
     known = tuple(op for op in unknown.values() if op is not None)
-    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, _reachable(calls), known)
+    return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, _reachable(calls), known,
+                     frozenset(local))
 
 
 def _schema_at(op_type: str, version: int) -> Any:
@@ -518,15 +526,18 @@ def missing_external_data(model_path: Path, tensors: list[bytes]) -> tuple[str, 
 # -- the installed onnxruntime ---------------------------------------------------------
 
 _REFUSED_OPSET = re.compile(r"support for domain ai\.onnx is till opset (\d+)")
+_REFUSED_ML_OPSET = re.compile(r"support for domain ai\.onnx\.ml is till opset (\d+)")
+ML_DOMAIN = "ai.onnx.ml"
+OLDEST_OPSET = 7  # onnxruntime: "All versions of ONNX Runtime support ONNX opsets from ONNX v1.2.1+ (opset version 7 and higher)"
 _REFUSED_IR = re.compile(r"max supported IR version: (\d+)")
 _IMPOSSIBLE = 1_000_000  # an opset / IR version no runtime will ever claim
 
 
-def _tiny_model(opset: int, ir_version: int) -> bytes:
+def _tiny_model(opset: int, ir_version: int, also: dict[str, int] | None = None) -> bytes:
     # the bytes onnx.helper would build, written without importing onnx (~60 ms of a cold run)
     from envdoctor.onnxfacts import tiny_model
 
-    return tiny_model(opset, ir_version)
+    return tiny_model(opset, ir_version, also)
 
 
 def _refusal(ort: Any, model: bytes, pattern: re.Pattern[str]) -> int | None:
@@ -541,19 +552,22 @@ def _refusal(ort: Any, model: bytes, pattern: re.Pattern[str]) -> int | None:
     return None  # accepted (ALLOW_RELEASED_ONNX_OPSET_ONLY=0 in our own environment)
 
 
-def _schemas(ort: Any) -> tuple[int | None, tuple[str, ...] | None]:
+def _schemas(ort: Any) -> tuple[int | None, tuple[str, ...] | None, tuple[str, ...] | None]:
     """(highest since_version among onnxruntime's ai.onnx schemas, the "Op:opset" of those
-    that deprecate their operator), from its schema registry (a private but long-lived API).
+    that deprecate their operator, every domain it has schemas for), from its schema
+    registry (a private but long-lived API).
     Its deprecations are its own: onnx 1.19 deprecates GroupNormalization-18, which
     onnxruntime 1.32 still runs; Upsample-10 and Scatter-11 it refuses."""
     try:
         from onnxruntime.capi import _pybind_state
 
-        schemas = [s for s in _pybind_state.get_all_operator_schema() if s.domain in DEFAULT_DOMAINS]
+        every = _pybind_state.get_all_operator_schema()
+        schemas = [s for s in every if s.domain in DEFAULT_DOMAINS]
         deprecated = tuple(sorted(f"{s.name}:{s.since_version}" for s in schemas if getattr(s, "deprecated", False)))
+        domains = tuple(sorted({s.domain or "ai.onnx" for s in every}))
     except Exception:
-        return None, None
-    return max((s.since_version for s in schemas), default=None), deprecated
+        return None, None, None
+    return max((s.since_version for s in schemas), default=None), deprecated, domains
 
 
 TELEMETRY_VAR = "ORT_DISABLE_TELEMETRY"
@@ -586,21 +600,22 @@ def probe_runtime() -> RuntimeFacts:
     except Exception as exc:
         return RuntimeFacts(reason=f"onnxruntime cannot be imported: {type(exc).__name__}: {exc}")
     version = getattr(ort, "__version__", None)
-    dev, deprecated = _schemas(ort)
-    released = ir = None
+    dev, deprecated, domains = _schemas(ort)
+    released = ir = ml = None
     notes = []
     try:
         released = _refusal(ort, _tiny_model(_IMPOSSIBLE, 7), _REFUSED_OPSET)
         ir = _refusal(ort, _tiny_model(7, _IMPOSSIBLE), _REFUSED_IR)
+        ml = _refusal(ort, _tiny_model(OLDEST_OPSET, 7, {ML_DOMAIN: _IMPOSSIBLE}), _REFUSED_ML_OPSET)
     except Exception as exc:  # SessionOptions missing in a stripped build, onnx helper trouble
         notes.append(f"could not probe onnxruntime's limits: {type(exc).__name__}: {exc}")
     if released is not None:
-        return RuntimeFacts(version, released, "load_refusal", dev, ir, "; ".join(notes) or None, deprecated)
+        return RuntimeFacts(version, released, "load_refusal", dev, ir, "; ".join(notes) or None, deprecated, ml, domains)
     if dev is not None:
         notes.append("opset limit taken from onnxruntime's operator schemas (may count an opset under development)")
-        return RuntimeFacts(version, dev, "schema_registry", dev, ir, "; ".join(notes), deprecated)
+        return RuntimeFacts(version, dev, "schema_registry", dev, ir, "; ".join(notes), deprecated, ml, domains)
     notes.append(f"onnxruntime {version} did not reveal the highest opset it runs")
-    return RuntimeFacts(version, None, None, None, ir, "; ".join(notes), deprecated)
+    return RuntimeFacts(version, None, None, None, ir, "; ".join(notes), deprecated, ml, domains)
 
 
 @functools.lru_cache(maxsize=1)
@@ -638,7 +653,7 @@ def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None, int | None]:
     return value, None, newest
 
 
-STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v2"  # v2: the runtime's deprecated schemas
+STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v3"  # v2: the runtime's deprecated schemas; v3: ai.onnx.ml, domains
 
 
 def _install_stamp() -> list[Any]:
@@ -681,11 +696,12 @@ def _is_stack(facts: Mapping[str, Any]) -> bool:
             and isinstance(facts.get("onnx_max_ir_version"), int) and isinstance(runtime, dict)
             and set(runtime) <= set(RuntimeFacts._fields)):
         return False
-    numbers = all(runtime.get(k) is None or isinstance(runtime[k], int) for k in ("max_opset", "dev_opset", "max_ir_version"))
+    numbers = all(runtime.get(k) is None or isinstance(runtime[k], int)
+                  for k in ("max_opset", "dev_opset", "max_ir_version", "ml_max_opset"))
     words = all(runtime.get(k) is None or isinstance(runtime[k], str) for k in ("version", "max_opset_source", "reason"))
-    deprecated = runtime.get("deprecated")
-    return numbers and words and (deprecated is None or (isinstance(deprecated, list)
-                                                         and all(isinstance(d, str) for d in deprecated)))
+    lists = all(runtime.get(k) is None or (isinstance(runtime[k], list) and all(isinstance(d, str) for d in runtime[k]))
+                for k in ("deprecated", "domains"))
+    return numbers and words and lists
 
 
 def stack_facts() -> dict[str, Any]:
@@ -857,7 +873,52 @@ def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: in
     if rt.max_ir_version is not None and model.info.ir_version > rt.max_ir_version:
         found.append(Finding(Status.FAIL, f"{model.path}: IR version {model.info.ir_version}; onnxruntime {rt.version} "
                              f"loads up to IR version {rt.max_ir_version}", "pip install -U onnxruntime"))
+    ml = model.info.opsets.get(ML_DOMAIN)
+    if ml is not None and rt.ml_max_opset is not None and ml > rt.ml_max_opset:
+        # helper-92: only ai.onnx's limit was compared; sklearn-onnx exports trip this one
+        found.append(Finding(Status.FAIL, f"{model.path}: {ML_DOMAIN} opset {ml}; onnxruntime {rt.version} runs up to "
+                             f"{ML_DOMAIN} opset {rt.ml_max_opset} and will refuse it",
+                             f"pip install -U onnxruntime, or export again for {ML_DOMAIN} {rt.ml_max_opset} "
+                             f"(skl2onnx: target_opset={{'': {_exportable(facts, rt.max_opset or 17)}, "
+                             f"'{ML_DOMAIN}': {rt.ml_max_opset}}})"))
     return found
+
+
+def _rule_model_below_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """An opset older than onnxruntime supports: some of its operators have no kernel there
+    (helper-92: Relu at opset 1 does not load; at 6 it does)."""
+    assert model.info is not None
+    opset = model.info.opset
+    if opset is None or opset >= OLDEST_OPSET or facts.runtime.version is None:
+        return []
+    return [Finding(Status.WARN, f"{model.path}: opset {opset}; onnxruntime supports opset {OLDEST_OPSET} and later, "
+                    "and may have no implementation of an operator at this one ('Could not find an implementation "
+                    "for Relu(1)')", f"onnx.version_converter.convert_version(model, {min_opset}), or export again: "
+                    f"torch.onnx.export(..., opset_version={_exportable(facts, _suggested_opset(min_opset, facts.runtime.max_opset))})")]
+
+
+def _rule_model_unknown_domain(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """Operators of a domain onnxruntime defines no schema for and the model no function for:
+    it loads only with a custom-op library registered (helper-92: 'acme.ops:Foo(-1) is not a
+    registered function/op')."""
+    assert model.info is not None
+    known = facts.runtime.domains
+    if known is None:
+        return []
+    foreign: dict[str, list[str]] = {}
+    for call in sorted(model.info.called):
+        domain, _, op = call.partition(":")
+        if domain in DEFAULT_DOMAINS or domain in known or call in model.info.functions:
+            continue
+        foreign.setdefault(domain, []).append(op)
+    if not foreign:
+        return []
+    said = "; ".join(f"{_clean(d)} ({', '.join(_clean(o) for o in ops[:EXAMPLES])}{', ...' if len(ops) > EXAMPLES else ''})"
+                     for d, ops in sorted(foreign.items()))
+    return [Finding(Status.WARN, f"{model.path}: uses operators of a domain onnxruntime {facts.runtime.version} does not "
+                    f"define: {said}; it loads only where a custom-op library registers them",
+                    "SessionOptions().register_custom_ops_library(PATH) before InferenceSession (and ship the library "
+                    "with the model), or export those operators as standard ones")]
 
 
 def _model_notes(model: ModelFile, facts: OnnxFacts) -> list[str]:
@@ -877,7 +938,9 @@ def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Fin
         findings = (_rule_model_missing_data(model, facts, min_opset) + _rule_model_mode_refused(model, facts, min_opset)
                     + _rule_model_interpolation(model, facts, min_opset)
                     + _rule_model_unknown_ops(model, facts, min_opset)
-                    + _rule_model_beyond_runtime(model, facts, min_opset))
+                    + _rule_model_beyond_runtime(model, facts, min_opset)
+                    + _rule_model_below_runtime(model, facts, min_opset)
+                    + _rule_model_unknown_domain(model, facts, min_opset))
     if len(facts.models) > 1:
         name = Path(model.path).name
         findings = [f.replace(fix=f"{name}: {f.fix}") if f.fix else f for f in findings]

@@ -53,12 +53,15 @@ def _float_vector(name: str) -> bytes:
     return _field(1, name) + _field(2, _field(1, tensor))  # name, type.tensor_type
 
 
-def tiny_model(opset: int, ir_version: int) -> bytes:
-    """ModelProto of y = Identity(x) at ai.onnx `opset` and `ir_version`."""
+def tiny_model(opset: int, ir_version: int, also: dict[str, int] | None = None) -> bytes:
+    """ModelProto of y = Identity(x) at ai.onnx `opset` and `ir_version`; `also` imports
+    more domains at the versions given (ai.onnx.ml, say), which nothing in it uses."""
     node = _field(1, "x") + _field(2, "y") + _field(4, "Identity")
     graph = _field(1, node) + _field(2, "envdoctor_probe") + _field(11, _float_vector("x")) + _field(12, _float_vector("y"))
-    opset_id = _field(1, "") + _field(2, opset)
-    return _field(1, ir_version) + _field(7, graph) + _field(8, opset_id)
+    imports = _field(8, _field(1, "") + _field(2, opset))
+    for domain, version in (also or {}).items():
+        imports += _field(8, _field(1, domain) + _field(2, version))
+    return _field(1, ir_version) + _field(7, graph) + imports
 
 
 def _package_dir(name: str) -> Path | None:

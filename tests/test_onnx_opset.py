@@ -875,3 +875,52 @@ def test_a_function_called_only_from_an_uncalled_function_does_not_count(tmp_pat
         row = run_check([path])
         assert loads is loads_expected, main.op_type
         assert ("refuses to load the model" in row.summary) is (not loads), row.summary
+
+
+# -- helper-92: what onnxruntime refused while the check said ok ---------------------------------
+
+
+def _loads(model: onnx.ModelProto) -> bool:
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:
+        return False
+    return True
+
+
+def _relu_model(opset: int, also=(), domain: str = "", op: str = "Relu") -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], name="act", domain=domain)], "g",
+                              [_io("x", [1])], [_io("y", [1])])
+    ids = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in also)]
+    model = helper.make_model(graph, opset_imports=ids)
+    model.ir_version = 7
+    return model
+
+
+def test_an_ml_opset_beyond_the_runtime_fails_as_it_refuses_it(tmp_path):
+    top = runtime_facts().ml_max_opset
+    assert isinstance(top, int), runtime_facts()
+    beyond = _relu_model(17, [("ai.onnx.ml", top + 1)])
+    result = run_check([save(beyond, tmp_path / "ml.onnx")])
+    assert result.status is Status.FAIL and f"ai.onnx.ml opset {top + 1}" in result.summary, result.summary
+    assert not _loads(beyond)
+    within = _relu_model(17, [("ai.onnx.ml", top)])
+    assert run_check([save(within, tmp_path / "ml_ok.onnx")]).status is Status.OK and _loads(within)
+
+
+def test_an_opset_older_than_the_runtime_supports_warns(tmp_path):
+    old = _relu_model(1)
+    result = run_check([save(old, tmp_path / "relu1.onnx")])
+    assert result.status is Status.WARN and "supports opset 7 and later" in result.summary, result.summary
+    assert not _loads(old)  # Relu(1) has no implementation
+    assert run_check([save(_relu_model(7), tmp_path / "relu7.onnx")]).status is Status.OK
+
+
+def test_an_operator_of_a_domain_the_runtime_does_not_define_warns(tmp_path):
+    custom = _relu_model(17, [("acme.ops", 1)], domain="acme.ops", op="Foo")
+    result = run_check([save(custom, tmp_path / "custom.onnx")])
+    assert result.status is Status.WARN and "acme.ops (Foo)" in result.summary, result.summary
+    assert "register_custom_ops_library" in result.remediation
+    assert not _loads(custom)
+    ms = _relu_model(17, [("com.microsoft", 1)], domain="com.microsoft", op="FusedGemm")  # onnxruntime's own domain
+    assert "does not define" not in run_check([save(ms, tmp_path / "ms.onnx")]).summary
