@@ -213,7 +213,12 @@ def _budget(facts: ThreadFacts, settings: Mapping[str, Any]) -> Budget:
     recommended = per_process_share(effective, processes, workers)
     per = f" / {processes} processes per node ({processes_from})" if processes > 1 else ""
     per += f" less {workers} DataLoader workers each" if workers else ""
-    text = f"{_fmt_cpus(effective)} effective CPUs ({where}){per} leaves {_count(recommended, 'thread')} per process"
+    # helper-90: "0.5 CPUs less 3 workers leaves 1 thread" read as arithmetic; below one the
+    # share is a floor, and said so
+    floor = math.floor(effective / processes + 1e-9) - workers < 1
+    leaves = ("leaves less than one CPU per process: 1 thread each, the least" if floor
+              else f"leaves {_count(recommended, 'thread')} per process")
+    text = f"{_fmt_cpus(effective)} effective CPUs ({where}){per} {leaves}"
     return Budget(effective, visible, processes, processes_from, workers, where, recommended, text, note)
 
 

@@ -177,6 +177,14 @@ def test_dataloader_workers_take_their_cpus():
     assert r.status is Status.WARN and r.facts["recommended_threads"] == 2
 
 
+def test_a_share_below_one_cpu_is_said_as_a_floor_not_as_arithmetic():
+    """Helper-90: '0.5 effective CPUs less 3 DataLoader workers each leaves 1 thread' read as a sum."""
+    r = judge(facts({"OMP_NUM_THREADS": "16"}, cpus(0.5, 2)), {**DEFAULTS, "num_workers": 3})
+    assert "less 3 DataLoader workers each leaves less than one CPU per process: 1 thread each, the least" in r.summary, r.summary
+    r = judge(facts({"OMP_NUM_THREADS": "16"}, cpus(8.0, 8)), {**DEFAULTS, "num_workers": 2})
+    assert "leaves 6 threads per process" in r.summary, r.summary
+
+
 def test_more_ranks_than_cpus_warn_even_at_one_thread():
     r = judge(facts(ALL_ONE, cpus(2.0, 64, quota=2.0), lws="4"), DEFAULTS)
     assert r.status is Status.WARN and "4 processes per node on 2 effective CPUs" in r.summary
