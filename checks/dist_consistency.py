@@ -391,14 +391,19 @@ def rule_env(ranks: Mapping[int, dict], hosts: Mapping[int, str], per_node: Iter
         for scope in scopes:
             if len({repr(v) for v in scope.values()}) <= 1:
                 continue
-            majority = _groups(scope)[0][0]
+            groups = _groups(scope)
+            majority = groups[0][0]
+            # helper-90: with as many ranks on each side, the fix took rank 0's side without a word
+            tie = (f" (no majority: the value of rank {groups[0][1][0]}, the lowest rank of the sides that tie)"
+                   if len(groups) > 1 and len(groups[0][1]) == len(groups[1][1]) else "")
             # The value as data, for exec --fix; never a secret's digest (it is not the value).
             env = {} if _digested(name) else {name: majority}
             if majority is None:
-                findings.append(Finding(Status.FAIL, _differs(name, scope, hosts), f"unset {name} on every rank", env=env))
+                findings.append(Finding(Status.FAIL, _differs(name, scope, hosts), f"unset {name} on every rank{tie}",
+                                        env=env))
             else:
                 findings.append(Finding(Status.FAIL, _differs(name, scope, hosts),
-                                        f"export {name}={majority} on every rank", env=env))
+                                        f"export {name}={majority} on every rank{tie}", env=env))
     return findings
 
 

@@ -76,6 +76,15 @@ def test_a_differing_value_gets_the_majority_as_fix_and_fix_env():
     assert r.remediation == "export NCCL_DEBUG=WARN on every rank" and r.fix_env == {"NCCL_DEBUG": "WARN"}
 
 
+def test_a_tie_between_as_many_ranks_on_each_side_says_whose_value_the_fix_takes():
+    """Helper-90: two ranks, one value each: --fix took rank 0's without saying it broke a tie."""
+    ranks = four_ranks({r: {"env": {**rank_facts(r)["env"], "NCCL_DEBUG": "INFO"}} for r in (2, 3)})
+    r = compare(ranks)
+    assert r.remediation == ("export NCCL_DEBUG=WARN on every rank (no majority: the value of rank 0, the lowest "
+                             "rank of the sides that tie)"), r.remediation
+    assert r.fix_env == {"NCCL_DEBUG": "WARN"}
+
+
 @pytest.mark.parametrize("key,value,text", [
     ("torch_version", "2.12.0+cu126", "torch differs: 2.13.0+cu128 on ranks 0-2"),
     ("nccl_version", "2.21.5", "NCCL differs: 2.27.5 on ranks 0-2"),
