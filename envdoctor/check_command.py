@@ -142,6 +142,8 @@ def _run(only: Sequence[str] = (), skip: Sequence[str] = (), fmt: Optional[str] 
         die("--output needs a file name (it was empty)")  # Path('') is the working directory
     if config_file is not None and not config_file.strip():  # it fell back to ./envdoctor.toml unsaid
         die("--config needs a file name (it was empty)")
+    if any(not str(name).strip() for name in onnx):  # Path('') is '.': ".: is a directory" (helper-93)
+        die("--onnx needs a file name (it was empty)")
     if output_text == "-":  # the usual spelling of standard output (it wrote a file named '-')
         output_text = None
     if output_text is not None and output_text.startswith("-"):  # `-o --format json` took the next option as the file

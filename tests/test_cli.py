@@ -175,6 +175,12 @@ def test_only_a_check_that_does_not_run_in_check_mode_is_bad_usage():
     assert rows["preflight.live"]["status"] == "skip" and "does not run in check mode" in rows["preflight.live"]["summary"]
 
 
+def test_an_empty_onnx_name_is_bad_usage_not_the_working_directory(tmp_path):
+    """`--onnx ''` was judged as the model '.': ".: is a directory" (helper-93)."""
+    proc = cli("check", "--only", "onnx.opset", "--onnx", "", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == "envdoctor: --onnx needs a file name (it was empty)"
+
+
 def test_an_empty_output_name_is_bad_usage_not_the_working_directory(tmp_path):
     """`-o ''` said "cannot write /the/cwd: it is a directory" (helper-18)."""
     proc = cli("check", "--only", "shm.size", "-o", "", cwd=tmp_path)
