@@ -37,8 +37,10 @@ Why it matters (PITFALLS 7)
 Statuses
   fail   a model with a linear or cubic Resize/Upsample below opset 11 (`min_opset`); a Resize/Upsample
          whose mode onnxruntime refuses (anything but 'nearest', 'linear', 'cubic'); a model whose
-         opset, ai.onnx.ml opset or IR version is beyond what the installed onnxruntime
-         loads; a model that uses
+         opset, ai.onnx.ml opset or IR version (in the model or any of its functions) is
+         beyond what the installed onnxruntime loads; a model below opset 7 with an
+         operator onnxruntime has no CPU kernel for at its version (Relu at opset 1); a
+         model using a domain it imports no opset of; a model that uses
          an ai.onnx operator its opset does not define (Gelu, from opset 20, at 13), or
          defines only as deprecated where onnxruntime refuses it (Upsample from opset 10,
          Scatter from 11), where the graph can run it (onnxruntime: "No Op registered",
@@ -51,7 +53,7 @@ Statuses
          a model above onnxruntime's released opset that loads only because
          ALLOW_RELEASED_ONNX_OPSET_ONLY=0; an operator onnx deprecates at the model's
          opset when no onnxruntime is installed to say whether it refuses it; an opset
-         below 7, the oldest onnxruntime supports (Relu at opset 1 has no implementation);
+         below 7, the oldest onnxruntime supports, when its kernel registry cannot be read;
          an operator of a domain onnxruntime defines nothing in (it loads only with a
          custom-op library registered).
   ok     otherwise; the facts list the versions and each model's opsets.
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
 DEFAULT_DOMAINS = ("", "ai.onnx")  # both spell the default operator set
+ONNX_DOMAINS = (*DEFAULT_DOMAINS, "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.training")  # onnx's own
 INTERPOLATION_OPS = ("Resize", "Upsample")
 RELEASED_ONLY_VAR = "ALLOW_RELEASED_ONNX_OPSET_ONLY"
 PREFERRED_OPSET = 17  # what fixes suggest: widely supported, well past 11
@@ -114,7 +117,8 @@ class ModelInfo(namedtuple("ModelInfo", (
         "called",  # frozenset[str] = frozenset(): "domain:op_type" the main graph calls, directly or through functions
         "unknown_ops",  # tuple[UnknownOp, ...] = (): ai.onnx operators the opset in force there does not define
         "functions",  # frozenset[str] = frozenset(): "domain:name" of the model's own functions
-), defaults=((), True, frozenset(), (), frozenset()))):
+        "highest",  # Mapping[str, int] = {}: each domain's highest version the model or any function imports
+), defaults=((), True, frozenset(), (), frozenset(), {}))):
     """What one .onnx file declares: its IR version, opsets and interpolation nodes."""
 
     __slots__ = ()
@@ -166,7 +170,10 @@ class RuntimeFacts(namedtuple("RuntimeFacts", (
         "deprecated",  # tuple[str, ...] | None = None: "Op:opset" of its schemas that deprecate an ai.onnx op
         "ml_max_opset",  # int | None = None: highest ai.onnx.ml opset it loads (released)
         "domains",  # tuple[str, ...] | None = None: the operator domains its schemas define
-), defaults=(None, None, None, None, None, None, None, None, None))):
+        "cpu_kernels",  # Mapping[str, list[list[int]]] | None = None: ai.onnx op -> [first, last] opset of each CPU kernel
+        "other_schemas",  # Mapping[str, Mapping[str, list[list[int]]]] | None = None: domain (not ai.onnx) -> op ->
+                          # [since_version, 1 if deprecated else 0] of each of its schemas
+), defaults=(None, None, None, None, None, None, None, None, None, None, None))):
     """The installed onnxruntime and the limits it enforces when loading a model."""
 
     __slots__ = ()
@@ -230,17 +237,31 @@ def parse_model(data: bytes) -> ModelInfo:
         raise ParseError(f"not a usable ONNX model: {type(exc).__name__}: {exc}") from None
 
 
+def _imports(model: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """(the model's opset per domain, each domain's highest version in the model or any of its
+    functions). A domain imported twice: onnxruntime takes the last entry; it checks every
+    function's imports against its limits too, called or not (helper-95)."""
+    opsets: dict[str, int] = {}
+    highest: dict[str, int] = {}
+    for entry in model.opset_import:
+        domain = "ai.onnx" if entry.domain in DEFAULT_DOMAINS else _clean(entry.domain)
+        if entry.version <= 0:
+            raise ParseError(f"opset_import for domain {domain!r} has version {entry.version}")
+        opsets[domain] = entry.version
+        highest[domain] = max(highest.get(domain, 0), entry.version)  # each entry is held to the limits
+    for function in model.functions:
+        for entry in function.opset_import:
+            domain = "ai.onnx" if entry.domain in DEFAULT_DOMAINS else _clean(entry.domain)
+            highest[domain] = max(highest.get(domain, 0), entry.version)
+    return opsets, highest
+
+
 def _model_info(model: Any) -> ModelInfo:
     if model.ir_version <= 0:
         raise ParseError("not an ONNX model: it has no ir_version (an empty file, or another kind of protobuf)")
     if not model.HasField("graph"):
         raise ParseError("not an ONNX model: it has no graph")
-    opsets: dict[str, int] = {}
-    for entry in model.opset_import:
-        domain = "ai.onnx" if entry.domain in DEFAULT_DOMAINS else _clean(entry.domain)
-        if entry.version <= 0:
-            raise ParseError(f"opset_import for domain {domain!r} has version {entry.version}")
-        opsets[domain] = max(opsets.get(domain, 0), entry.version)
+    opsets, highest = _imports(model)
     if not opsets:
         if model.ir_version >= 3:
             raise ParseError(f"IR version {model.ir_version} model declares no opset_import")
@@ -259,7 +280,9 @@ def _model_info(model: Any) -> ModelInfo:
         queue.append((function.node, fopset, f"function {_clean(function.name)}/", f"{function.domain}:{function.name}"))
     interpolation: list[InterpolationNode] = []
     unknown: dict[tuple[str, int | None, str | None], UnknownOp | None] = {}  # per op, opset and scope
-    local = {f"{function.domain}:{function.name}" for function in model.functions}
+    # onnxruntime resolves no model-local function in ONNX's own domains (helper-95: one in ""
+    # or ai.onnx.ml was refused, "No Op registered"); in any other domain it does
+    local = {f"{function.domain}:{function.name}" for function in model.functions if function.domain not in ONNX_DOMAINS}
     calls: dict[str | None, set[str]] = {}  # scope (None: the main graph) -> "domain:op_type" its nodes call
     nodes = 0
     uses_default = False
@@ -285,7 +308,7 @@ def _model_info(model: Any) -> ModelInfo:
                     queue.append((sub.node, opset, f"{name}.{_clean(attr.name)}/", fkey))
     known = tuple(op for op in unknown.values() if op is not None)
     return ModelInfo(model.ir_version, opsets, nodes, tuple(interpolation), uses_default, _reachable(calls), known,
-                     frozenset(local))
+                     frozenset(local), highest)
 
 
 def _schema_at(op_type: str, version: int) -> Any:
@@ -552,10 +575,10 @@ def _refusal(ort: Any, model: bytes, pattern: re.Pattern[str]) -> int | None:
     return None  # accepted (ALLOW_RELEASED_ONNX_OPSET_ONLY=0 in our own environment)
 
 
-def _schemas(ort: Any) -> tuple[int | None, tuple[str, ...] | None, tuple[str, ...] | None]:
+def _schemas(ort: Any) -> tuple[int | None, tuple[str, ...] | None, tuple[str, ...] | None, dict[str, Any] | None]:
     """(highest since_version among onnxruntime's ai.onnx schemas, the "Op:opset" of those
-    that deprecate their operator, every domain it has schemas for), from its schema
-    registry (a private but long-lived API).
+    that deprecate their operator, every domain it has schemas for, the other domains'
+    schemas), from its schema registry (a private but long-lived API).
     Its deprecations are its own: onnx 1.19 deprecates GroupNormalization-18, which
     onnxruntime 1.32 still runs; Upsample-10 and Scatter-11 it refuses."""
     try:
@@ -565,9 +588,31 @@ def _schemas(ort: Any) -> tuple[int | None, tuple[str, ...] | None, tuple[str, .
         schemas = [s for s in every if s.domain in DEFAULT_DOMAINS]
         deprecated = tuple(sorted(f"{s.name}:{s.since_version}" for s in schemas if getattr(s, "deprecated", False)))
         domains = tuple(sorted({s.domain or "ai.onnx" for s in every}))
+        others: dict[str, dict[str, list[list[int]]]] = {}
+        for schema in every:
+            if schema.domain not in DEFAULT_DOMAINS:
+                others.setdefault(schema.domain, {}).setdefault(schema.name, []).append(
+                    [schema.since_version, int(bool(getattr(schema, "deprecated", False)))])
     except Exception:
-        return None, None, None
-    return max((s.since_version for s in schemas), default=None), deprecated, domains
+        return None, None, None, None
+    return (max((s.since_version for s in schemas), default=None), deprecated, domains,
+            {d: {op: sorted(v) for op, v in sorted(ops.items())} for d, ops in sorted(others.items())})
+
+
+def _cpu_kernels() -> dict[str, list[list[int]]] | None:
+    """ai.onnx operator -> the opset ranges onnxruntime's CPU kernels implement, from its
+    kernel registry (private like the schema registry): whether an old model's operators
+    have an implementation at all (helper-95: Relu(1) has none, Identity(1) has)."""
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        table: dict[str, set[tuple[int, int]]] = {}
+        for kernel in _pybind_state.get_all_opkernel_def():
+            if kernel.provider == "CPUExecutionProvider" and kernel.domain in DEFAULT_DOMAINS:
+                table.setdefault(kernel.op_name, set()).add(tuple(kernel.version_range))
+    except Exception:
+        return None
+    return {op: [list(r) for r in sorted(ranges)] for op, ranges in sorted(table.items())}
 
 
 TELEMETRY_VAR = "ORT_DISABLE_TELEMETRY"
@@ -600,7 +645,8 @@ def probe_runtime() -> RuntimeFacts:
     except Exception as exc:
         return RuntimeFacts(reason=f"onnxruntime cannot be imported: {type(exc).__name__}: {exc}")
     version = getattr(ort, "__version__", None)
-    dev, deprecated, domains = _schemas(ort)
+    dev, deprecated, domains, others = _schemas(ort)
+    kernels = _cpu_kernels()
     released = ir = ml = None
     notes = []
     try:
@@ -610,12 +656,14 @@ def probe_runtime() -> RuntimeFacts:
     except Exception as exc:  # SessionOptions missing in a stripped build, onnx helper trouble
         notes.append(f"could not probe onnxruntime's limits: {type(exc).__name__}: {exc}")
     if released is not None:
-        return RuntimeFacts(version, released, "load_refusal", dev, ir, "; ".join(notes) or None, deprecated, ml, domains)
+        return RuntimeFacts(version, released, "load_refusal", dev, ir, "; ".join(notes) or None, deprecated, ml, domains,
+                            kernels, others)
     if dev is not None:
         notes.append("opset limit taken from onnxruntime's operator schemas (may count an opset under development)")
-        return RuntimeFacts(version, dev, "schema_registry", dev, ir, "; ".join(notes), deprecated, ml, domains)
+        return RuntimeFacts(version, dev, "schema_registry", dev, ir, "; ".join(notes), deprecated, ml, domains,
+                            kernels, others)
     notes.append(f"onnxruntime {version} did not reveal the highest opset it runs")
-    return RuntimeFacts(version, None, None, None, ir, "; ".join(notes), deprecated, ml, domains)
+    return RuntimeFacts(version, None, None, None, ir, "; ".join(notes), deprecated, ml, domains, kernels, others)
 
 
 @functools.lru_cache(maxsize=1)
@@ -653,7 +701,7 @@ def _torch_default_opset(ctx: Any) -> tuple[int | None, str | None, int | None]:
     return value, None, newest
 
 
-STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v3"  # v2: the runtime's deprecated schemas; v3: ai.onnx.ml, domains
+STACK_CACHE_SCHEMA = "envdoctor.onnx-stack-cache/v5"  # v2: deprecated schemas; v3: ai.onnx.ml, domains; v4-5: kernels, schemas
 
 
 def _install_stamp() -> list[Any]:
@@ -692,16 +740,28 @@ def _stack_from_imports() -> dict[str, Any]:
 def _is_stack(facts: Mapping[str, Any]) -> bool:
     """What _stack_from_imports writes: onnx's version and limits, and the runtime's facts."""
     runtime = facts.get("runtime")
-    if not (isinstance(facts.get("onnx_version"), str) and isinstance(facts.get("onnx_max_opset"), int)
-            and isinstance(facts.get("onnx_max_ir_version"), int) and isinstance(runtime, dict)
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no opset (helper-95)
+
+    if not (isinstance(facts.get("onnx_version"), str) and whole(facts.get("onnx_max_opset"))
+            and whole(facts.get("onnx_max_ir_version")) and isinstance(runtime, dict)
             and set(runtime) <= set(RuntimeFacts._fields)):
         return False
-    numbers = all(runtime.get(k) is None or isinstance(runtime[k], int)
+    numbers = all(runtime.get(k) is None or whole(runtime[k])
                   for k in ("max_opset", "dev_opset", "max_ir_version", "ml_max_opset"))
     words = all(runtime.get(k) is None or isinstance(runtime[k], str) for k in ("version", "max_opset_source", "reason"))
     lists = all(runtime.get(k) is None or (isinstance(runtime[k], list) and all(isinstance(d, str) for d in runtime[k]))
                 for k in ("deprecated", "domains"))
-    return numbers and words and lists
+    kernels = runtime.get("cpu_kernels")
+    ranges = kernels is None or (isinstance(kernels, dict) and all(
+        isinstance(spans, list) and all(isinstance(r, list) and len(r) == 2 and all(map(whole, r)) for r in spans)
+        for spans in kernels.values()))
+    others = runtime.get("other_schemas")
+    schemas = others is None or (isinstance(others, dict) and all(
+        isinstance(ops, dict) and all(isinstance(v, list) and all(
+            isinstance(e, list) and len(e) == 2 and all(map(whole, e)) for e in v) for v in ops.values())
+        for ops in others.values()))
+    return numbers and words and lists and ranges and schemas
 
 
 def stack_facts() -> dict[str, Any]:
@@ -860,7 +920,8 @@ def _why_unknown(op: UnknownOp) -> str:
 def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
     """An opset or IR version newer than the installed onnxruntime loads."""
     assert model.info is not None
-    rt, opset, found = facts.runtime, model.info.opset, []
+    rt, found = facts.runtime, []
+    opset = max(filter(None, (model.info.opset, model.info.highest.get("ai.onnx"))), default=None)
     if opset is not None and rt.max_opset is not None and opset > rt.max_opset:
         if facts.released_only == "0" and rt.dev_opset is not None and opset <= rt.dev_opset:
             found.append(Finding(Status.WARN, f"{model.path}: opset {opset} is beyond onnxruntime {rt.version}'s released "
@@ -873,9 +934,22 @@ def _rule_model_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: in
     if rt.max_ir_version is not None and model.info.ir_version > rt.max_ir_version:
         found.append(Finding(Status.FAIL, f"{model.path}: IR version {model.info.ir_version}; onnxruntime {rt.version} "
                              f"loads up to IR version {rt.max_ir_version}", "pip install -U onnxruntime"))
-    ml = model.info.opsets.get(ML_DOMAIN)
-    if ml is not None and rt.ml_max_opset is not None and ml > rt.ml_max_opset:
-        # helper-92: only ai.onnx's limit was compared; sklearn-onnx exports trip this one
+    return found
+
+
+def _rule_model_ml_beyond_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """An ai.onnx.ml opset newer than the installed onnxruntime loads (helper-92: only
+    ai.onnx's limit was compared; sklearn-onnx exports trip this one)."""
+    assert model.info is not None
+    rt, found = facts.runtime, []
+    ml = max(filter(None, (model.info.opsets.get(ML_DOMAIN), model.info.highest.get(ML_DOMAIN))), default=None)
+    if ml is not None and rt.ml_max_opset is not None and ml > rt.ml_max_opset and facts.released_only == "0":
+        # an opset under development loads with the variable at 0, and warns (helper-95)
+        found.append(Finding(Status.WARN, f"{model.path}: {ML_DOMAIN} opset {ml} is beyond onnxruntime {rt.version}'s "
+                             f"released {ML_DOMAIN} opset {rt.ml_max_opset}; it loads only because "
+                             f"{RELEASED_ONLY_VAR}=0 (an opset under development), if at all",
+                             f"pip install -U onnxruntime, or export again for {ML_DOMAIN} {rt.ml_max_opset}"))
+    elif ml is not None and rt.ml_max_opset is not None and ml > rt.ml_max_opset:
         found.append(Finding(Status.FAIL, f"{model.path}: {ML_DOMAIN} opset {ml}; onnxruntime {rt.version} runs up to "
                              f"{ML_DOMAIN} opset {rt.ml_max_opset} and will refuse it",
                              f"pip install -U onnxruntime, or export again for {ML_DOMAIN} {rt.ml_max_opset} "
@@ -888,13 +962,56 @@ def _rule_model_below_runtime(model: ModelFile, facts: OnnxFacts, min_opset: int
     """An opset older than onnxruntime supports: some of its operators have no kernel there
     (helper-92: Relu at opset 1 does not load; at 6 it does)."""
     assert model.info is not None
-    opset = model.info.opset
+    opset, kernels = model.info.opset, facts.runtime.cpu_kernels
     if opset is None or opset >= OLDEST_OPSET or facts.runtime.version is None:
         return []
-    return [Finding(Status.WARN, f"{model.path}: opset {opset}; onnxruntime supports opset {OLDEST_OPSET} and later, "
-                    "and may have no implementation of an operator at this one ('Could not find an implementation "
-                    "for Relu(1)')", f"onnx.version_converter.convert_version(model, {min_opset}), or export again: "
-                    f"torch.onnx.export(..., opset_version={_exportable(facts, _suggested_opset(min_opset, facts.runtime.max_opset))})")]
+    fix = (f"onnx.version_converter.convert_version(model, {min_opset}), or export again: torch.onnx.export(..., "
+           f"opset_version={_exportable(facts, _suggested_opset(min_opset, facts.runtime.max_opset))})")
+    if kernels is None:  # no kernel registry to ask
+        return [Finding(Status.WARN, f"{model.path}: opset {opset}; onnxruntime supports opset {OLDEST_OPSET} and later, "
+                        "and may have no implementation of an operator at this one ('Could not find an implementation "
+                        "for Relu(1)')", fix)]
+    missing = []
+    for call in sorted(model.info.called):
+        domain, _, op = call.partition(":")
+        schema = _schema_at(op, opset) if domain in DEFAULT_DOMAINS and call not in model.info.functions else None
+        if schema is not None and not any(a <= schema.since_version <= b for a, b in kernels.get(op, ())):
+            missing.append(f"{_clean(op)}({schema.since_version})")
+    if not missing:
+        return []  # every operator has a CPU kernel at its version: it loads (Identity at opset 1 does)
+    shown = ", ".join(missing[:EXAMPLES]) + (", ..." if len(missing) > EXAMPLES else "")
+    return [Finding(Status.FAIL, f"{model.path}: opset {opset}: onnxruntime {facts.runtime.version} has no CPU "
+                    f"implementation of {shown} and refuses the model ('Could not find an implementation'); it "
+                    f"supports opset {OLDEST_OPSET} and later", fix)]
+
+
+def _rule_model_unknown_domain_ops(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
+    """An operator of a domain onnxruntime knows (ai.onnx.ml, com.microsoft) that it defines
+    not at all at the model's version of that domain, or only as deprecated there (helper-95:
+    TreeEnsembleRegressor at ai.onnx.ml 5, com.microsoft:NoSuchOp: refused, and ok)."""
+    assert model.info is not None
+    others = facts.runtime.other_schemas
+    if others is None:
+        return []
+    refused = []
+    for call in sorted(model.info.called):
+        domain, _, op = call.partition(":")
+        version = model.info.opsets.get(domain)
+        if domain in DEFAULT_DOMAINS or domain not in others or call in model.info.functions or version is None:
+            continue
+        in_force = [entry for entry in others[domain].get(op, []) if entry[0] <= version]
+        if not in_force:
+            refused.append(f"{_clean(domain)}:{_clean(op)} at {_clean(domain)} {version}, defined "
+                           + (f"from {others[domain][op][0][0]}" if others[domain].get(op) else "by no version"))
+        elif max(in_force)[1]:
+            refused.append(f"{_clean(domain)}:{_clean(op)} at {_clean(domain)} {version}, deprecated from {max(in_force)[0]}")
+    if not refused:
+        return []
+    shown = "; ".join(refused[:EXAMPLES]) + (f"; and {len(refused) - EXAMPLES} more" if len(refused) > EXAMPLES else "")
+    return [Finding(Status.FAIL, f"{model.path}: {shown}: onnxruntime {facts.runtime.version} refuses to load the model "
+                    "('No Op registered', 'is deprecated in domain_version')",
+                    "export again with operators that domain defines at the version the model imports (a converter "
+                    "such as skl2onnx picks them for its target_opset), or raise the domain's version in opset_import")]
 
 
 def _rule_model_unknown_domain(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Finding]:
@@ -913,6 +1030,11 @@ def _rule_model_unknown_domain(model: ModelFile, facts: OnnxFacts, min_opset: in
         foreign.setdefault(domain, []).append(op)
     if not foreign:
         return []
+    unimported = sorted(d for d in foreign if d not in model.info.opsets)
+    if unimported:  # no library helps: "No opset import for domain 'zz'" (helper-95)
+        return [Finding(Status.FAIL, f"{model.path}: uses operators of domain {', '.join(map(_clean, unimported))} but "
+                        "imports no opset of it: onnxruntime refuses the model ('No opset import for domain')",
+                        "add the domain to the model's opset_import (onnx.helper.make_opsetid(DOMAIN, 1)), or export again")]
     said = "; ".join(f"{_clean(d)} ({', '.join(_clean(o) for o in ops[:EXAMPLES])}{', ...' if len(ops) > EXAMPLES else ''})"
                      for d, ops in sorted(foreign.items()))
     return [Finding(Status.WARN, f"{model.path}: uses operators of a domain onnxruntime {facts.runtime.version} does not "
@@ -939,7 +1061,9 @@ def _judge_model(model: ModelFile, facts: OnnxFacts, min_opset: int) -> list[Fin
                     + _rule_model_interpolation(model, facts, min_opset)
                     + _rule_model_unknown_ops(model, facts, min_opset)
                     + _rule_model_beyond_runtime(model, facts, min_opset)
+                    + _rule_model_ml_beyond_runtime(model, facts, min_opset)
                     + _rule_model_below_runtime(model, facts, min_opset)
+                    + _rule_model_unknown_domain_ops(model, facts, min_opset)
                     + _rule_model_unknown_domain(model, facts, min_opset))
     if len(facts.models) > 1:
         name = Path(model.path).name
@@ -1002,6 +1126,8 @@ def _facts_out(facts: OnnxFacts, min_opset: int, model_facts: list[dict[str, Any
         "onnxruntime_max_opset_source": rt.max_opset_source,
         "onnxruntime_dev_opset": rt.dev_opset,
         "onnxruntime_max_ir_version": rt.max_ir_version,
+        "onnxruntime_max_ml_opset": rt.ml_max_opset,
+        "onnxruntime_domains": list(rt.domains) if rt.domains is not None else None,
         "torch_default_export_opset": facts.torch_default_opset,
         "min_opset": min_opset,
         "models": model_facts,

@@ -908,10 +908,10 @@ def test_an_ml_opset_beyond_the_runtime_fails_as_it_refuses_it(tmp_path):
     assert run_check([save(within, tmp_path / "ml_ok.onnx")]).status is Status.OK and _loads(within)
 
 
-def test_an_opset_older_than_the_runtime_supports_warns(tmp_path):
+def test_an_opset_older_than_the_runtime_supports_fails_where_it_has_no_kernel(tmp_path):
     old = _relu_model(1)
     result = run_check([save(old, tmp_path / "relu1.onnx")])
-    assert result.status is Status.WARN and "supports opset 7 and later" in result.summary, result.summary
+    assert result.status is Status.FAIL and "no CPU implementation of Relu(1)" in result.summary, result.summary
     assert not _loads(old)  # Relu(1) has no implementation
     assert run_check([save(_relu_model(7), tmp_path / "relu7.onnx")]).status is Status.OK
 
@@ -924,3 +924,98 @@ def test_an_operator_of_a_domain_the_runtime_does_not_define_warns(tmp_path):
     assert not _loads(custom)
     ms = _relu_model(17, [("com.microsoft", 1)], domain="com.microsoft", op="FusedGemm")  # onnxruntime's own domain
     assert "does not define" not in run_check([save(ms, tmp_path / "ms.onnx")]).summary
+
+
+@pytest.mark.parametrize("op", ["Relu", "Sigmoid", "Add", "Identity", "Transpose"])
+def test_below_opset_7_the_verdict_is_whether_onnxruntime_has_a_kernel(tmp_path, op):
+    """Helper-95: every model below opset 7 warned alike; onnxruntime refuses Relu(1) and
+    Add(6) and loads Identity(1) and Relu(6). The kernel registry says which, and the
+    verdict is now what onnxruntime does: fail where it refuses, nothing where it loads."""
+    for opset in range(1, 8):
+        inputs = ["x", "x"] if op == "Add" else ["x"]
+        graph = helper.make_graph([helper.make_node(op, inputs, ["y"], name="n")], "g", [_io("x", [2])], [_io("y", [2])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 7 if opset >= 7 else 3
+        result = run_check([save(model, tmp_path / f"{op}_{opset}.onnx")])
+        loads = _loads(model)
+        assert (result.status is Status.FAIL) is (not loads), (op, opset, loads, result.summary)
+        assert result.status in (Status.OK, Status.FAIL), (op, opset, result.summary)
+
+
+def test_the_imports_of_a_models_functions_are_held_to_the_runtimes_limits(tmp_path):
+    """Helper-95: onnxruntime checks every local function's opset imports, called or not;
+    one importing ai.onnx.ml 9 passed as ok."""
+    top = runtime_facts().ml_max_opset
+    body = helper.make_function("acme", "Id", ["a"], ["b"], [helper.make_node("Identity", ["a"], ["b"])],
+                                [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", top + 4)])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [_io("x", [1])], [_io("y", [1])])
+    model = helper.make_model(graph, functions=[body], opset_imports=[helper.make_opsetid("", 17),
+                                                                      helper.make_opsetid("acme", 1)])
+    model.ir_version = 8
+    result = run_check([save(model, tmp_path / "fn.onnx")])
+    assert result.status is Status.FAIL and f"ai.onnx.ml opset {top + 4}" in result.summary, result.summary
+    assert not _loads(model)
+
+
+@pytest.mark.parametrize("imports, loads", [((20, 13), False), ((13, 20), True)])
+def test_a_domain_imported_twice_is_judged_at_its_last_entry_as_onnxruntime_does(tmp_path, imports, loads):
+    graph = helper.make_graph([helper.make_node("Gelu", ["x"], ["y"])], "g", [_io("x", [1])], [_io("y", [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", v) for v in imports])
+    model.ir_version = 9
+    result = run_check([save(model, tmp_path / "dup.onnx")])
+    assert _loads(model) is loads
+    assert (result.status is Status.FAIL) is (not loads), result.summary
+
+
+def test_operators_of_a_domain_the_model_never_imports_fail(tmp_path):
+    model = _relu_model(17, domain="zz", op="Foo")
+    result = run_check([save(model, tmp_path / "zz.onnx")])
+    assert result.status is Status.FAIL and "imports no opset of it" in result.summary, result.summary
+    assert not _loads(model)
+
+
+def test_an_ml_opset_under_development_with_the_variable_at_0_warns(tmp_path):
+    top = runtime_facts().ml_max_opset
+    model = _relu_model(17, [("ai.onnx.ml", top + 1)])
+    result = run_check([save(model, tmp_path / "ml.onnx")], env={"ALLOW_RELEASED_ONNX_OPSET_ONLY": "0"})
+    assert result.status is Status.WARN and "loads only because ALLOW_RELEASED_ONNX_OPSET_ONLY=0" in result.summary
+
+
+def _fn_model(fn_domain: str) -> onnx.ModelProto:
+    body = helper.make_function(fn_domain, "MyRelu", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("MyRelu", ["x"], ["y"], domain=fn_domain)], "g",
+                              [_io("x", [1])], [_io("y", [1])])
+    imports = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(fn_domain, 1)] if fn_domain else [])
+    model = helper.make_model(graph, functions=[body], opset_imports=imports)
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("fn_domain, loads", [("", False), ("ai.onnx.ml", False), ("acme", True)])
+def test_a_local_function_in_onnxs_own_domains_is_refused_as_onnxruntime_refuses_it(tmp_path, fn_domain, loads):
+    """Helper-95: onnxruntime resolves a model's own function in any domain but onnx's."""
+    model = _fn_model(fn_domain)
+    result = run_check([save(model, tmp_path / "fn.onnx")])
+    assert _loads(model) is loads
+    assert (result.status is Status.FAIL) is (not loads), result.summary
+
+
+@pytest.mark.parametrize("domain, op, version", [("ai.onnx.ml", "TreeEnsembleRegressor", 5), ("ai.onnx.ml", "Foo", 3),
+                                                 ("com.microsoft", "NoSuchOp", 1)])
+def test_an_op_a_known_domain_does_not_define_at_its_version_fails(tmp_path, domain, op, version):
+    """Helper-95: deprecated or unknown operators of ai.onnx.ml and com.microsoft were ok."""
+    model = _relu_model(17, [(domain, version)], domain=domain, op=op)
+    result = run_check([save(model, tmp_path / "op.onnx")])
+    assert result.status is Status.FAIL and f"{domain}:{op} at {domain} {version}" in result.summary, result.summary
+    assert not _loads(model)
+
+
+def test_every_import_of_a_domain_is_held_to_the_limit_not_only_the_last(tmp_path):
+    """Helper-95: ai.onnx.ml imported at 6 and then 3: onnxruntime refuses the 6."""
+    top = runtime_facts().ml_max_opset
+    model = _relu_model(17, [("ai.onnx.ml", top + 1), ("ai.onnx.ml", 3)])
+    assert parse_model(model.SerializeToString()).highest["ai.onnx.ml"] == top + 1
+    result = run_check([save(model, tmp_path / "twice.onnx")])
+    assert result.status is Status.FAIL and f"ai.onnx.ml opset {top + 1}" in result.summary, result.summary
+    assert not _loads(model)
