@@ -212,7 +212,7 @@ def _budget(facts: ThreadFacts, settings: Mapping[str, Any]) -> Budget:
         return Budget(None, visible, processes, processes_from, workers, where, recommended, "", note)
     recommended = per_process_share(effective, processes, workers)
     per = f" / {processes} processes per node ({processes_from})" if processes > 1 else ""
-    per += f" less {workers} DataLoader workers each" if workers else ""
+    per += f" less {_count(workers, 'DataLoader worker')} each" if workers else ""
     # helper-90: "0.5 CPUs less 3 workers leaves 1 thread" read as arithmetic; below one the
     # share is a floor, and said so
     floor = math.floor(effective / processes + 1e-9) - workers < 1

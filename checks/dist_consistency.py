@@ -372,11 +372,22 @@ def rule_versions(ranks: Mapping[int, dict], hosts: Mapping[int, str]) -> list[F
     for key, what in VERSIONS:
         values = {r: f.get(key) for r, f in ranks.items()}
         if len({repr(v) for v in values.values()}) > 1:
-            majority = _groups(values)[0][0]
+            groups = _groups(values)
+            majority = groups[0][0]
             findings.append(Finding(Status.FAIL, _differs(what, values, hosts, _version),
                                     UNIFORM_FIX[key].format(value=majority if majority is not None else "...",
-                                                            wheel_tag=_wheel_tag(majority))))
+                                                            wheel_tag=_wheel_tag(majority)) + _tie(groups)))
     return findings
+
+
+def _tie(groups: list[tuple[Any, list[int]]]) -> str:
+    """What a fix that breaks a tie says of itself (helper-90: it took rank 0's side without
+    a word; helper-95: versions too, and an unset variable has no value to speak of)."""
+    if len(groups) < 2 or len(groups[0][1]) != len(groups[1][1]):
+        return ""
+    rank = groups[0][1][0]
+    what = "as it is on" if groups[0][0] is None else "the value of"
+    return f" (no majority: {what} rank {rank}, the lowest rank of the sides that tie)"
 
 
 def rule_env(ranks: Mapping[int, dict], hosts: Mapping[int, str], per_node: Iterable[str]) -> list[Finding]:
@@ -393,9 +404,7 @@ def rule_env(ranks: Mapping[int, dict], hosts: Mapping[int, str], per_node: Iter
                 continue
             groups = _groups(scope)
             majority = groups[0][0]
-            # helper-90: with as many ranks on each side, the fix took rank 0's side without a word
-            tie = (f" (no majority: the value of rank {groups[0][1][0]}, the lowest rank of the sides that tie)"
-                   if len(groups) > 1 and len(groups[0][1]) == len(groups[1][1]) else "")
+            tie = _tie(groups)
             # The value as data, for exec --fix; never a secret's digest (it is not the value).
             env = {} if _digested(name) else {name: majority}
             if majority is None:

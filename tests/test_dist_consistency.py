@@ -83,6 +83,12 @@ def test_a_tie_between_as_many_ranks_on_each_side_says_whose_value_the_fix_takes
     assert r.remediation == ("export NCCL_DEBUG=WARN on every rank (no majority: the value of rank 0, the lowest "
                              "rank of the sides that tie)"), r.remediation
     assert r.fix_env == {"NCCL_DEBUG": "WARN"}
+    # helper-95: an unset side has no value, and a version tie was silent
+    ranks = four_ranks({r: {"env": {**rank_facts(r)["env"], "NCCL_ALGO": "Ring"}} for r in (2, 3)})
+    assert compare(ranks).remediation.endswith("on every rank (no majority: as it is on rank 0, the lowest rank of the "
+                                               "sides that tie)")
+    ranks = four_ranks({r: {"torch_version": "2.12.0+cu126"} for r in (2, 3)})
+    assert compare(ranks).remediation.endswith("(no majority: the value of rank 0, the lowest rank of the sides that tie)")
 
 
 @pytest.mark.parametrize("key,value,text", [
