@@ -244,6 +244,8 @@ def _coerce_run_key(key: str, value: Any, *, from_text: bool) -> Any:
         check_timeout(value)
     if key in ("only", "skip", "onnx") and not all(isinstance(v, str) for v in value):
         raise ParseError(f"expected a list of strings, got {value!r}")
+    if key == "onnx" and not all(v.strip() for v in value):  # '' is '.': ".: is a directory" (helper-95)
+        raise ParseError("an empty file name")
     return value
 
 
@@ -441,6 +443,8 @@ def _relative_to(config_file: Path, value: Any) -> Any:
 
 def _coerce_check_key(key: str, value: Any, default: Any, *, from_text: bool) -> Any:
     value = coerce(value, default, key, from_text=from_text)
+    if key == "files" and isinstance(value, list) and not all(str(v).strip() for v in value):
+        raise ParseError("an empty file name")  # '' would be the config file's own directory (helper-95)
     if key == "timeout":
         check_timeout(value)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):

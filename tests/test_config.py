@@ -92,6 +92,8 @@ def test_pyproject_without_our_table_is_not_config(tmp_path):
     ('fail_on = "error"\n', "fail_on", 1, "expected one of warn, fail"),
     ('colour = true\n', "colour", 1, "unknown setting"),
     ('[check."shm.size"]\nnum_workers = true\n', 'check."shm.size".num_workers', 2, "expected an integer"),
+    ('[check."onnx.opset"]\nfiles = ["a.onnx", ""]\n', 'check."onnx.opset".files', 2, "an empty file name"),  # helper-95
+    ('onnx = [" "]\n', "onnx", 1, "an empty file name"),
 ])
 def test_bad_file_names_file_line_key_and_reason(tmp_path, text, key, line, reason):
     path = _write(tmp_path, "envdoctor.toml", text)
