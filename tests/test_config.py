@@ -92,8 +92,7 @@ def test_pyproject_without_our_table_is_not_config(tmp_path):
     ('fail_on = "error"\n', "fail_on", 1, "expected one of warn, fail"),
     ('colour = true\n', "colour", 1, "unknown setting"),
     ('[check."shm.size"]\nnum_workers = true\n', 'check."shm.size".num_workers', 2, "expected an integer"),
-    ('[check."onnx.opset"]\nfiles = ["a.onnx", ""]\n', 'check."onnx.opset".files', 2, "an empty file name"),  # helper-95
-    ('onnx = [" "]\n', "onnx", 1, "an empty file name"),
+    ('onnx = [" "]\n', "onnx", 1, "an empty file name"),  # helper-95: it was the directory '.'
 ])
 def test_bad_file_names_file_line_key_and_reason(tmp_path, text, key, line, reason):
     path = _write(tmp_path, "envdoctor.toml", text)
@@ -389,3 +388,10 @@ def test_envdoctor_only_beats_the_files_skip_and_the_environments_skip_still_win
     assert both.skip == ["shm.size"]
     proc = cli("check", "-f", "json", cwd=tmp_path, env={"ENVDOCTOR_ONLY": "shm.size"})
     assert proc.returncode in (0, 1), proc.stderr
+
+
+def test_an_empty_model_name_in_the_checks_files_is_bad_config(tmp_path):
+    """helper-95: files = [""] was judged as the model '.': ".: is a directory"."""
+    (tmp_path / "envdoctor.toml").write_text('[check."onnx.opset"]\nfiles = ["a.onnx", ""]\n')
+    proc = cli("check", "--only", "onnx.opset", "--config", str(tmp_path / "envdoctor.toml"), cwd=tmp_path)
+    assert proc.returncode == 2 and 'check."onnx.opset".files: an empty file name' in proc.stderr, proc.stderr
