@@ -22,7 +22,8 @@ the number of visible GPUs (not where the value hides every GPU on purpose, `''`
 `-1`; on a node without a driver it is a note: a CPU job never calls set_device). `warn`
 for a value that hides every GPU on a node that has some (empty, `-1`, quoted or not, or a
 list that starts with `-1`, which --fix leaves as it is: CUDA runs that job on the CPU),
-an entry read leniently (`1gpu2` is read as 1), indices on a node with different
+an entry read leniently (`1gpu2` is read as 1), several MIG devices listed (a CUDA
+process enumerates only the first: NVIDIA's MIG User Guide), indices on a node with different
 GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID, and (without NVML) indices or
 UUIDs that NVIDIA_VISIBLE_DEVICES shows this container does not have. `ok` when
 unset (all GPUs visible) or consistent. Without NVML the syntax checks still run
@@ -181,10 +182,19 @@ class View(namedtuple("View", (
     __slots__ = ()
 
 
+# NVIDIA's MIG User Guide, "CUDA Device Enumeration": with CUDA 11/R450 and CUDA 12/R525 a
+# single CUDA process can enumerate only a single MIG device; torch.cuda.device_count() is 1
+# with two MIG UUIDs listed (pytorch/pytorch#92315), and 1 with none listed on MIG GPUs.
+# helper-97: two were counted, and LOCAL_RANK=1 on the second one passed.
+MIG_ONE_PER_PROCESS = True
+
+
 def _view(facts: VisibleFacts) -> View:
     gpus, raw = facts.gpus, facts.cuda_visible_devices
     physical = len(gpus) if gpus is not None else None
     if raw is None:
+        if gpus and all(g.mig_devices for g in gpus):  # one MIG device a process (MIG_ONE_PER_PROCESS)
+            return View(None, None, None, None, physical, [0], 1)
         return View(None, None, None, None, physical, list(range(physical or 0)), physical)
     parsed = vd.parse(raw)
     visible_list, count = list(parsed.visible), len(parsed.visible)
@@ -197,6 +207,8 @@ def _view(facts: VisibleFacts) -> View:
             count = 0 if res.duplicate is not None else len(res.ordinals)
             visible_list = (list(res.ordinals) if parsed.mode == vd.INDEX
                             else [(uuids if parsed.mode == vd.GPU_UUID else migs)[o] for o in res.ordinals])
+            if parsed.mode == vd.MIG_UUID and count > 1:  # CUDA enumerates the first only (MIG_ONE_PER_PROCESS)
+                count, visible_list = 1, visible_list[:1]
         return View(parsed, res, None, None, physical, visible_list, count)
     nvd_count, nvd_uuids = _nvd_view(facts.nvidia_visible_devices)
     nvd_res = None
@@ -340,6 +352,18 @@ def _rule_same_gpu_twice(facts: VisibleFacts, view: View) -> list[Finding]:
                     "exposes no GPU at all", "list each GPU once (nvidia-smi -L)")]
 
 
+def _rule_mig_devices_beyond_the_first(facts: VisibleFacts, view: View) -> list[Finding]:
+    """A list of several MIG devices: a CUDA process enumerates only the first
+    (MIG_ONE_PER_PROCESS); the rest are idle unless each process gets its own."""
+    p, res = view.parsed, view.res
+    if p is None or res is None or p.mode != vd.MIG_UUID or res.duplicate is not None or len(res.ordinals) < 2:
+        return []
+    return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)} lists {len(res.ordinals)} MIG devices, but a "
+                    f"CUDA process enumerates only one: this one uses {view.visible_list[0]}, and the others stay idle",
+                    "give each process one MIG device (torchrun's ranks: CUDA_VISIBLE_DEVICES set per rank, as the "
+                    "NVIDIA device plugin does for a pod); MIG devices cannot be used together by one process")]
+
+
 def _rule_device_order(facts: VisibleFacts, view: View) -> list[Finding]:
     """Indices on a node of mixed GPUs: CUDA's fastest-first order is not nvidia-smi's."""
     p, gpus = view.parsed, facts.gpus
@@ -438,7 +462,7 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
 
 
 RULES = (_rule_listed_twice, _rule_bad_entry, _rule_lenient, _rule_no_such_device, _rule_same_gpu_twice,
-         _rule_device_order, _rule_container_gpus, _rule_local_rank)
+         _rule_mig_devices_beyond_the_first, _rule_device_order, _rule_container_gpus, _rule_local_rank)
 
 
 def _ok_summary(facts: VisibleFacts, view: View) -> str:
@@ -446,6 +470,10 @@ def _ok_summary(facts: VisibleFacts, view: View) -> str:
     if raw is None:
         if physical is None:
             return "CUDA_VISIBLE_DEVICES is unset: CUDA will use every GPU"
+        if count == 1 and facts.gpus and all(g.mig_devices for g in facts.gpus):
+            migs = sum(len(g.mig_devices) for g in facts.gpus)
+            return (f"CUDA_VISIBLE_DEVICES is unset on {physical} GPU{'s' if physical != 1 else ''} in MIG mode: CUDA "
+                    f"will use one MIG device, the first of {migs} (a process enumerates only one)")
         return f"CUDA_VISIBLE_DEVICES is unset: CUDA will use all {physical} GPU{'s' if physical != 1 else ''}"
     if count == 0 and _hides_all_on_purpose(view) and _no_gpu_here(facts):
         return f"CUDA_VISIBLE_DEVICES={quoted_value(raw)} hides every GPU, and this node has none: the job runs on the CPU"

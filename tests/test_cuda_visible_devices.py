@@ -134,6 +134,21 @@ def test_mig_uuids():
     assert judge(facts("MIG-5555", g), {}).status is Status.FAIL
 
 
+def test_a_process_enumerates_one_mig_device_however_many_are_listed():
+    """Helper-97: NVIDIA's MIG User Guide ("CUDA Device Enumeration": a single CUDA process
+    can only enumerate a single MIG device) and torch (device_count() 1 with two MIG UUIDs,
+    pytorch/pytorch#92315). Two were counted, and LOCAL_RANK=1 passed."""
+    g = (Gpu(0, "NVIDIA A100-SXM4-80GB", "GPU-a100", ("MIG-11112222", "MIG-33334444", "MIG-55556666")),)
+    two = judge(facts("MIG-1111,MIG-3333", g), {})
+    assert two.status is Status.WARN and "a CUDA process enumerates only one: this one uses MIG-11112222" in two.summary
+    assert two.facts["visible_count"] == 1
+    assert judge(facts("MIG-1111,MIG-3333", g, local_rank="1"), {}).status is Status.FAIL
+    unset = judge(facts(None, g + (Gpu(1, "NVIDIA A100-SXM4-80GB", "GPU-b100", ("MIG-77778888",)),)), {})
+    assert unset.status is Status.OK and "one MIG device, the first of 4" in unset.summary, unset.summary
+    assert unset.facts["visible_count"] == 1
+    assert judge(facts(None, g, local_rank="1"), {}).status is Status.FAIL
+
+
 def test_mixed_gpus_without_pci_order_warn():
     g = gpus(2, ["NVIDIA A100-SXM4-80GB", "Tesla T4"])
     r = judge(facts("1", g), {})
