@@ -263,14 +263,17 @@ def _relative(cgroup_path: str, mount_root: str) -> tuple[str, ...] | None:
     """The cgroup's path components below a mount that shows `mount_root`, or None
     when the cgroup is not inside what the mount shows."""
     parts = PurePosixPath(cgroup_path).parts[1:]
-    if ".." in parts:  # outside the reader's cgroup namespace: not reachable through a mount
-        return None
     root = PurePosixPath(mount_root).parts[1:] if mount_root.startswith("/") else None
     if root is None:
         return None
     if tuple(parts[: len(root)]) != tuple(root):
         return None
-    return tuple(parts[len(root):])
+    # Both are shown relative to the reader's cgroup namespace: a cgroup outside it starts
+    # with `..` (kernel cgroup-v2.rst, "Namespace"), and so does a mount of it, so the
+    # prefix still matches (helper-96: a DaemonSet in its own cgroup namespace lost every
+    # job's quota). What stays outside the mount after its root is not reachable through it.
+    below = tuple(parts[len(root):])
+    return None if ".." in below else below
 
 
 def _matches(mount: Mount, entry: CgroupEntry, controller: str = "cpu") -> bool:
@@ -415,7 +418,8 @@ def _limit_over(relevant: list[CgroupEntry], views: list[_View], complete: bool 
                 best = (found[0], found[1], version)
     if best is not None:
         return CpuLimit(best[0], best[2], str(best[1]), tuple(notes))
-    return CpuLimit(None, "none" if searched else "unknown", "", tuple(notes))
+    # "none" only when every hierarchy was looked at: one that could not be found may hold the quota
+    return CpuLimit(None, "none" if searched == len(relevant) else "unknown", "", tuple(notes))
 
 
 def effective_cpus(roots: Roots, pid: int | None, shared: Shared | None = None) -> EffectiveCpus:

@@ -294,3 +294,14 @@ def test_cgroup_path_outside_the_namespace_is_not_followed(tmp_path):
 def test_this_machine_does_not_raise():
     eff = effective_cpus(Roots(), None)
     assert eff.cpus is None or eff.cpus > 0
+
+
+def test_paths_outside_the_readers_cgroup_namespace_match_a_mount_shown_the_same_way():
+    """Helper-96 (kernel cgroup-v2.rst, "Namespace"): from a sibling namespace a cgroup reads
+    `/../sibling/...`, and a mount of the outer tree reads `/..`: a prefix like any other."""
+    from envdoctor.cgroup import _relative
+
+    assert _relative("/../b", "/..") == ("b",)
+    assert _relative("/../../kubepods.slice/c.scope", "/../../kubepods.slice/c.scope") == ()
+    assert _relative("/../b", "/") is None  # the reader's own tree does not hold it
+    assert _relative("/a/../../b", "/a") is None  # what climbs out of the mount after its root

@@ -171,3 +171,29 @@ def test_the_cli_sees_the_quota_of_the_pid(limited, sleeper, tmp_path):
     # envdoctor itself is not in that cgroup: its own view must not carry the quota
     own = run_one(Plan(cpu_threads.CHECK, dict(cpu_threads.CHECK.config), 10.0), Session(env_override={}))
     assert own.facts["quota_path"] != result["facts"]["quota_path"]
+
+
+def test_a_reader_in_its_own_cgroup_namespace_still_finds_the_targets_quota(limited, sleeper, tmp_path):
+    """Helper-96: seen from another cgroup namespace (a DaemonSet's on cgroup v2, `unshare -C`
+    here), the target's path and the mount's root both begin with `..`; the path was given
+    up, and the check said ok on the affinity alone, quota_source "none"."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) from util-linux")
+    pid = sleeper({"OMP_NUM_THREADS": "8"})
+    reader = limited.top / f"envdoctor-reader-{os.getpid()}"
+    reader.mkdir()
+    try:
+        # the reader joins a sibling cgroup, then takes a cgroup namespace rooted there
+        script = (f"echo $$ > {reader}/cgroup.procs && exec unshare -C {sys.executable} -m envdoctor check "
+                  f"--only cpu.threads --pid {pid} --format json")
+        out = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        seen = subprocess.run(["sh", "-c", f"echo $$ > {reader}/cgroup.procs && exec unshare -C cat /proc/{pid}/cgroup"],
+                              capture_output=True, text=True, timeout=30).stdout
+    finally:
+        reader.rmdir()  # both shells have ended: it is empty
+    if "/.." not in seen:
+        pytest.skip(f"the cgroup namespace did not show the target outside it here: {seen!r}")
+    (result,) = json.loads(out.stdout)["results"]
+    assert result["status"] == "warn" and result["facts"]["quota_cpus"] == 0.5, result
