@@ -181,6 +181,14 @@ def _cgroup_files(roots: Roots, pid: int | None) -> tuple[_CgroupFiles | None, l
         usage = "memory.usage_in_bytes" if version == "cgroup v1" else "memory.current"
         if (levels[0] / usage).exists():
             return _CgroupFiles(version, levels), notes
+        if version == "cgroup v2":
+            # a level whose parent does not enable memory in cgroup.subtree_control has no memory
+            # files, but the parent's memory.max still holds it (helper-96: the limit was dropped)
+            for i, level in enumerate(levels[1:], start=1):
+                if (level / usage).exists():
+                    notes.append(f"memory is accounted from {level} up: the target's own cgroup has no memory "
+                                 "controller (its usage there is its siblings' too)")
+                    return _CgroupFiles(version, levels[i:]), notes
     if not found:
         notes.append("no memory cgroup found for the target")
     return None, notes

@@ -77,6 +77,18 @@ def test_v2_memory_current_and_max(tmp_path):
     assert s.limits["cgroup"].limit == 1024 * MIB and s.limits["cgroup"].headroom == 774 * MIB
 
 
+def test_v2_a_cgroup_without_memory_files_is_held_by_its_parents_limit(tmp_path):
+    """Helper-96: a level whose parent does not enable memory in cgroup.subtree_control has no
+    memory files; its parent's memory.max still holds it, and the limit was dropped."""
+    roots = make_tree(tmp_path, "v2")
+    top = roots.sysfs / "fs" / "cgroup"
+    _write(roots.procfs / str(PID) / "cgroup", "0::/kubepods/pod1/step\n")
+    (top / "kubepods" / "pod1" / "step").mkdir()
+    s = Sampler(roots, PID).sample()
+    assert s.limits["cgroup"].limit == 1024 * MIB and "pod1/memory.max" in s.limits["cgroup"].name
+    assert any("accounted from" in note for note in s.notes), s.notes
+
+
 def test_no_cgroup_limit_falls_back_to_host_memory(tmp_path):
     roots = make_tree(tmp_path, "v1")
     (roots.sysfs / "fs/cgroup/memory/docker/memory.limit_in_bytes").write_text("9223372036854771712")
