@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from envdoctor.paths import Roots
 from envdoctor.serve import discovery
 from envdoctor.serve.metrics import label_value
@@ -20,6 +22,20 @@ def test_container_and_pod_from_cgroup_lines():
     k8s_v2 = f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
     assert discovery.container_of(k8s_v2) == (cid, uid)
     assert discovery.container_of("0::/user.slice/user-0.slice/session-1.scope\n") == ("", "")
+
+
+@pytest.mark.parametrize("line, pod", [
+    ("0::/system.slice/docker-{cid}.scope/init", ""),  # systemd inside the container
+    ("0::/machine.slice/libpod-{cid}.scope/container", ""),  # crun's subgroup
+    ("0::/system.slice/nerdctl-{cid}.scope", ""),
+    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0123456789abcdef0123456789abcdef.slice/"
+     "cri-containerd-{cid}.scope", "0123456789abcdef0123456789abcdef"),  # a static pod's hash
+    ("0::/docker/{outer}/docker/{cid}", ""),  # a container in a container: the inner one
+])
+def test_container_ids_of_other_real_layouts(line, pod):
+    """Helper-96: each lost its container id or pod uid."""
+    cid, outer = "b" * 64, "c" * 64
+    assert discovery.container_of(line.format(cid=cid, outer=outer) + "\n") == (cid, pod)
 
 
 def test_label_values_are_bounded_names():

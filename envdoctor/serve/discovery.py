@@ -34,8 +34,14 @@ TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Sequence
 MAPS_LIMIT = 64 << 20  # bytes of /proc/N/maps read at most (a torch process has ~1 MiB)
-_CONTAINER = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-|/docker/|/containerd/|/crio/|/)([0-9a-f]{64})(?:\.scope)?\s*$")
-_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+# The innermost container id on the path: a process may sit in a subgroup of its container's
+# (`docker-<id>.scope/init` under systemd in a container, crun's `libpod-<id>.scope/container`),
+# or in a container inside another (helper-96: the `$` anchor lost those, and nerdctl's prefix).
+_CONTAINER = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-|nerdctl-|/docker/|/containerd/|/crio/|/)"
+                        r"([0-9a-f]{64})(?:\.scope)?(?=/|\s*$)")
+# A pod's uid: a dashed UUID (underscores under the systemd driver), or the 32-hex hash the
+# kubelet gives a static or mirror pod (helper-96)
+_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32})(?![0-9a-f])")
 
 
 class Selectors(Value):
@@ -199,9 +205,9 @@ def container_of(cgroup_text: str) -> tuple[str, str]:
             if m:
                 pod = m.group(1).replace("_", "-")
         if not container:
-            m = _CONTAINER.search(path)
-            if m:
-                container = m.group(1)
+            ids = _CONTAINER.findall(path)
+            if ids:
+                container = ids[-1]
     return container, pod
 
 
