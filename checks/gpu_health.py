@@ -139,7 +139,11 @@ def _used_by_others(g: GpuInfo, facts: HealthFacts) -> int | None:
 
 
 def _rule_memory_taken(g: GpuInfo, facts: HealthFacts, settings: Mapping[str, Any]) -> list[Finding]:
-    """Memory other processes already hold: the job will not get it."""
+    """Memory other processes already hold: the job will not get it. Not on a GPU in MIG mode:
+    each MIG instance has memory of its own, and what the GPU reports used is every slice's
+    (NVIDIA's MIG User Guide; helper-97: a job on its own slice was told it would not get it)."""
+    if g.mig_mode:
+        return []
     used = _used_by_others(g, facts)
     max_fraction, max_bytes = float(settings["max_used_fraction"]), int(settings["max_used_bytes"])
     if used is None or not (used / g.memory_total_bytes > max_fraction or (max_bytes > 0 and used > max_bytes)):

@@ -83,6 +83,14 @@ def test_memory_held_by_others_warns(check):
     assert r.facts["memory_used_by_others_bytes"] == {"0": 12 * GIB, "1": 0}
 
 
+def test_memory_other_mig_slices_hold_is_not_taken_from_the_job(check):
+    """Helper-97: under MIG each instance has memory of its own; 60 GiB used on the GPU by
+    other slices was a warn that the job would not get it."""
+    mig = [FakeDevice(mig=True, mig_uuids=("MIG-a", "MIG-b"), memory_used=60 * GIB, processes=[(4242, None)])]
+    assert check(mig).status is Status.OK
+    assert check([FakeDevice(memory_used=60 * GIB, processes=[(4242, None)])]).status is Status.WARN
+
+
 def test_memory_thresholds_are_configurable(check):
     busy = [FakeDevice(memory_used=2 * GIB)]
     assert check(busy).status is Status.OK  # 2.5% is under the default 5%
