@@ -44,7 +44,9 @@ Rules applied
 
 Statuses
   fail   a CPU-only (or ROCm) torch on a node with NVIDIA GPUs; a driver whose
-         CUDA major is older than the build's (or older at all, before CUDA 11);
+         CUDA major is older than the build's (or older at all, before CUDA 11), or
+         older within it and below the branch minor version compatibility starts at
+         (450.80.02 for CUDA 11, 525.60.13 for 12, 580 for 13);
          a GPU torch has neither machine code nor usable PTX for; a GPU reachable
          only through PTX while the driver is older than the build; a cuDNN
          version mismatch; on any node, a torch that cannot be imported because a
@@ -57,7 +59,9 @@ Statuses
          folders) nor in nvidia/*/lib on the interpreter's sys.path, where torch
          looks (a warn: a place envdoctor does not read may still provide it);
          driver older than the build within the same major (minor version
-         compatibility: works, with limits); a GPU reachable only by JIT from
+         compatibility: works, with limits); a driver of an older major with a
+         CUDA forward compatibility libcuda (cuda-compat, NGC images) on
+         LD_LIBRARY_PATH (works on data center GPUs); a GPU reachable only by JIT from
          PTX; torch.cuda.is_available() False although NVML sees GPUs (where it is
          known: preflight() in the job, or a probe); a CUDA
          build without cuDNN; CUDA_LAUNCH_BLOCKING=1 (not for a CPU-only torch, which
@@ -72,7 +76,9 @@ Statuses
 How to fix
   Install the torch build for the driver you have (pip install torch==VERSION
   --index-url https://download.pytorch.org/whl/cuXYZ, XYZ no newer than the
-  driver's CUDA version), or upgrade the driver; unset CUDA_LAUNCH_BLOCKING;
+  driver's CUDA version; the version is pinned only where that release was
+  published for cuXYZ; a GPU older than a CUDA 12.8+ build's arch list gets the
+  same release's cu126 build), or upgrade the driver; unset CUDA_LAUNCH_BLOCKING;
   restart a job whose torch was replaced under it.
 """
 
@@ -93,6 +99,17 @@ if TYPE_CHECKING:
 
 # CUDA variants of the official torch wheels (download.pytorch.org/whl/cuXYZ), newest last.
 WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
+# The variants each torch release was published for (pytorch.org/get-started/previous-versions):
+# a fix pins the job's own release only where that pair exists (helper-97: "torch==2.8.0 ...
+# whl/cu121" named a wheel that never was); for a release not listed, the fix says to pick one.
+RELEASE_CUDA = {
+    "2.0": ((11, 7), (11, 8)), "2.1": ((11, 8), (12, 1)), "2.2": ((11, 8), (12, 1)), "2.3": ((11, 8), (12, 1)),
+    "2.4": ((11, 8), (12, 1), (12, 4)), "2.5": ((11, 8), (12, 1), (12, 4)), "2.6": ((11, 8), (12, 4), (12, 6)),
+    "2.7": ((11, 8), (12, 6), (12, 8)), "2.8": ((12, 6), (12, 8), (12, 9)), "2.9": ((12, 6), (12, 8), (13, 0)),
+}
+# From torch 2.8 the CUDA 12.8+ builds dropped sm_50-sm_70 (Maxwell, Pascal, Volta); the 12.6
+# builds keep them (PyTorch 2.8 release notes: "please utilize CUDA 12.6 instead").
+KEEPS_OLD_GPUS = (12, 6)
 # The oldest driver branch of each CUDA major (minor version compatibility's floor).
 MIN_DRIVER_FOR_MAJOR = {11: "450.80.02", 12: "525.60.13", 13: "580"}
 _ARCH = re.compile(r"^(sm|compute)_(\d{2,4})([af]?)$")
@@ -129,6 +146,8 @@ class Arch(namedtuple("Arch", (
         major, minor = capability
         if self.variant == "a":
             return (major, minor) == (self.major, self.minor)
+        if self.variant == "f":  # family-specific: within its major only, PTX too (helper-97)
+            return major == self.major and minor >= self.minor
         if self.ptx:
             return (major, minor) >= (self.major, self.minor)
         return major == self.major and minor >= self.minor
@@ -176,7 +195,9 @@ class RuntimeFacts(namedtuple("RuntimeFacts", (
         "skip_cudnn_check",  # str | None = None: PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK as set
         "libraries_missing",  # Mapping[str, str] = {}: library -> the torch library needing it, found nowhere
         "files_missing",  # tuple[str, ...] = (): files of torch's install every import opens, not there
-), defaults=(None, None, None, (), None, None, None, {}, ()))):
+        "forward_compat",  # tuple[str, str] | None = None: (file, driver version) of a CUDA forward
+                           # compatibility libcuda on the target's LD_LIBRARY_PATH (cuda-compat, NGC images)
+), defaults=(None, None, None, (), None, None, None, {}, (), None))):
     __slots__ = ()
 
 
@@ -195,7 +216,30 @@ def gather(ctx) -> RuntimeFacts:
         return RuntimeFacts(torch, nvml_reason=str(exc), launch_blocking=launch_blocking, env_error=env_error,
                             skip_cudnn_check=skip_cudnn, libraries_missing=missing, files_missing=files_missing)
     return RuntimeFacts(torch, None, driver, tuple(driver_cuda) if driver_cuda else None, gpus, launch_blocking, env_error,
-                        skip_cudnn, missing, files_missing)
+                        skip_cudnn, missing, files_missing, _forward_compat(ctx))
+
+
+_COMPAT_LIBCUDA = re.compile(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)")
+
+
+def _forward_compat(ctx) -> tuple[str, str] | None:
+    """A forward compatibility libcuda (NVIDIA's cuda-compat package, /usr/local/cuda/compat/lib
+    in NGC images) in a folder of the target's LD_LIBRARY_PATH that says so: the loader takes it
+    before the host driver's, and a newer CUDA then runs on an older driver branch on data
+    center GPUs (helper-97: a job that works was failed)."""
+    value, _ = ctx.env_var("LD_LIBRARY_PATH")
+    for folder in (value or "").split(":"):
+        if "compat" not in folder or not folder.startswith("/"):
+            continue
+        try:
+            names = os.listdir(ctx.target_path(folder))
+        except (OSError, ValueError):
+            continue
+        for name in sorted(names):
+            m = _COMPAT_LIBCUDA.fullmatch(name)
+            if m:
+                return f"{folder.rstrip('/')}/{name}", m.group(1)
+    return None
 
 
 def _import_problems(ctx, torch: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -238,21 +282,52 @@ SKIP_CUDNN_CHECK = "PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK"
 # -- judging -------------------------------------------------------------------------
 
 
-def _wheel_for(driver_cuda: tuple[int, int] | None) -> str:
-    """The newest official wheel variant the driver runs with its full feature set;
-    failing that, the oldest of the driver's major (minor version compatibility)."""
+def _wheel_for(driver_cuda: tuple[int, int] | None,
+               offered: tuple[tuple[int, int], ...] = WHEEL_CUDA) -> tuple[int, int] | None:
+    """The newest of `offered` the driver runs with its full feature set, within the driver's
+    own CUDA major; failing that, the oldest of that major (minor version compatibility runs
+    it: helper-97, a 12.0 driver was sent to a CUDA 11 build); then the newest older one;
+    None when the driver runs none of them."""
     if driver_cuda is None:
-        return "cu128"
-    fitting = [v for v in WHEEL_CUDA if v <= driver_cuda]
-    same_major = [v for v in WHEEL_CUDA if v[0] == driver_cuda[0]]
-    chosen = max(fitting) if fitting else (min(same_major) if same_major else WHEEL_CUDA[0])
-    return f"cu{chosen[0]}{chosen[1]}"
+        return (12, 8) if (12, 8) in offered else offered[-1]
+    same_major = [v for v in offered if v[0] == driver_cuda[0]]
+    fitting = [v for v in same_major if v <= driver_cuda]
+    older = [v for v in offered if v[0] < driver_cuda[0]]
+    return max(fitting) if fitting else min(same_major) if same_major else max(older) if older else None
 
 
-def _pip_fix(torch_version: str | None, driver_cuda: tuple[int, int] | None) -> str:
+def _pip_fix(torch_version: str | None, driver_cuda: tuple[int, int] | None,
+             variant: tuple[int, int] | None = None) -> str:
+    """pip's line for a torch the driver runs: the job's own release where it was published
+    for the variant chosen, else any release that was (the line says so)."""
     version = (torch_version or "").split("+", 1)[0]
-    pin = f"torch=={version}" if version else "torch"
-    return f"pip install --force-reinstall {pin} --index-url https://download.pytorch.org/whl/{_wheel_for(driver_cuda)}"
+    release = ".".join(version.split(".")[:2])
+    offered = RELEASE_CUDA.get(release)
+    chosen = variant or (offered and _wheel_for(driver_cuda, offered)) or _wheel_for(driver_cuda) or WHEEL_CUDA[0]
+    tag = f"cu{chosen[0]}{chosen[1]}"
+    url = f"https://download.pytorch.org/whl/{tag}"
+    if version and offered is not None and chosen in offered:
+        return f"pip install --force-reinstall torch=={version} --index-url {url}"
+    if version:
+        return (f"pip install --force-reinstall torch --index-url {url}  # a release published for {tag} "
+                f"(pytorch.org/get-started/previous-versions); envdoctor knows no {tag} build of torch {version}")
+    return f"pip install --force-reinstall torch --index-url {url}"
+
+
+def _compat_covers(compat: tuple[str, str] | None, build: tuple[int, int]) -> bool:
+    floor = MIN_DRIVER_FOR_MAJOR.get(build[0])
+    return compat is not None and floor is not None and not _driver_below(compat[1], floor)
+
+
+def _driver_below(driver: Any, floor: str) -> bool:
+    """Whether driver version `driver` ('450.36.06') is older than `floor` ('450.80.02');
+    False when it cannot be read."""
+    try:
+        have = tuple(int(x) for x in str(driver).split("."))
+        want = tuple(int(x) for x in floor.split("."))
+    except ValueError:
+        return False
+    return have < want
 
 
 def _cap(c: tuple[int, int]) -> str:
@@ -384,12 +459,25 @@ def _rule_driver_vs_build(facts: RuntimeFacts, b: Build) -> list[Finding]:
     if drv is None:
         return [Finding(Status.OK, "the driver did not report its CUDA version; driver/build match not checked")]
     fix = _pip_fix(b.version, drv) + "  # or upgrade the NVIDIA driver"
+    if drv[0] < build[0] and _compat_covers(facts.forward_compat, build):
+        file, version = facts.forward_compat
+        return [Finding(Status.WARN, f"driver {facts.driver_version} supports CUDA up to {_cap(drv)}, older than "
+                        f"{b.label}'s CUDA {_cap(build)}, but a CUDA forward compatibility library ({file}, driver "
+                        f"{version}) is on LD_LIBRARY_PATH: it runs on data center GPUs (and some RTX ones), not on "
+                        "GeForce, and only over a host driver branch NVIDIA supports with it", fix)]
     if drv[0] < build[0] or (drv < build and build[0] < 11):
         floor = MIN_DRIVER_FOR_MAJOR.get(build[0])
         return [Finding(Status.FAIL, f"driver {facts.driver_version} supports CUDA up to {_cap(drv)} but {b.label} was "
                         f"built for CUDA {_cap(build)}: torch cannot use the GPUs (\"The NVIDIA driver on your system is "
                         f"too old\"); expected a driver for CUDA >= {_cap(build) if build[0] < 11 else f'{build[0]}.0'}"
                         + (f" (R{floor.split('.')[0]} or newer)" if floor else ""), fix)]
+    floor = MIN_DRIVER_FOR_MAJOR.get(build[0])
+    if drv < build and floor and _driver_below(facts.driver_version, floor):
+        # minor version compatibility starts at this branch (helper-97: CUDA 11.0's own 450.36.06
+        # was told it runs through it)
+        return [Finding(Status.FAIL, f"driver {facts.driver_version} supports CUDA {_cap(drv)}, older than {b.label}'s "
+                        f"CUDA {_cap(build)}, and is below R{floor}, where CUDA {build[0]}'s minor version compatibility "
+                        "starts: torch cannot use the GPUs; expected a driver >= " + floor, fix)]
     if drv < build:
         return [Finding(Status.WARN, f"driver {facts.driver_version} supports CUDA {_cap(drv)}, older than {b.label}'s "
                         f"CUDA {_cap(build)}: it runs through CUDA minor version compatibility, but PTX JIT and features "
@@ -437,9 +525,17 @@ def _rule_kernels(facts: RuntimeFacts, b: Build) -> list[Finding]:
             found.append(Finding(Status.FAIL, f"{head} is not supported by {b.label}: it carries kernels for {built_for} "
                                  "only (\"no kernel image is available for execution on the device\"); expected "
                                  f"{sm} in torch.cuda.get_arch_list()",
-                                 (f"this GPU is older than the build supports: install an older torch release built for {sm}"
-                                  if older else _pip_fix(None, drv) + f"  # a newer torch whose arch list has {sm}")))
+                                 (_old_gpu_fix(b, sm) if older
+                                  else _pip_fix(None, drv) + f"  # a newer torch whose arch list has {sm}")))
     return found
+
+
+def _old_gpu_fix(b: Build, sm: str) -> str:
+    """A GPU older than every arch of the build: from torch 2.8 the CUDA 12.8+ builds left out
+    sm_50-sm_70, and the same release's CUDA 12.6 build still has them (helper-97)."""
+    if b.cuda is not None and b.cuda > KEEPS_OLD_GPUS and (b.cuda[0], b.cuda[1]) >= (12, 8):
+        return _pip_fix(b.version, None, KEEPS_OLD_GPUS) + f"  # the CUDA 12.6 builds still carry {sm}"
+    return f"this GPU is older than the build supports: install an older torch release built for {sm}"
 
 
 def _rule_torch_sees_no_cuda(facts: RuntimeFacts, b: Build) -> list[Finding]:
@@ -531,7 +627,9 @@ def judge(facts: RuntimeFacts, settings: Mapping[str, Any]) -> Result:
     out["findings"] = [f.message for f in findings]
     caps = sorted({r["capability"] for r in out.get("gpus", []) if r["capability"]})
     drv = facts.driver_cuda
-    ok_summary = (f"{b.label} matches driver {facts.driver_version}" + (f" (CUDA {_cap(drv)})" if drv else "")
+    ok_summary = (f"{b.label} matches driver {facts.driver_version} (CUDA {_cap(drv)})" if drv else
+                  f"{b.label} with driver {facts.driver_version} (its CUDA version not reported: match not checked)")
+    ok_summary = (ok_summary
                   + f" and {_node(facts.gpus)}" + (f" [{', '.join(caps)}]" if out.get("gpus") else ""))
     return verdict(findings, out, ok_summary)
 

@@ -126,7 +126,27 @@ def test_driver_of_an_older_minor_warns_minor_version_compatibility():
     r = judge(facts(with_torch(torch_version="2.6.0+cu126", torch_cuda_version="12.6"), driver_cuda=(12, 2)), {})
     assert r.status is Status.WARN
     assert "minor version compatibility" in r.summary
-    assert "whl/cu121" in r.remediation
+    # torch 2.6 was published for cu118, cu124 and cu126 (no cu121: helper-97); within CUDA 12
+    assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" in r.remediation
+
+
+def test_a_fix_names_only_a_published_wheel_or_says_to_pick_one():
+    """Helper-97: 2.8.0 on a CUDA 12.2 driver was told 'torch==2.8.0 ... whl/cu121' (no such wheel)."""
+    r = judge(facts(with_torch(torch_version="2.8.0+cu128", torch_cuda_version="12.8"), driver_cuda=(11, 8)), {})
+    assert r.status is Status.FAIL and "torch==2.8.0" not in r.remediation, r.remediation
+    assert "whl/cu118  # a release published for cu118" in r.remediation
+    r = judge(facts(with_torch(torch_version="2.8.0+cu128", torch_cuda_version="12.8"), driver_cuda=(12, 2)), {})
+    assert "torch==2.8.0 --index-url https://download.pytorch.org/whl/cu126" in r.remediation  # same major, published
+
+
+def test_a_driver_below_the_minor_compatibility_floor_fails():
+    """Helper-97: CUDA 11.0's own 450.36.06 is below 450.80.02, where minor version compatibility starts."""
+    r = judge(facts(with_torch(torch_version="2.0.1+cu118", torch_cuda_version="11.8"), driver="450.36.06",
+                    driver_cuda=(11, 0)), {})
+    assert r.status is Status.FAIL and "below R450.80.02" in r.summary, r.summary
+    r = judge(facts(with_torch(torch_version="2.0.1+cu118", torch_cuda_version="11.8"), driver="450.80.02",
+                    driver_cuda=(11, 0)), {})
+    assert r.status is Status.WARN
 
 
 def test_before_cuda_11_the_driver_must_match_exactly():
@@ -302,3 +322,52 @@ def test_real_run_on_this_machine(tmp_path, monkeypatch):
     assert r.facts["torch_version"].startswith("2.")
     if r.facts.get("nvml_unavailable"):
         assert r.status is Status.SKIP and "NVML" in r.summary
+
+
+def test_a_pascal_gpu_under_a_cuda_12_8_build_is_sent_to_the_same_releases_12_6_build():
+    """Helper-97: 'install an older torch release' where the PyTorch 2.8 release notes say to
+    use the CUDA 12.6 build of the same release, which still carries sm_50-sm_70."""
+    t = with_torch(torch_version="2.8.0+cu128", torch_cuda_version="12.8",
+                   arch_list=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"])
+    r = judge(facts(t, gpus=[Gpu(0, "NVIDIA GeForce GTX 1080", (6, 1))], driver_cuda=(12, 8)), {})
+    assert r.status is Status.FAIL
+    assert "torch==2.8.0 --index-url https://download.pytorch.org/whl/cu126" in r.remediation, r.remediation
+
+
+def test_family_specific_ptx_runs_within_its_major_only():
+    """Helper-97 (NVIDIA: family-specific targets are compatible within their family): compute_100f
+    does not reach an sm_120 GPU; it reaches sm_103."""
+    from envdoctor.checks.cuda_runtime import parse_arch
+
+    assert not parse_arch("compute_100f").runs_on((12, 0))
+    assert parse_arch("compute_100f").runs_on((10, 3))
+    assert parse_arch("compute_90").runs_on((12, 0))  # plain PTX still JITs forward
+
+
+def test_without_the_drivers_cuda_version_the_summary_claims_no_match():
+    r = judge(facts(driver_cuda=None), {})
+    assert "match not checked" in r.summary and "matches" not in r.summary, r.summary
+
+
+def test_a_forward_compatibility_library_on_ld_library_path_makes_a_newer_build_a_warning(tmp_path):
+    """Helper-97 (NVIDIA, CUDA Compatibility: forward compatibility): NGC images put
+    cuda-compat's libcuda first on LD_LIBRARY_PATH, and a CUDA 13 torch runs on a 535 driver on
+    data center GPUs; the check failed a job that works. gather() finds it in the target's view."""
+    from envdoctor.checks.cuda_runtime import _forward_compat
+    from envdoctor.context import Context, Roots
+
+    compat = tmp_path / "usr/local/cuda/compat/lib"
+    compat.mkdir(parents=True)
+    (compat / "libcuda.so.580.65.06").write_bytes(b"")
+    session = Session(env_override={"LD_LIBRARY_PATH": f"/usr/lib:/usr/local/cuda/compat/lib"},
+                      roots=Roots(procfs=tmp_path / "proc", sysfs=tmp_path / "sys", rootfs=tmp_path))
+    found = _forward_compat(Context(session))
+    assert found == ("/usr/local/cuda/compat/lib/libcuda.so.580.65.06", "580.65.06")
+    t = with_torch(torch_version="2.9.0+cu130", torch_cuda_version="13.0")
+    plain = judge(facts(t, driver="535.183.01", driver_cuda=(12, 2)), {})
+    assert plain.status is Status.FAIL
+    covered = judge(facts(t, driver="535.183.01", driver_cuda=(12, 2))._replace(forward_compat=found), {})
+    assert covered.status is Status.WARN and "forward compatibility library" in covered.summary, covered.summary
+    too_old = judge(facts(t, driver="535.183.01", driver_cuda=(12, 2))._replace(
+        forward_compat=("/x/compat/libcuda.so.570.1", "570.1")), {})
+    assert too_old.status is Status.FAIL
