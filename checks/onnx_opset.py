@@ -740,12 +740,12 @@ def _stack_from_imports() -> dict[str, Any]:
 def _is_stack(facts: Mapping[str, Any]) -> bool:
     """What _stack_from_imports writes: onnx's version and limits, and the runtime's facts."""
     runtime = facts.get("runtime")
-    def whole(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no opset (helper-95)
+    def whole(value: Any) -> bool:  # JSON true is no opset (helper-95), nor is a 400-digit number (helper-94)
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
 
     if not (isinstance(facts.get("onnx_version"), str) and whole(facts.get("onnx_max_opset"))
             and whole(facts.get("onnx_max_ir_version")) and isinstance(runtime, dict)
-            and set(runtime) <= set(RuntimeFacts._fields)):
+            and set(runtime) == set(RuntimeFacts._fields)):  # what _stack_from_imports writes: every field
         return False
     numbers = all(runtime.get(k) is None or whole(runtime[k])
                   for k in ("max_opset", "dev_opset", "max_ir_version", "ml_max_opset"))

@@ -26,16 +26,16 @@ What it judges (thresholds in [check."shm.size"]):
   (num_workers x prefetch_factor + 1 batch in use) x batch_bytes. Below min_bytes
   with a known loader that fits, under a CPU build of torch (no NCCL): a warning.
   No /dev/shm at all, a read-only one, or one where no file can be created (its
-  inodes used up, or fewer left than the loader's batches in flight): nothing shared
-  can be made there. With DataLoader settings known,
-  free space below their need (less what the job itself already holds), because
-  other processes or crashed jobs' leftover segments hold the rest.
+  inodes used up, or fewer left than the loader's batches in flight, each a file at
+  least): nothing shared can be made there.
 - warn: size below recommended_bytes (default 1 GiB, what NVIDIA's NGC containers
   are started with) when the DataLoader settings are unknown, or below the workers'
-  need times headroom (default 1.5) when they are known; with the loader unknown,
-  free space below min_bytes (less what the job holds) because others hold it;
-  fewer than 1024 more files can be created (fail: fewer than the loader's batches
-  in flight, or none).
+  need times headroom (default 1.5) when they are known; free space below the
+  loader's need (or below min_bytes), less what the job itself holds, because other
+  processes or crashed jobs' leftover segments hold it (a warn: on a node's row, or
+  with torch's file_system sharing, a running job's own batches look the same);
+  fewer than 1024 more files can be created (a batch of several tensors is several
+  files, and the workers' queues take some: how many a job needs is its own).
 - skip: /dev/shm cannot be examined (permission, process gone).
 
 How to fix: give the container more (the row names the size: 1g, or the loader's need
@@ -135,8 +135,12 @@ def gather(ctx) -> ShmFacts:
         size = free = None  # tmpfs size=0 means no limit but memory itself; statvfs then says 0 and 0
     from envdoctor.attach_reader import live_facts
 
+    # Read-only as the target sees it: through /proc/N/root for a process, directly for this one;
+    # not through --path.rootfs, whose mount of the host is read-only itself (the DaemonSet's
+    # recursiveReadOnly made every node's row fail: helper-94)
+    own_view = ctx.target.pid is not None or os.path.realpath(ctx.roots.rootfs) == "/"
     facts = ShmFacts(str(path), size, free, fstype, mount_point, live_facts(ctx).busiest_loader(),
-                     read_only=bool(st.f_flag & os.ST_RDONLY),
+                     read_only=bool(st.f_flag & os.ST_RDONLY) if own_view else None,
                      free_files=st.f_favail if st.f_files else None)  # tmpfs nr_inodes=0: no limit, 0 and 0
     if ctx.target.pid is not None and free is not None and free < _free_wanted(with_live_loader(facts, ctx.settings)):
         # a running job short of free space: how much of the used space is its own batches
@@ -281,11 +285,9 @@ def _rule_free_short(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Findi
         mine += " (its process tree is larger than envdoctor reads: some of its own may be counted as others')"
     # a size that leaves room beside what others hold: the recommended size alone may be the size
     # it has already (helper-80: 1 GiB with 900 MiB held was told to remount at 1G)
-    need, how = _need(settings)
-    if need is not None:  # the loader is known and its batches do not fit: it dies as if the mount were small (helper-92)
-        return [Finding(Status.FAIL, f"{_subject(facts)} has only {format_bytes(free)} free{held}{mine}; {how} need "
-                        f"{format_bytes(short - own)} more: a worker fails with a bus error or 'No space left on device'",
-                        _remediation(facts, settings, leftovers=True, at_least=others + short))]
+    # A warn, not a fail, even with the loader known: what holds the space may be a running job's
+    # own batches, which a node's row and torch's file_system sharing cannot tell apart from
+    # leftovers (helper-94: a fail, briefly, for a job that finished fine)
     return [Finding(Status.WARN, f"{_subject(facts)} has only {format_bytes(free)} free{held}{mine}, expected >= "
                     f"{format_bytes(short - own)} free",
                     _remediation(facts, settings, leftovers=True, at_least=others + short))]
@@ -313,11 +315,14 @@ def _rule_unusable(facts: ShmFacts, settings: Mapping[str, Any]) -> list[Finding
     if facts.free_files is not None and facts.free_files < FEW_FILES:
         room = "no more files" if facts.free_files == 0 else f"only {facts.free_files} more files"
         workers, batch, prefetch = _loader(settings)
-        in_flight = workers * prefetch + 1 if workers > 0 and batch > 0 else 1  # at least a file each
+        # Each batch in flight takes a file at least; how many more (one per tensor, the workers'
+        # semaphores) depends on the job: a job of several tensors a batch died with 19 free
+        # where one of one tensor ran (helper-94). So fail only below one file a batch.
+        in_flight = workers * prefetch + 1 if workers > 0 and batch > 0 else 1
         found.append(Finding(Status.FAIL if facts.free_files < in_flight else Status.WARN,
                              f"{_subject(facts)} can hold {room} (its inodes are used up, by leftover segments or a "
-                             "small nr_inodes), whatever its free bytes: each batch in flight is a file"
-                             + (f" ({in_flight} at once here)" if in_flight > 1 else "")
+                             "small nr_inodes), whatever its free bytes: each batch in flight takes a file or more"
+                             + (f" ({in_flight} batches at once here)" if in_flight > 1 else "")
                              + ", and a worker that cannot make one fails with 'No space left on device'",
                              "remove leftover /dev/shm/torch_* files of crashed jobs (`ls -la /dev/shm`), or mount it "
                              "without an nr_inodes limit: mount -o remount,nr_inodes=0 /dev/shm"))

@@ -352,7 +352,8 @@ def serve(
     the processes for want of open files; 75 when the listen address is in use or not on
     this host yet (a later start may succeed); killed by SIGPROF (155 in a shell), with every
     thread's stack on stderr, when a plug-in check held the interpreter for 20 s of CPU (so
-    that the supervisor restarts it; a stopped or frozen daemon spends none and goes on).
+    that the supervisor restarts it; a daemon stopped or frozen spends none and goes on, unless
+    stopped for over 300 s: SIGALRM then ends it when continued).
     """
     from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError

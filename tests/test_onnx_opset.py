@@ -636,7 +636,8 @@ def test_stack_facts_are_cached_so_a_warm_run_imports_neither_onnx_nor_onnxrunti
 
 
 @pytest.mark.parametrize("damage", [{}, {"onnx_version": None}, {"runtime": "x"}, {"runtime": {"max_opset": "28"}},
-                                    {"runtime": {"surprise": 1}}, {"onnx_max_opset": [28]}])
+                                    {"runtime": {"surprise": 1}}, {"onnx_max_opset": [28]}, {"runtime": {}},
+                                    {"onnx_max_opset": False}, {"onnx_max_opset": 10**400}])
 def test_a_stack_cache_entry_of_the_wrong_shape_is_a_miss(tmp_path, monkeypatch, damage):
     """Helper-93: facts emptied or of the wrong types, the fingerprint intact, gave an
     error row ('the check broke: KeyError') on every run for a day."""

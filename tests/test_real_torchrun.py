@@ -144,7 +144,8 @@ def test_one_rank_with_another_nccl_value_fails_on_every_rank_naming_rank_and_va
         row = rows(report)["dist.consistency"]
         assert rc == "1" and row["status"] == "fail", (rank, rc, row)
         assert "NCCL_ALGO differs: unset on rank 0 on" in row["summary"] and "'Ring' on rank 1" in row["summary"]
-        assert row["remediation"] == "unset NCCL_ALGO on every rank"
+        assert row["remediation"] == ("unset NCCL_ALGO on every rank (no majority: as it is on rank 0, the lowest rank "
+                                      "of the sides that tie)")  # two ranks, one each way
     assert rank_outputs(out, 2)[0][1] is not None  # rank 0's combined report was written
 
 

@@ -190,6 +190,8 @@ def test_an_encrypted_key_is_refused_without_asking_for_its_passphrase(tmp_path)
     "http_server_config:\n  http2: .nan\n",
     "http_server_config:\n  http2: yes\n",
     "http_server_config:\n  http2: false\n",
+    "http_server_config:\n  http2: y\n",  # helper-94: yaml.v2 reads it as true
+    'http_server_config:\n  http2: "true"\n',  # a string is no bool to either
     "tls_server_config:\n  prefer_server_cipher_suites: maybe\n",
     "tls_server_config:\n  prefer_server_cipher_suites: true\n",
 ])

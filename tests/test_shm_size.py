@@ -129,10 +129,11 @@ def test_workers_fit_is_ok_even_under_recommended():
     assert "need 40 MiB" in r.summary
 
 
-def test_workers_need_more_than_is_free_fails():
-    """Helper-92: a known loader short of free space dies as one short of size does; it warned."""
+def test_workers_need_more_than_is_free_warns():
+    """A warn, not a fail (helper-94, after helper-92 had it made one): on a node's row, or with
+    torch's file_system sharing, a running job's own batches look like space others hold."""
     r = judge(shm(8 * GIB, 300 * MIB), loader(2, 100 * MIB))
-    assert r.status is Status.FAIL and "only 300 MiB free" in r.summary and "need 500 MiB more" in r.summary, r.summary
+    assert r.status is Status.WARN and "only 300 MiB free" in r.summary and "expected >= 500 MiB free" in r.summary
 
 
 def test_free_space_short_of_the_floor_with_the_loader_unknown_warns():
@@ -263,18 +264,18 @@ def test_a_running_jobs_own_batches_are_room_for_it_not_space_held_by_others():
     r = judge(running, settings)
     assert r.status is Status.OK, r.summary
     assert r.facts["own_bytes"] == 300 * MIB
-    # others holding the space it needs fails (helper-92), and names only what is theirs
+    # others holding the space it needs warns, and names only what is theirs
     crowded = ShmFacts("/dev/shm", size, 40 * MIB, "tmpfs", "/dev/shm", own_bytes=100 * MIB)
     r = judge(crowded, settings)
-    assert r.status is Status.FAIL
+    assert r.status is Status.WARN
     assert "(372 MiB held by other processes or leftover segments), besides the 100 MiB this job holds" in r.summary
-    assert "need 200 MiB more" in r.summary and "leftover /dev/shm/torch_*" in r.remediation
+    assert "expected >= 200 MiB free" in r.summary and "leftover /dev/shm/torch_*" in r.remediation
 
 
 def test_the_num_workers_fix_never_names_the_jobs_own_count_or_more():
     """Helper-42: 'lower DataLoader num_workers to 2' for a job that had 2 fixed nothing."""
     r = judge(shm(512 * MIB, free=100 * MIB), loader(2, 60 * MIB, 2))  # short of free space only
-    assert r.status is Status.FAIL
+    assert r.status is Status.WARN
     assert "num_workers to" not in r.remediation and "leftover" in r.remediation
     r = judge(shm(512 * MIB), loader(8, 60 * MIB, 2))  # 17 batches of 60 MiB do not fit
     assert "num_workers to 2 " in r.remediation

@@ -299,11 +299,12 @@ def _http(name: str, http: Any) -> dict[str, str]:
 
 
 def _a_bool(name: str, key: str, value: Any) -> None:
-    """A key the toolkit reads as a Go bool: YAML's true/false (yes/no/on/off too, as YAML 1.1
-    reads them) or nothing; anything else stops node_exporter at start, so it stops us too
+    """A key the toolkit reads as a Go bool: YAML's true/false (yes/no/on/off and y/n too, as
+    YAML 1.1 reads them) or nothing; anything else stops node_exporter at start, so it stops us too
     (helper-93: "maybe" and nan were taken). Its value changes nothing here: Python's ssl
     and http.server have no such switch."""
-    if value is not None and not isinstance(value, bool):
+    # Go's yaml.v2 also reads y/Y/n/N as booleans, which PyYAML leaves as text (helper-94)
+    if value is not None and not isinstance(value, bool) and value not in ("y", "Y", "n", "N"):
         raise WebConfigError(name, key, f"expected true or false, not {_scalar(value)!r}")
 
 
