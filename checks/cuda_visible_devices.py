@@ -334,11 +334,26 @@ def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
             what = f"{res.missing} matches no {'GPU' if p.mode == vd.GPU_UUID else 'MIG device'} on this node"
         fix = (_export(list(range(physical))) if p.mode == vd.INDEX and physical
                else "list existing GPUs (nvidia-smi -L shows their indices and UUIDs)")
-        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {what}{lost}", fix))
+        gpu = _gpu_named_as_mig(str(res.missing), facts) if p.mode == vd.MIG_UUID else None
+        if gpu is not None:
+            # an H200 on driver 580 (CUDA 13) ran a job given MIG-<its GPU UUID>: the driver matches
+            # the UUID whatever its prefix; an older one may not, so a warn, not the fail it was
+            found.append(Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {res.missing} matches no MIG "
+                                 f"device, but it is GPU {gpu.index}'s UUID ({gpu.uuid}) with a MIG- prefix: CUDA 13 "
+                                 "drivers take it as that GPU, older ones may not", f"export CUDA_VISIBLE_DEVICES={gpu.uuid}"))
+        else:
+            found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {what}{lost}", fix))
     if res.ambiguous is not None:
         found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {res.ambiguous} matches several devices, "
                              f"so CUDA treats it as invalid{lost}", "use longer UUID prefixes (nvidia-smi -L)"))
     return found
+
+
+def _gpu_named_as_mig(entry: str, facts: VisibleFacts) -> Gpu | None:
+    """The one GPU, not in MIG mode, whose UUID is `entry` with GPU- for its MIG- prefix."""
+    rest = entry[len("MIG-"):] if entry.startswith("MIG-") else ""
+    named = [g for g in facts.gpus or () if rest and not g.mig_devices and (g.uuid or "").startswith("GPU-" + rest)]
+    return named[0] if len(named) == 1 else None
 
 
 def _rule_same_gpu_twice(facts: VisibleFacts, view: View) -> list[Finding]:

@@ -153,7 +153,9 @@ def resolve(parsed: VisibleDevices, count: int, uuids: list[str] | tuple[str, ..
     ordinals: list[int] = []
     taken: set[int] = set()
     for i, candidate in enumerate(entries):
-        matches = [n for n, uuid in enumerate(known) if uuid.startswith(candidate)]
+        # a bare "GPU-" names no device: CUDA found none (an H200, driver 580), though every
+        # UUID starts with it and torch.cuda.device_count() counted 1
+        matches = [n for n, uuid in enumerate(known) if uuid.startswith(candidate)] if candidate[4:] else []
         if len(matches) != 1:
             rest = tuple(entries[i + 1:])
             if not matches:

@@ -123,7 +123,11 @@ def test_uuids_are_matched_by_unique_prefix():
     r = judge(facts("GPU-9999", g), {})
     assert r.status is Status.FAIL and "matches no GPU" in r.summary
     r = judge(facts("GPU-", g), {})
-    assert r.status is Status.FAIL and "matches several" in r.summary
+    assert r.status is Status.FAIL and "matches no GPU" in r.summary  # a bare prefix names none (seen on an H200)
+    r = judge(facts("GPU-0", g), {})
+    assert r.status is Status.OK  # one character after it is a prefix
+    r = judge(facts("GPU-", gpus(1)), {})
+    assert r.status is Status.FAIL
     r = judge(facts(f"{g[1].uuid},{g[1].uuid[:7]}", g), {})
     assert r.status is Status.FAIL and "same GPU" in r.summary
 
@@ -147,6 +151,19 @@ def test_a_process_enumerates_one_mig_device_however_many_are_listed():
     assert unset.status is Status.OK and "one MIG device, the first of 4" in unset.summary, unset.summary
     assert unset.facts["visible_count"] == 1
     assert judge(facts(None, g, local_rank="1"), {}).status is Status.FAIL
+
+
+def test_a_bare_prefix_names_no_gpu_and_a_gpu_uuid_written_as_mig_warns():
+    """On an H200 (driver 580.159.04, CUDA 13.0, torch 2.11): CUDA_VISIBLE_DEVICES=GPU- gave "No
+    CUDA GPUs are available" (torch.cuda.device_count() said 1; envdoctor said ok), and
+    MIG-<the GPU's UUID> ran on the GPU (envdoctor failed it)."""
+    g = (Gpu(0, "NVIDIA H200", "GPU-4ac4f060-4d98-05b4-66bc-37cbe0e1acea", ()),)
+    bare = judge(facts("GPU-", g), {})
+    assert bare.status is Status.FAIL and "GPU- matches no GPU" in bare.summary, bare.summary
+    as_mig = judge(facts("MIG-4ac4f060-4d98-05b4-66bc-37cbe0e1acea", g), {})
+    assert as_mig.status is Status.WARN and "with a MIG- prefix" in as_mig.summary, as_mig.summary
+    assert as_mig.remediation == "export CUDA_VISIBLE_DEVICES=GPU-4ac4f060-4d98-05b4-66bc-37cbe0e1acea"
+    assert judge(facts("MIG-ffff", g), {}).status is Status.FAIL
 
 
 def test_mixed_gpus_without_pci_order_warn():
