@@ -474,10 +474,12 @@ def _rule_driver_vs_build(facts: RuntimeFacts, b: Build) -> list[Finding]:
     floor = MIN_DRIVER_FOR_MAJOR.get(build[0])
     if drv < build and floor and _driver_below(facts.driver_version, floor):
         # minor version compatibility starts at this branch (helper-97: CUDA 11.0's own 450.36.06
-        # was told it runs through it)
+        # was told it runs through it); no wheel of that major runs below it either (helper-98:
+        # the fix named cu117, which needs the same floor)
         return [Finding(Status.FAIL, f"driver {facts.driver_version} supports CUDA {_cap(drv)}, older than {b.label}'s "
                         f"CUDA {_cap(build)}, and is below R{floor}, where CUDA {build[0]}'s minor version compatibility "
-                        "starts: torch cannot use the GPUs; expected a driver >= " + floor, fix)]
+                        "starts: torch cannot use the GPUs; expected a driver >= " + floor,
+                        f"upgrade the NVIDIA driver to {floor} or newer (no CUDA {build[0]} build of torch runs below it)")]
     if drv < build:
         return [Finding(Status.WARN, f"driver {facts.driver_version} supports CUDA {_cap(drv)}, older than {b.label}'s "
                         f"CUDA {_cap(build)}: it runs through CUDA minor version compatibility, but PTX JIT and features "
@@ -525,15 +527,19 @@ def _rule_kernels(facts: RuntimeFacts, b: Build) -> list[Finding]:
             found.append(Finding(Status.FAIL, f"{head} is not supported by {b.label}: it carries kernels for {built_for} "
                                  "only (\"no kernel image is available for execution on the device\"); expected "
                                  f"{sm} in torch.cuda.get_arch_list()",
-                                 (_old_gpu_fix(b, sm) if older
+                                 (_old_gpu_fix(b, sm, facts) if older
                                   else _pip_fix(None, drv) + f"  # a newer torch whose arch list has {sm}")))
     return found
 
 
-def _old_gpu_fix(b: Build, sm: str) -> str:
+def _old_gpu_fix(b: Build, sm: str, facts: RuntimeFacts) -> str:
     """A GPU older than every arch of the build: from torch 2.8 the CUDA 12.8+ builds left out
-    sm_50-sm_70, and the same release's CUDA 12.6 build still has them (helper-97)."""
-    if b.cuda is not None and b.cuda > KEEPS_OLD_GPUS and (b.cuda[0], b.cuda[1]) >= (12, 8):
+    sm_50-sm_70, and the same release's CUDA 12.6 build still has them (helper-97), where the
+    driver runs CUDA 12.6 (helper-98: it was offered to a CUDA 11.8 driver)."""
+    drv, floor = facts.driver_cuda, MIN_DRIVER_FOR_MAJOR[KEEPS_OLD_GPUS[0]]
+    runs_it = drv is None or (drv >= KEEPS_OLD_GPUS or (drv[0] == KEEPS_OLD_GPUS[0]
+                                                          and not _driver_below(facts.driver_version, floor)))
+    if b.cuda is not None and b.cuda >= (12, 8) and runs_it:
         return _pip_fix(b.version, None, KEEPS_OLD_GPUS) + f"  # the CUDA 12.6 builds still carry {sm}"
     return f"this GPU is older than the build supports: install an older torch release built for {sm}"
 

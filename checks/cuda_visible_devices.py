@@ -197,6 +197,8 @@ def _view(facts: VisibleFacts) -> View:
             return View(None, None, None, None, physical, [0], 1)
         return View(None, None, None, None, physical, list(range(physical or 0)), physical)
     parsed = vd.parse(raw)
+    if parsed.mode == vd.MIG_UUID and _gpu_uuids_written_as_mig(raw, gpus):
+        parsed = vd.parse(_as_gpu_uuids(raw))  # what CUDA 13 ran (an H200, driver 580): _rule_mig_prefix_on_a_gpu
     visible_list, count = list(parsed.visible), len(parsed.visible)
     if parsed.duplicate is not None:
         return View(parsed, None, None, None, physical, visible_list, count)
@@ -209,6 +211,9 @@ def _view(facts: VisibleFacts) -> View:
                             else [(uuids if parsed.mode == vd.GPU_UUID else migs)[o] for o in res.ordinals])
             if parsed.mode == vd.MIG_UUID and count > 1:  # CUDA enumerates the first only (MIG_ONE_PER_PROCESS)
                 count, visible_list = 1, visible_list[:1]
+            elif (parsed.mode == vd.INDEX and count > 1 and res.ordinals
+                  and all(gpus[o].mig_devices for o in res.ordinals if o < len(gpus))):
+                count, visible_list = 1, visible_list[:1]  # indices of GPUs in MIG mode: one MIG device too (helper-98)
         return View(parsed, res, None, None, physical, visible_list, count)
     nvd_count, nvd_uuids = _nvd_view(facts.nvidia_visible_devices)
     nvd_res = None
@@ -334,26 +339,37 @@ def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
             what = f"{res.missing} matches no {'GPU' if p.mode == vd.GPU_UUID else 'MIG device'} on this node"
         fix = (_export(list(range(physical))) if p.mode == vd.INDEX and physical
                else "list existing GPUs (nvidia-smi -L shows their indices and UUIDs)")
-        gpu = _gpu_named_as_mig(str(res.missing), facts) if p.mode == vd.MIG_UUID else None
-        if gpu is not None:
-            # an H200 on driver 580 (CUDA 13) ran a job given MIG-<its GPU UUID>: the driver matches
-            # the UUID whatever its prefix; an older one may not, so a warn, not the fail it was
-            found.append(Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {res.missing} matches no MIG "
-                                 f"device, but it is GPU {gpu.index}'s UUID ({gpu.uuid}) with a MIG- prefix: CUDA 13 "
-                                 "drivers take it as that GPU, older ones may not", f"export CUDA_VISIBLE_DEVICES={gpu.uuid}"))
-        else:
-            found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {what}{lost}", fix))
+        found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {what}{lost}", fix))
     if res.ambiguous is not None:
         found.append(Finding(Status.FAIL, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: {res.ambiguous} matches several devices, "
                              f"so CUDA treats it as invalid{lost}", "use longer UUID prefixes (nvidia-smi -L)"))
     return found
 
 
-def _gpu_named_as_mig(entry: str, facts: VisibleFacts) -> Gpu | None:
-    """The one GPU, not in MIG mode, whose UUID is `entry` with GPU- for its MIG- prefix."""
-    rest = entry[len("MIG-"):] if entry.startswith("MIG-") else ""
-    named = [g for g in facts.gpus or () if rest and not g.mig_devices and (g.uuid or "").startswith("GPU-" + rest)]
-    return named[0] if len(named) == 1 else None
+def _as_gpu_uuids(raw: str) -> str:
+    return ",".join("GPU-" + t.strip()[4:] if t.strip().startswith("MIG-") else t for t in raw.split(","))
+
+
+def _gpu_uuids_written_as_mig(raw: str, gpus: tuple[Gpu, ...] | None) -> bool:
+    """MIG-<UUID> entries on a node with no MIG device, each naming one of its GPUs once GPU- is
+    put for MIG-: an H200 on driver 580 (CUDA 13) ran a job given MIG-<its GPU UUID>."""
+    if not gpus or any(g.mig_devices for g in gpus):
+        return False
+    entries = [t.strip() for t in _as_gpu_uuids(raw).split(",") if t.strip()]
+    uuids = [g.uuid or "" for g in gpus]
+    return bool(entries) and all(len(e) > 4 and sum(u.startswith(e) for u in uuids) == 1 for e in entries)
+
+
+def _rule_mig_prefix_on_a_gpu(facts: VisibleFacts, view: View) -> list[Finding]:
+    """GPU UUIDs written with a MIG- prefix: CUDA 13 drivers take them as the GPUs (seen on an
+    H200); an older one may not, so a warn (it was a fail), and the view counts them."""
+    raw = facts.cuda_visible_devices
+    if raw is None or view.parsed is None or view.parsed.mode != vd.GPU_UUID or vd.parse(raw).mode != vd.MIG_UUID:
+        return []
+    fixed = _as_gpu_uuids(raw)
+    return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(raw)}: no GPU here is in MIG mode, and these are "
+                    "GPU UUIDs with a MIG- prefix: CUDA 13 drivers take them as the GPUs, older ones may not",
+                    f"export CUDA_VISIBLE_DEVICES={fixed}")]
 
 
 def _rule_same_gpu_twice(facts: VisibleFacts, view: View) -> list[Finding]:
@@ -468,6 +484,11 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
         return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen} and this node has {physical}: "
                         "torch.cuda.set_device(LOCAL_RANK) fails with 'invalid device ordinal'",
                         f"# launch at most one rank per GPU on this node: torchrun --nproc-per-node={physical}")]
+    if facts.gpus and all(g.mig_devices for g in facts.gpus):  # a process enumerates one MIG device (helper-98)
+        return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: the GPUs are in MIG mode, where a "
+                        "process enumerates one MIG device; torch.cuda.set_device(LOCAL_RANK) fails with 'invalid "
+                        "device ordinal'", "give each rank its own MIG device (CUDA_VISIBLE_DEVICES=<its MIG UUID>, "
+                        "nvidia-smi -L) and use cuda:0 in every rank")]
     return [Finding(Status.FAIL, f"LOCAL_RANK={rank} but CUDA sees {seen}: torch.cuda.set_device(LOCAL_RANK) fails "
                     "with 'invalid device ordinal'",
                     (_export(range(physical)) + "  # every rank on a node sees the node's GPUs; or, when each "
@@ -476,8 +497,9 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
                     "gets one GPU, use cuda:0 instead of cuda:LOCAL_RANK")]
 
 
-RULES = (_rule_listed_twice, _rule_bad_entry, _rule_lenient, _rule_no_such_device, _rule_same_gpu_twice,
-         _rule_mig_devices_beyond_the_first, _rule_device_order, _rule_container_gpus, _rule_local_rank)
+RULES = (_rule_listed_twice, _rule_bad_entry, _rule_lenient, _rule_no_such_device, _rule_mig_prefix_on_a_gpu,
+         _rule_same_gpu_twice, _rule_mig_devices_beyond_the_first, _rule_device_order, _rule_container_gpus,
+         _rule_local_rank)
 
 
 def _ok_summary(facts: VisibleFacts, view: View) -> str:
@@ -493,8 +515,11 @@ def _ok_summary(facts: VisibleFacts, view: View) -> str:
     if count == 0 and _hides_all_on_purpose(view) and _no_gpu_here(facts):
         return f"CUDA_VISIBLE_DEVICES={quoted_value(raw)} hides every GPU, and this node has none: the job runs on the CPU"
     shown = _some(view.visible_list) or "none"
+    if view.parsed is not None and view.parsed.mode == vd.MIG_UUID:  # a MIG device is no GPU (helper-98)
+        return f"CUDA_VISIBLE_DEVICES={quoted_value(raw)}: CUDA will use {count} MIG device{'s' if count != 1 else ''} ({shown})"
     of = f" of {physical}" if physical is not None else ""
-    return f"CUDA_VISIBLE_DEVICES={quoted_value(raw)}: CUDA will use {count}{of} GPU{'s' if count != 1 else ''} ({shown})"
+    total = physical if physical is not None else count
+    return f"CUDA_VISIBLE_DEVICES={quoted_value(raw)}: CUDA will use {count}{of} GPU{'s' if total != 1 else ''} ({shown})"
 
 
 def judge(facts: VisibleFacts, settings) -> Result:

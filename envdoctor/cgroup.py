@@ -401,7 +401,7 @@ def _limit_over(relevant: list[CgroupEntry], views: list[_View], complete: bool 
     notes: list[str] = []
     mount_tables: dict[Path, object] = {}  # each mountinfo read and parsed once per call, however many entries
     best: tuple[float, Path, str] | None = None
-    searched = 0
+    looked_at: list[CgroupEntry] = []
     for entry in relevant:
         located = _locate(entry, views, notes, mount_tables)
         version = "cgroup v2" if entry.is_v2 else "cgroup v1"
@@ -410,7 +410,7 @@ def _limit_over(relevant: list[CgroupEntry], views: list[_View], complete: bool 
                 return None
             notes.append(f"{version} cgroup {entry.path} is not visible through any mount")
             continue
-        searched += 1
+        looked_at.append(entry)
         base, rel = located
         for depth in range(len(rel), -1, -1):  # from the target's cgroup up to the mount's top
             found = _level_limit(base.joinpath(*rel[:depth]), entry.is_v2, notes)
@@ -418,8 +418,12 @@ def _limit_over(relevant: list[CgroupEntry], views: list[_View], complete: bool 
                 best = (found[0], found[1], version)
     if best is not None:
         return CpuLimit(best[0], best[2], str(best[1]), tuple(notes))
-    # "none" only when every hierarchy was looked at: one that could not be found may hold the quota
-    return CpuLimit(None, "none" if searched == len(relevant) else "unknown", "", tuple(notes))
+    # "none" only when every hierarchy that can hold a quota was looked at: one that could not be
+    # found may hold it. Where the cpu controller is on v1, the unified (v2) hierarchy holds no cpu
+    # controller (a v1 container's "0::/" with no cgroup2 mounted: helper-98)
+    on_v1 = any(not e.is_v2 for e in relevant)
+    needed = [e for e in relevant if not (on_v1 and e.is_v2)]
+    return CpuLimit(None, "none" if looked_at and all(e in looked_at for e in needed) else "unknown", "", tuple(notes))
 
 
 def effective_cpus(roots: Roots, pid: int | None, shared: Shared | None = None) -> EffectiveCpus:

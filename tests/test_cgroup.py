@@ -305,3 +305,18 @@ def test_paths_outside_the_readers_cgroup_namespace_match_a_mount_shown_the_same
     assert _relative("/../../kubepods.slice/c.scope", "/../../kubepods.slice/c.scope") == ()
     assert _relative("/../b", "/") is None  # the reader's own tree does not hold it
     assert _relative("/a/../../b", "/a") is None  # what climbs out of the mount after its root
+
+
+def test_no_quota_on_a_v1_host_whose_unified_hierarchy_is_not_mounted_is_none_not_unknown(tmp_path):
+    """Helper-98: a v1 container lists "0::/" but has no cgroup2 mount; that hierarchy holds no
+    cpu controller, so "unknown" (after helper-96's change) should stay "none"."""
+    proc = tmp_path / "procfs"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text("4:cpu,cpuacct:/docker/x\n0::/\n")
+    (proc / "self" / "mountinfo").write_text("9 1 0:27 /docker/x /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu,cpuacct\n")
+    cg = tmp_path / "sys" / "fs" / "cgroup" / "cpu"
+    cg.mkdir(parents=True)
+    (cg / "cpu.cfs_quota_us").write_text("-1\n")
+    (cg / "cpu.cfs_period_us").write_text("100000\n")
+    limit = cpu_limit(Roots(procfs=proc, sysfs=tmp_path / "sys", rootfs=tmp_path), None)
+    assert limit.quota_cpus is None and limit.source == "none", limit

@@ -371,3 +371,15 @@ def test_a_forward_compatibility_library_on_ld_library_path_makes_a_newer_build_
     too_old = judge(facts(t, driver="535.183.01", driver_cuda=(12, 2))._replace(
         forward_compat=("/x/compat/libcuda.so.570.1", "570.1")), {})
     assert too_old.status is Status.FAIL
+
+
+def test_fixes_never_name_a_build_the_driver_cannot_run():
+    """Helper-98: a CUDA 11.8 driver was offered the cu126 build for a Pascal GPU, and a driver
+    below R450.80.02 a cu117 one, which needs that floor too."""
+    t = with_torch(torch_version="2.8.0+cu128", torch_cuda_version="12.8", arch_list=["sm_75", "sm_80", "sm_90"])
+    r = judge(facts(t, gpus=[Gpu(0, "Tesla P100", (6, 0))], driver="520.61.05", driver_cuda=(11, 8)), {})
+    assert "whl/cu126" not in r.remediation, r.remediation
+    r = judge(facts(with_torch(torch_version="2.0.1+cu118", torch_cuda_version="11.8"), driver="450.51.06",
+                    driver_cuda=(11, 0)), {})
+    assert r.status is Status.FAIL and r.remediation.startswith("upgrade the NVIDIA driver to 450.80.02"), r.remediation
+    assert "whl/cu11" not in r.remediation

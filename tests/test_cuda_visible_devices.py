@@ -161,9 +161,25 @@ def test_a_bare_prefix_names_no_gpu_and_a_gpu_uuid_written_as_mig_warns():
     bare = judge(facts("GPU-", g), {})
     assert bare.status is Status.FAIL and "GPU- matches no GPU" in bare.summary, bare.summary
     as_mig = judge(facts("MIG-4ac4f060-4d98-05b4-66bc-37cbe0e1acea", g), {})
-    assert as_mig.status is Status.WARN and "with a MIG- prefix" in as_mig.summary, as_mig.summary
+    assert as_mig.status is Status.WARN and "GPU UUIDs with a MIG- prefix" in as_mig.summary, as_mig.summary
     assert as_mig.remediation == "export CUDA_VISIBLE_DEVICES=GPU-4ac4f060-4d98-05b4-66bc-37cbe0e1acea"
+    assert as_mig.facts["visible_count"] == 1
     assert judge(facts("MIG-ffff", g), {}).status is Status.FAIL
+    # helper-98: counted as the GPUs they name, so a rank on the first passes (it failed: "CUDA sees no GPU")
+    two = gpus(2)
+    ranked = judge(facts(f"MIG-{two[0].uuid[4:]},MIG-{two[1].uuid[4:]}", two, local_rank="1"), {})
+    assert ranked.status is Status.WARN and ranked.facts["visible_count"] == 2, ranked.summary
+
+
+def test_indices_of_gpus_in_mig_mode_give_one_mig_device_and_the_rank_fix_says_so():
+    """Helper-98: '0,1' on two GPUs in MIG mode counted 2 and passed LOCAL_RANK=1, and the fix for
+    an unset list was that same '0,1'."""
+    m = lambda i: tuple(f"MIG-{i}{j}cafe" for j in range(2))  # noqa: E731
+    g = (Gpu(0, "A100", "GPU-0000aaaa-0", m(0)), Gpu(1, "A100", "GPU-1111aaaa-1", m(1)))
+    listed = judge(facts("0,1", g, local_rank="1"), {})
+    assert listed.status is Status.FAIL and listed.facts["visible_count"] == 1, listed.summary
+    unset = judge(facts(None, g, local_rank="1"), {})
+    assert unset.status is Status.FAIL and "its own MIG device" in unset.remediation and "=0,1" not in unset.remediation
 
 
 def test_mixed_gpus_without_pci_order_warn():
