@@ -333,7 +333,7 @@ def _torch_init(env: dict[str, str]):
     import subprocess
     import sys
 
-    pytest.importorskip("torch.distributed")
+    pytest.importorskip("torch.distributed", reason="needs torch (scripts/test.sh installs torch==2.13.0)")
     clean = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     return subprocess.run([sys.executable, "-c", _INIT], env={**clean, **env}, capture_output=True, text=True, timeout=120)
 
