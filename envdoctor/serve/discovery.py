@@ -232,10 +232,16 @@ class DiscoveryFailed(Exception):
 
 def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors(),
              nvml_pids: Callable[[], list[int]] | None = None, exclude: Iterable[int] = (),
-             announce_dirs: Sequence[str] | None = None, torch_maps_memo: TorchMaps | None = None) -> Found:
+             announce_dirs: Sequence[str] | None = None, torch_maps_memo: TorchMaps | None = None,
+             reading: Callable[[int], None] | None = None) -> Found:
     """The node plus every workload process, bounded by max_targets (the node counts as one).
-    `torch_maps_memo` (a daemon's) keeps torch processes' maps lines between runs."""
+    `torch_maps_memo` (a daemon's) keeps torch processes' maps lines between runs.
+    `reading` is told each pid before its files are read: a read of /proc/N/maps or
+    environ waits for the process's memory-map lock, and a process in uninterruptible
+    sleep can hold it for good (the way `ps` hangs on such a node); a caller that bounds
+    discovery with a deadline learns which process it hung on (serve.scheduler)."""
     procfs = roots.procfs
+    reading = reading or _nobody
     found = Found(targets=[TargetInfo("node", None, "node")])
     skip = set(exclude)
     chosen: dict[int, str] = {}  # pid -> source, first source wins
@@ -275,6 +281,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     for pid in sorted(entries):
         if pid in skip:
             continue
+        reading(pid)
         workload, comm, identity = _is_workload(procfs, pid)
         if not workload:
             chosen.pop(pid, None)  # a zombie or kernel thread, whoever listed it
@@ -301,6 +308,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     found.overflow = max(0, len(ranked) - room)
     found.left_out = frozenset(f"pid:{pid}" for pid in ranked[room:])
     for pid in ranked[:room]:
+        reading(pid)
         cgroup = (_read(f"{procfs}/{pid}/cgroup", 65536) or b"").decode("utf-8", "replace")
         container, pod = container_of(cgroup)
         comm = comms.get(pid) or (_read(f"{procfs}/{pid}/comm", 256) or b"").decode("utf-8", "replace").strip()
@@ -312,6 +320,10 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     if torch_maps_memo is not None:
         torch_maps_memo.keep_only({t.pid for t in found.targets if t.pid is not None})
     return found
+
+
+def _nobody(pid: int) -> None:
+    """discover()'s `reading` when nobody asked."""
 
 
 def own_family(procfs: Path, me: int | None = None) -> set[int]:
