@@ -11,7 +11,8 @@ its memory on each GPU from NVML's per-process accounting
 MIG); and, when the job is attached (envdoctor.attach), the caching allocator's
 reserved and allocated bytes, inactive split bytes and allocation retries per
 device (`cudaN_reserved`, `cudaN_allocated`). Each memory comes with the limit it
-runs into: the tightest of the cgroup limit (every level) and the host's available
+runs into: the tightest of the cgroup limit (every level; on cgroup v2 its
+`memory.high` too, where the kernel throttles a job that grows past it) and the host's available
 memory for rss and cgroup, the mount's size for shm, the device's free memory for
 GPU memory.
 

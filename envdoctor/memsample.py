@@ -194,6 +194,14 @@ def _cgroup_files(roots: Roots, pid: int | None) -> tuple[_CgroupFiles | None, l
     return None, notes
 
 
+# cgroup v2's throttling bound: above it the kernel reclaims the group's memory and throttles
+# its allocations, so a job that keeps growing slows to a crawl there instead of being killed
+# (Kubernetes' MemoryQoS sets it below the limit; systemd's MemoryHigh=). The job is as lost
+# to its owner either way, and it comes first: the tighter of it and memory.max is named.
+HIGH_NAME = "memory.high"
+HIGH_WHAT = "memory.high (the kernel throttles the job above it: it slows to a crawl, it is not killed)"
+
+
 def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
     """(working set at the target's level, the tightest limit over the path)."""
     v1 = files.version == "cgroup v1"
@@ -209,12 +217,13 @@ def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
         level_working = max(0, usage - inactive)
         if depth == 0:
             working = level_working
-        limit = _int_file(level / limit_name)
-        if limit is None or limit >= UNLIMITED:
-            continue
-        headroom = limit - level_working
-        if best is None or headroom < best.headroom:
-            best = Limit(limit, headroom, f"{files.version} memory limit {level / limit_name}")
+        for name, what in ((limit_name, "memory limit"), *(() if v1 else ((HIGH_NAME, HIGH_WHAT),))):
+            limit = _int_file(level / name)
+            if limit is None or limit >= UNLIMITED:
+                continue
+            headroom = limit - level_working
+            if best is None or headroom < best.headroom:
+                best = Limit(limit, headroom, f"{files.version} {what} {level / name}")
     return working, best
 
 

@@ -77,6 +77,23 @@ def test_v2_memory_current_and_max(tmp_path):
     assert s.limits["cgroup"].limit == 1024 * MIB and s.limits["cgroup"].headroom == 774 * MIB
 
 
+def test_v2_memory_high_below_max_is_the_bound_named_as_throttling(tmp_path):
+    """Helper-96: a job in a cgroup whose memory.high is below memory.max slows to a crawl at
+    memory.high (the kernel throttles and reclaims) long before memory.max would kill it;
+    the time to the first bound was computed against the second."""
+    roots = make_tree(tmp_path, "v2")
+    pod = roots.sysfs / "fs" / "cgroup" / "kubepods" / "pod1"
+    _write(pod / "memory.high", str(600 * MIB))
+    limit = Sampler(roots, PID).sample().limits["cgroup"]
+    assert limit.limit == 600 * MIB and limit.headroom == 350 * MIB
+    assert "pod1/memory.high" in limit.name and "throttles" in limit.name and "not killed" in limit.name
+    _write(pod / "memory.high", "max")  # the default: no throttling bound, memory.max again
+    limit = Sampler(roots, PID).sample().limits["cgroup"]
+    assert limit.limit == 1024 * MIB and "pod1/memory.max" in limit.name
+    _write(pod / "memory.high", str(2048 * MIB))  # above memory.max: max comes first
+    assert Sampler(roots, PID).sample().limits["cgroup"].limit == 1024 * MIB
+
+
 def test_v2_a_cgroup_without_memory_files_is_held_by_its_parents_limit(tmp_path):
     """Helper-96: a level whose parent does not enable memory in cgroup.subtree_control has no
     memory files; its parent's memory.max still holds it, and the limit was dropped."""
