@@ -64,6 +64,12 @@ def switches_now() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
 
 
+def faults_now() -> int:
+    """Minor page faults of this process so far: each is a page the kernel had to hand
+    over (again), e.g. one malloc gave back after the last run and this run wants anew."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -200,17 +206,18 @@ def main() -> None:
         if args.history_points > 0:
             fill_history(scheduler.history, args.history_points, args.interval)
         per_run = []
-        switched = 0
+        switched = faulted = 0
         for profile in profiles or ():
             profile.clear()  # the import, warm-up runs and history filling were profiled too: forgotten
         for _ in range(args.rounds):
             cpu = wall = 0.0
             for _ in range(args.runs):
-                c0, t0, s0 = cpu_now(), time.perf_counter(), switches_now()
+                c0, t0, s0, f0 = cpu_now(), time.perf_counter(), switches_now(), faults_now()
                 scheduler.run_once()
                 tidy()
                 cpu, wall = cpu + cpu_now() - c0, wall + time.perf_counter() - t0
                 switched += switches_now() - s0
+                faulted += faults_now() - f0
                 if args.pause > 0:
                     time.sleep(args.pause)  # not counted: the daemon's sleep costs no CPU
             per_run.append((cpu / args.runs, wall / args.runs))
@@ -223,7 +230,8 @@ def main() -> None:
               f"at a {args.interval:g} s interval {cpu / args.interval * 100:.2f} % of one core; "
               f"history {args.history_points or 'as sampled'}; pause {args.pause:g} s; "
               f"{'spread' if args.spread else 'one CPU a run'} of {len(os.sched_getaffinity(0))}; VmRSS {rss_mib():.1f} MiB; "
-              f"{switched / (args.rounds * args.runs):.0f} voluntary context switches a run")
+              f"{switched / (args.rounds * args.runs):.0f} voluntary context switches and "
+              f"{faulted / (args.rounds * args.runs):.0f} minor page faults a run")
     finally:
         subprocess.run(["pkill", "-f", f"time.sleep\\({marker}\\)$" if args.torch else f"^sleep {marker}$"])
         shutil.rmtree(tmp, ignore_errors=True)  # its config file
