@@ -178,6 +178,9 @@ class Gathering:
         return facts
 
 
+SERVE_TIMEOUT = 5.0  # serve's bound: a hung item must not hold a run up for the checks' whole timeout
+
+
 def gather(session: Session, timeout: float = 10.0) -> dict[str, Any]:
     """All system facts, each item bounded; at most `timeout` seconds in all."""
     return Gathering(session).finish(time.monotonic() + timeout)

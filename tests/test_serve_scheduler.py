@@ -554,3 +554,31 @@ def test_a_textfile_that_cannot_be_written_is_logged_once_while_it_lasts(tmp_pat
     msgs = [line.split(" msg=", 1)[1].split('"')[1] for line in stream.getvalue().splitlines()]
     assert msgs == ["textfile not written", "textfile written again"], stream.getvalue()
     assert blocker.read_bytes() == b"envdoctor_up 1\n"
+
+
+def test_report_system_holds_the_nodes_facts_gathered_every_few_minutes(monkeypatch):
+    """/report's `system` said only the daemon's Python version (helper-91): a platform
+    engineer reading it could not tell the node's kernel, OS or driver. It now holds the
+    node's facts as `check` reports them, gathered at the first run and again every
+    SYSTEM_FACTS_SECONDS, not every run."""
+    import json
+
+    from envdoctor import sysfacts
+    from envdoctor.serve import Daemon, Options
+    from envdoctor.serve import scheduler as scheduler_module
+
+    calls = []
+    real = sysfacts.gather
+    monkeypatch.setattr(sysfacts, "gather", lambda *a, **k: calls.append(1) or real(*a, **k))
+    scheduler = Daemon(Options(once=True)).scheduler
+    system = json.loads(scheduler.run_once().report)["system"]
+    assert system["kernel"] == Path("/proc/sys/kernel/osrelease").read_text().strip()
+    assert system["cpu_logical"] == os.cpu_count() and system["memory_total_bytes"] > 0
+    if Path("/etc/os-release").exists():
+        assert system["os"] and system["os"] in Path("/etc/os-release").read_text()
+    assert "gpus" in system or "gpus" in system["unavailable"]  # the driver's facts, or why there are none
+    scheduler.run_once()
+    assert len(calls) == 1  # not again within SYSTEM_FACTS_SECONDS
+    monkeypatch.setattr(scheduler, "_system_at", time.monotonic() - scheduler_module.SYSTEM_FACTS_SECONDS)
+    assert json.loads(scheduler.run_once().report)["system"]["kernel"] == system["kernel"]
+    assert len(calls) == 2

@@ -22,7 +22,6 @@ import gc
 import gzip
 import json
 import os
-import platform
 import random
 import socket
 import threading
@@ -113,6 +112,9 @@ MEMORY_SAMPLE_KEY = "memory.sample"
 DISCOVERY_KEY = "discovery"
 DISCOVERY_ATTEMPTS = 3  # a run tries again without each process a read hung on, this many times in all
 JITTER = 0.1
+# /report's `system`: the node's facts as `check` reports them (OS, kernel, CPU, memory, GPUs
+# and driver), gathered again this often; they change with a reboot or a driver update.
+SYSTEM_FACTS_SECONDS = 300.0
 
 
 class _Examination(Record):
@@ -247,6 +249,8 @@ class Scheduler:
         self._known_targets: set[str] = set()
         self._overflow_said: tuple[int, int] = (0, 0)  # (any overflow, max_targets) when last logged
         self._unreadable_said = False  # whether "processes not examined: permission denied" was last said
+        self._system: dict[str, Any] = {}  # the node's system facts (_system_facts), and when they were gathered
+        self._system_at = -SYSTEM_FACTS_SECONDS
         self._hung: dict[int, tuple[str, int]] = {}  # pid -> the stuck discovery call that hung reading its /proc files
         self._discoveries = 0  # discovery calls made: each has a key of its own
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
@@ -291,7 +295,7 @@ class Scheduler:
         self.history.prune(t.label for t in found.targets)  # processes that are gone take their samples with them
         self._count_timeouts(results)
         report = Report(host=socket.gethostname(), version=__version__, started_at=started, target="node",
-                        results=results, system={"python_version": platform.python_version()},
+                        results=results, system=self._system_facts(host),
                         duration_seconds=time.perf_counter() - t0)
         self.stats.runs_total += 1
         seconds = time.perf_counter() - t0
@@ -315,6 +319,20 @@ class Scheduler:
         if self._publish is not None:
             self._publish(snap)
         return snap
+
+    def _system_facts(self, host: HostSession) -> dict[str, Any]:
+        """The node's system facts for /report, as `check` gathers them (each item bounded;
+        one that hangs is named under `unavailable`), every SYSTEM_FACTS_SECONDS: /report
+        said only the daemon's Python version (helper-91)."""
+        now = time.monotonic()
+        if now - self._system_at >= SYSTEM_FACTS_SECONDS:
+            from envdoctor import sysfacts
+
+            session = Session(target=Target.node(), host=host, env_override={}, torch_factory=_no_torch)
+            facts = sysfacts.gather(session, timeout=min(self.config.timeout, sysfacts.SERVE_TIMEOUT))
+            scrub = redact.Scrubber(sorted(redact.secret_values([self._own_env]), key=len, reverse=True))
+            self._system, self._system_at = scrub.any(facts), now
+        return self._system
 
     def _discover(self, host: HostSession) -> discovery.Found:
         """This run's targets, found on a watchdog worker within the config's timeout.
