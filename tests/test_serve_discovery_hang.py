@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from envdoctor.serve import Daemon, Options, discovery
+from envdoctor.serve import Daemon, Options, bounded_discovery, discovery
 
 TIMEOUT = 1.0  # the config's timeout, which bounds discovery too
 
@@ -94,7 +94,7 @@ def test_a_process_whose_maps_read_hangs_is_left_out_and_the_runs_go_on(daemon, 
 
 def test_discovery_that_hangs_on_process_after_process_fails_the_run_with_the_reason(daemon, monkeypatch):
     """Every python process hangs its read (4 here, more than the attempts): the run gives
-    up after DISCOVERY_ATTEMPTS and says which processes; the daemon lives on (its loop logs
+    up after bounded_discovery.ATTEMPTS and says which processes; the daemon lives on (its loop logs
     a failed run and tries again at the next interval)."""
     scheduler, _ = daemon
     release = threading.Event()
@@ -107,11 +107,113 @@ def test_discovery_that_hangs_on_process_after_process_fails_the_run_with_the_re
     monkeypatch.setattr(discovery, "_torch_maps", maps_of)
     try:
         t0 = time.monotonic()
-        with pytest.raises(discovery.DiscoveryFailed, match="hung this run: pids"):
+        with pytest.raises(discovery.DiscoveryFailed, match=r"hung this run \(pids"):
             scheduler.run_once()
-        from envdoctor.serve.scheduler import DISCOVERY_ATTEMPTS
+        assert time.monotonic() - t0 < bounded_discovery.ATTEMPTS * TIMEOUT + 10
+        assert len([n for n in scheduler.stuck_calls() if n.startswith("discovery:pid:")]) == bounded_discovery.ATTEMPTS
+    finally:
+        release.set()
 
-        assert time.monotonic() - t0 < DISCOVERY_ATTEMPTS * TIMEOUT + 10
-        assert len([n for n in scheduler.stuck_calls() if n.startswith("discovery:pid:")]) == DISCOVERY_ATTEMPTS
+
+def test_a_known_target_that_exits_while_its_read_hangs_is_said_gone(daemon, monkeypatch, capfd):
+    """helper-99: the hung target was dropped from the known ones, so its exit was never
+    logged ("target gone"), and a survivor was logged as appearing a second time."""
+    scheduler, (stuck_pid, survivor, *_) = daemon
+    scheduler.run_once()
+    release = threading.Event()
+    real = discovery._torch_maps
+
+    def maps_of(procfs, pid):
+        if pid in (stuck_pid, survivor):
+            release.wait(60)
+        return real(procfs, pid)
+
+    monkeypatch.setattr(discovery, "_torch_maps", maps_of)
+    try:
+        snap = scheduler.run_once()
+        assert f"pid:{stuck_pid}" not in snap.targets and f"pid:{survivor}" not in snap.targets
+        os.kill(stuck_pid, 9)
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while scheduler.stuck_calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    capfd.readouterr()
+    snap = scheduler.run_once()
+    err = capfd.readouterr().err
+    assert f"pid:{survivor}" in snap.targets and f"pid:{stuck_pid}" not in snap.targets
+    assert f'msg="target gone" target=pid:{stuck_pid}' in err, err
+    assert f'msg="target appeared" target=pid:{survivor}' not in err, err  # it never went
+
+
+def test_a_scan_stuck_before_any_process_is_named_and_not_started_again(daemon, monkeypatch):
+    """helper-99: stuck before any pid (an announce directory on a dead mount), each run
+    started one more scan that hung beside the others (a thread a run, until the watchdog
+    refused everything), and the reason blamed listing /proc."""
+    scheduler, _ = daemon
+    release = threading.Event()
+    real = discovery.announced_pids
+    monkeypatch.setattr(discovery, "announced_pids", lambda *a: release.wait(60) and real(*a))
+    try:
+        with pytest.raises(discovery.DiscoveryFailed, match="stuck reading the announce directories"):
+            scheduler.run_once()
+        assert any(n.startswith("discovery:reading the announce directories") for n in scheduler.stuck_calls())
+        threads = scheduler.watchdog.threads()
+        for _ in range(3):
+            t0 = time.monotonic()
+            with pytest.raises(discovery.DiscoveryFailed, match="still stuck reading the announce directories"):
+                scheduler.run_once()
+            assert time.monotonic() - t0 < TIMEOUT  # not waited on again
+        assert scheduler.watchdog.threads() == threads  # no thread more per run
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while scheduler.stuck_calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(scheduler.run_once().targets) >= 3  # the node and the processes again
+
+
+def test_a_slow_scan_is_not_blamed_on_a_process(daemon, monkeypatch):
+    """helper-99: a scan that only took longer than the timeout (every maps read slow, none
+    hung) left out whichever process it was reading at the deadline, as in D state."""
+    scheduler, pids = daemon
+    real = discovery._torch_maps
+
+    def maps_of(procfs, pid):
+        if pid in pids:
+            time.sleep(TIMEOUT / 3)  # four of these: the scan outlasts the timeout, no one read is long
+        return real(procfs, pid)
+
+    monkeypatch.setattr(discovery, "_torch_maps", maps_of)
+    with pytest.raises(discovery.DiscoveryFailed, match="no one process held it up"):
+        scheduler.run_once()
+    assert not scheduler._discovery.hung
+
+
+def test_at_most_max_hung_processes_are_left_out_at_once(monkeypatch):
+    """Each process left out holds a worker thread; the watchdog starts no call at all past
+    64 stuck ones (helper-99: after 64 hung processes every run failed, the node's too, with
+    the watchdog's words). Past MAX_HUNG, no scan starts and the reason names the pids."""
+    from envdoctor.watchdog import Watchdog
+
+    monkeypatch.setattr(bounded_discovery, "MAX_HUNG", 4)
+    finder = bounded_discovery.BoundedDiscovery(Watchdog(name="test-maxhung"))
+    release = threading.Event()
+
+    def scan(leave_out, progress):
+        pid = next(p for p in range(100, 200) if p not in leave_out)
+        progress(pid)
+        release.wait(60)
+        return discovery.Found()
+
+    try:
+        for _ in range(2):
+            with pytest.raises(discovery.DiscoveryFailed):
+                finder.find(scan, 0.2)
+        assert len(finder.hung) == 4
+        t0 = time.monotonic()
+        with pytest.raises(discovery.DiscoveryFailed, match=r"reads of 4 processes' /proc files are stuck \(pids 100, 101, 102, 103\)"):
+            finder.find(scan, 0.2)
+        assert time.monotonic() - t0 < 0.2
     finally:
         release.set()

@@ -233,13 +233,14 @@ class DiscoveryFailed(Exception):
 def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors(),
              nvml_pids: Callable[[], list[int]] | None = None, exclude: Iterable[int] = (),
              announce_dirs: Sequence[str] | None = None, torch_maps_memo: TorchMaps | None = None,
-             reading: Callable[[int], None] | None = None) -> Found:
+             reading: Callable[[int | str], None] | None = None) -> Found:
     """The node plus every workload process, bounded by max_targets (the node counts as one).
     `torch_maps_memo` (a daemon's) keeps torch processes' maps lines between runs.
-    `reading` is told each pid before its files are read: a read of /proc/N/maps or
-    environ waits for the process's memory-map lock, and a process in uninterruptible
-    sleep can hold it for good (the way `ps` hangs on such a node); a caller that bounds
-    discovery with a deadline learns which process it hung on (serve.scheduler)."""
+    `reading` is told each step's name, then each pid before its files are read: a read
+    of /proc/N/maps or environ waits for the process's memory-map lock, and a process in
+    uninterruptible sleep can hold it for good (the way `ps` hangs on such a node); a
+    caller that bounds discovery with a deadline learns where it hung
+    (serve.bounded_discovery)."""
     procfs = roots.procfs
     reading = reading or _nobody
     found = Found(targets=[TargetInfo("node", None, "node")])
@@ -247,6 +248,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     chosen: dict[int, str] = {}  # pid -> source, first source wins
 
     if nvml_pids is not None:
+        reading("asking NVML for its processes")
         try:
             for pid in nvml_pids():
                 chosen.setdefault(pid, "nvml")
@@ -257,12 +259,14 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     # named by $ENVDOCTOR_ANNOUNCE_DIR is taken as serve itself sees it.
     dirs = list(announce_dirs) if announce_dirs is not None else [
         *filter(None, [os.environ.get("ENVDOCTOR_ANNOUNCE_DIR")]), *(str(roots.seen_by(None, d)) for d in ANNOUNCE_DIRS)]
+    reading(f"reading the announce directories {', '.join(dirs)}")
     try:
         for pid in announced_pids(dirs, procfs):
             chosen.setdefault(pid, "announced")
     except Exception as exc:  # untrusted files: what they break costs their own source, not the run
         found.notes.append(f"announcements: {type(exc).__name__}: {exc}")
 
+    reading(f"listing {procfs}")
     try:
         entries = [pid for pid in map(_pid_name, os.listdir(procfs)) if pid is not None]
     except OSError as exc:
@@ -322,7 +326,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     return found
 
 
-def _nobody(pid: int) -> None:
+def _nobody(what: int | str) -> None:
     """discover()'s `reading` when nobody asked."""
 
 

@@ -44,7 +44,8 @@ from envdoctor.serve.onecpu import OneCpu
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
 from envdoctor.serve.torchmaps import TorchMaps
-from envdoctor.watchdog import DONE, RAISED, Watchdog
+from envdoctor.serve.bounded_discovery import BoundedDiscovery
+from envdoctor.watchdog import Watchdog
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -107,10 +108,6 @@ def _dataloader_workers(targets: list[discovery.TargetInfo], roots: Any) -> set[
 # with its label: one that hangs (a /proc file that blocks) is named by /healthz and not
 # started again while it is stuck, as a check is.
 MEMORY_SAMPLE_KEY = "memory.sample"
-# Discovery runs as a bounded call too, under this key and the attempt's number: a process
-# whose /proc files hang it (uninterruptible sleep) is left out while that read is stuck.
-DISCOVERY_KEY = "discovery"
-DISCOVERY_ATTEMPTS = 3  # a run tries again without each process a read hung on, this many times in all
 JITTER = 0.1
 # /report's `system`: the node's facts as `check` reports them (OS, kernel, CPU, memory, GPUs
 # and driver), gathered again this often; they change with a reboot or a driver update.
@@ -251,8 +248,7 @@ class Scheduler:
         self._unreadable_said = False  # whether "processes not examined: permission denied" was last said
         self._system: dict[str, Any] = {}  # the node's system facts (_system_facts), and when they were gathered
         self._system_at = -SYSTEM_FACTS_SECONDS
-        self._hung: dict[int, tuple[str, int]] = {}  # pid -> the stuck discovery call that hung reading its /proc files
-        self._discoveries = 0  # discovery calls made: each has a key of its own
+        self._discovery = BoundedDiscovery(watchdog)  # a process whose /proc files hang a scan is left out
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
@@ -335,52 +331,15 @@ class Scheduler:
         return self._system
 
     def _discover(self, host: HostSession) -> discovery.Found:
-        """This run's targets, found on a watchdog worker within the config's timeout.
-
-        Discovery reads /proc/N/maps and environ of the node's processes, and such a read
-        waits for the process's memory-map lock: a process in uninterruptible sleep (a job
-        stuck in a driver or on a dead NFS mount, with a thread waiting to map memory) can
-        keep it waiting for good, as it keeps `ps` waiting. Read on the scheduler's own
-        thread, that stopped every run for good. Now the read that does not return is left
-        to its worker, the process it was reading is left out, and discovery starts again
-        without it (DISCOVERY_ATTEMPTS in all); that process is examined again once the read
-        returns. /healthz names the stuck read, the log says which process it was."""
-        self._forget_returned_reads()
-        timeout = self.config.timeout
-        for _ in range(DISCOVERY_ATTEMPTS):
-            self._discoveries += 1
-            key = (DISCOVERY_KEY, self._discoveries)
-            at: list[int | None] = [None]  # the pid whose files it is reading
-            outcome = self.watchdog.call(key, functools.partial(
-                discovery.discover, self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
+        """This run's targets, each scan bounded by the config's timeout (serve.bounded_discovery)."""
+        def scan(leave_out: set[int], progress: Callable[[int | str], None]) -> discovery.Found:
+            return discovery.discover(
+                self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
                 nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
-                exclude=discovery.own_family(self.roots.procfs) | set(self._hung), torch_maps_memo=self.torch_maps,
-                reading=functools.partial(at.__setitem__, 0)), timeout)
-            if outcome.kind == DONE:
-                return outcome.value
-            if outcome.kind == RAISED and outcome.error is not None:
-                raise outcome.error
-            pid = at[0]
-            if pid is None:  # stuck before any process: listing /proc itself
-                raise discovery.DiscoveryFailed(f"listing {self.roots.procfs} did not return within {timeout:g} s "
-                                                f"({outcome.describe()})")
-            self._hung[pid] = key
-            log.event("warn", "process not examined: a read of its /proc files hung", target=f"pid:{pid}",
-                      seconds=f"{timeout:g}", where=outcome.where,
-                      reason="a process in uninterruptible sleep (D state) holds its memory-map lock; "
-                             "it is examined again once the read returns")
-        raise discovery.DiscoveryFailed(f"reads of {DISCOVERY_ATTEMPTS} processes' /proc files hung this run: "
-                                        f"pids {', '.join(map(str, list(self._hung)[-DISCOVERY_ATTEMPTS:]))}")
+                exclude=discovery.own_family(self.roots.procfs) | leave_out, torch_maps_memo=self.torch_maps,
+                reading=progress)
 
-    def _forget_returned_reads(self) -> None:
-        """Processes whose hung read has returned since: examined again from this run on."""
-        if not self._hung:
-            return
-        stuck = self.watchdog.stuck()
-        for pid, key in list(self._hung.items()):
-            if key not in stuck:
-                del self._hung[pid]
-                log.event("info", "process examined again: the hung read of its /proc files returned", target=f"pid:{pid}")
+        return self._discovery.find(scan, self.config.timeout)
 
     def _examine_all(self, targets: list[discovery.TargetInfo], host: HostSession) -> list[list[Result]]:
         """Every target's results, in order: all of their checks as one chain on one worker.
@@ -494,15 +453,15 @@ class Scheduler:
         for t in found.targets:
             if t.label not in self._known_targets and t.pid is not None:
                 log.event("info", "target appeared", target=t.label, source=t.source, comm=metrics.label_value(t.comm))
-        hung = {f"pid:{pid}" for pid in self._hung}
+        hung = self._discovery.hung_labels()
         for gone in sorted(self._known_targets - labels):
-            if gone in hung:  # still there, said by _discover
+            if gone in hung:  # left out while a read of its files is stuck: said then, and gone or back after
                 continue
             if gone in found.left_out:  # still running: max_targets shrank, or more came first (helper-67)
                 log.event("warn", "target no longer examined", target=gone, reason="more targets than max_targets")
             else:
                 log.event("info", "target gone", target=gone)
-        self._known_targets = labels
+        self._known_targets = labels | (self._known_targets & hung)
         for note in found.notes:
             log.event("debug", "discovery note", reason=note)
         # said when it starts, when max_targets changes and when it ends, not every run (helper-69:
@@ -603,11 +562,10 @@ class Scheduler:
         /healthz answers without redaction: helper-65 saw a secret there."""
         out = []
         now = time.time()
-        discoveries = {key: pid for pid, key in list(self._hung.items())}  # an HTTP thread: a copy in one step
         for key, since in self.watchdog.stuck().items():
             parts = key if isinstance(key, tuple) else (key,)
-            if key in discoveries:  # its number means nothing to a reader; the process it hung on does
-                parts = (DISCOVERY_KEY, f"pid:{discoveries[key]}")
-            name = ":".join(str(k) if i == 0 or _is_target_label(k) else "..." for i, k in enumerate(parts))
+            scan = self._discovery.name(key)  # a scan's number means nothing to a reader; what it is stuck on does
+            name = ":".join(scan) if scan else ":".join(str(k) if i == 0 or _is_target_label(k) else "..."
+                                                          for i, k in enumerate(parts))
             out.append(f"{name} for {now - since:.0f} s" if since else name)
         return sorted(out)
