@@ -55,7 +55,8 @@ def test_every_rule_is_exercised_and_seen_both_firing_and_silent():
 
 def test_every_alert_has_severity_summary_description_and_an_explain_runbook():
     """A check's alert points at `envdoctor explain`; one about serve itself at where its
-    settings or its state are read."""
+    settings or its state are read; one about a hung process at where it is named and how
+    to look at it on the node."""
     for rule in (r for r in _rules() if "alert" in r):
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
         assert {"summary", "description", "runbook"} <= set(rule["annotations"]), rule["alert"]
@@ -63,5 +64,7 @@ def test_every_alert_has_severity_summary_description_and_an_explain_runbook():
         if "envdoctor_targets_overflow_total" in rule["expr"]:
             assert "Running the monitor" in runbook and "max_targets" in runbook, rule["alert"]
             assert "## Running the monitor" in (HERE.parents[1] / "README.md").read_text()
+        elif "envdoctor_targets_hung" in rule["expr"]:  # no check examines a hung process: where it is named, and how to look
+            assert "/healthz" in runbook and "ps -o pid,stat,wchan" in runbook, rule["alert"]
         else:
             assert "envdoctor explain" in runbook, rule["alert"]

@@ -73,6 +73,7 @@ def test_a_process_whose_maps_read_hangs_is_left_out_and_the_runs_go_on(daemon, 
         assert any(name.startswith(f"discovery:pid:{stuck_pid} for ") for name in scheduler.stuck_calls()), scheduler.stuck_calls()
         err = capfd.readouterr().err
         assert "process not examined: a read of its /proc files hung" in err and f"target=pid:{stuck_pid}" in err, err
+        assert b"\nenvdoctor_targets_hung 1.0\n" in snap.metrics  # what EnvdoctorProcessHung alerts on
 
         # the next run does not wait on it again: it is left out while that read is stuck
         t0 = time.monotonic()
@@ -88,7 +89,7 @@ def test_a_process_whose_maps_read_hangs_is_left_out_and_the_runs_go_on(daemon, 
         time.sleep(0.05)
     snap = scheduler.run_once()
     assert f"pid:{stuck_pid}" in snap.targets and f"pid:{other_pid}" in snap.targets
-    assert not scheduler.stuck_calls()
+    assert not scheduler.stuck_calls() and b"\nenvdoctor_targets_hung 0.0\n" in snap.metrics
     assert "process examined again" in capfd.readouterr().err
 
 

@@ -56,6 +56,10 @@ class ServeCollector:
         if "targets_unreadable" in s:
             yield _gauge("targets_unreadable", "Python processes the last run could not examine: their /proc/N/maps "
                          "is closed to the daemon (another user's, without CAP_SYS_PTRACE).", s["targets_unreadable"])
+        if "targets_hung" in s:
+            yield _gauge("targets_hung", "Processes the last run left out because a read of their /proc files has not "
+                         "returned (a process in uninterruptible sleep, D state, holding its memory-map lock).",
+                         s["targets_hung"])
         yield _counter("runs", "Completed runs since the daemon started.", s["runs_total"])
         if "start_time_seconds" in s:
             yield _gauge("start_time_seconds", "When this daemon started, in seconds since the epoch: a change is a restart.",

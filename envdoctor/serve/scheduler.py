@@ -298,7 +298,7 @@ class Scheduler:
         stuck = self.watchdog.stuck()
         serve_stats = {
             "targets": len(found.targets), "targets_overflow_total": self.stats.targets_overflow_total,
-            "targets_unreadable": found.unreadable,
+            "targets_unreadable": found.unreadable, "targets_hung": len(self._discovery.hung),
             "runs_total": self.stats.runs_total, "last_run_duration_seconds": seconds,
             "call_timeouts_total": self.watchdog.timeouts_total, "stuck_calls": len(stuck),
             "start_time_seconds": self.started_at,
