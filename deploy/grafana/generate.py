@@ -50,6 +50,9 @@ ROWS = [
         ("stat", "Seconds since the last completed run", f"time() - envdoctor_last_run_timestamp_seconds{{{NODE}}}", "{{instance}}", 6,
          "More than three intervals makes /healthz answer 503."),
         ("table", "envdoctor version", f"envdoctor_build_info{{{NODE}}}", "instance,version,python_version", 6, ""),
+        ("stat", "Processes hung (D state)", f"envdoctor_targets_hung{{{NODE}}}", "{{instance}}", 6,
+         "Processes whose /proc files envdoctor cannot read: in uninterruptible sleep, most often stuck in the GPU "
+         "driver or on a dead mount; /healthz on the node names the pids (alert EnvdoctorProcessHung)."),
         ("timeseries", "GPU memory used", f"envdoctor_gpu_memory_used_bytes{{{NODE}}}", "{{instance}} gpu {{gpu}}", 12,
          "From NVML (gpu.health); memory other processes hold before a job starts is a common OOM cause."),
         ("timeseries", "GPU uncorrectable ECC errors", f"envdoctor_gpu_ecc_uncorrected_errors{{{NODE}}}", "{{instance}} gpu {{gpu}}", 12,
