@@ -108,7 +108,7 @@ def test_discovery_that_hangs_on_process_after_process_fails_the_run_with_the_re
     monkeypatch.setattr(discovery, "_torch_maps", maps_of)
     try:
         t0 = time.monotonic()
-        with pytest.raises(discovery.DiscoveryFailed, match=r"hung this run \(pids"):
+        with pytest.raises(discovery.DiscoveryFailed, match=r"hung in one run \(pids"):
             scheduler.run_once()
         assert time.monotonic() - t0 < bounded_discovery.ATTEMPTS * TIMEOUT + 10
         assert len([n for n in scheduler.stuck_calls() if n.startswith("discovery:pid:")]) == bounded_discovery.ATTEMPTS
@@ -148,21 +148,20 @@ def test_a_known_target_that_exits_while_its_read_hangs_is_said_gone(daemon, mon
 
 
 def test_a_scan_stuck_before_any_process_is_named_and_not_started_again(daemon, monkeypatch):
-    """helper-99: stuck before any pid (an announce directory on a dead mount), each run
-    started one more scan that hung beside the others (a thread a run, until the watchdog
-    refused everything), and the reason blamed listing /proc."""
+    """helper-99: stuck before any pid (listing /proc), each run started one more scan that
+    hung beside the others (a thread a run, until the watchdog refused everything)."""
     scheduler, _ = daemon
     release = threading.Event()
-    real = discovery.announced_pids
-    monkeypatch.setattr(discovery, "announced_pids", lambda *a: release.wait(60) and real(*a))
+    real = discovery._pid_name
+    monkeypatch.setattr(discovery, "_pid_name", lambda name: release.wait(60) and real(name))
     try:
-        with pytest.raises(discovery.DiscoveryFailed, match="stuck reading the announce directories"):
+        with pytest.raises(discovery.DiscoveryFailed, match="stuck listing /proc"):
             scheduler.run_once()
-        assert any(n.startswith("discovery:reading the announce directories") for n in scheduler.stuck_calls())
+        assert any(n.startswith("discovery:listing /proc for ") for n in scheduler.stuck_calls()), scheduler.stuck_calls()
         threads = scheduler.watchdog.threads()
         for _ in range(3):
             t0 = time.monotonic()
-            with pytest.raises(discovery.DiscoveryFailed, match="still stuck reading the announce directories"):
+            with pytest.raises(discovery.DiscoveryFailed, match="still stuck listing /proc"):
                 scheduler.run_once()
             assert time.monotonic() - t0 < TIMEOUT  # not waited on again
         assert scheduler.watchdog.threads() == threads  # no thread more per run
@@ -174,21 +173,80 @@ def test_a_scan_stuck_before_any_process_is_named_and_not_started_again(daemon, 
     assert len(scheduler.run_once().targets) >= 3  # the node and the processes again
 
 
+def test_a_hung_announce_directory_costs_the_announcements_not_the_run(daemon, monkeypatch):
+    """helper-100: an announce directory on a dead mount stopped every run, the node's too,
+    though announcements are an optional source any job can write."""
+    scheduler, pids = daemon
+    release = threading.Event()
+    from envdoctor import announce
+
+    real = announce.announced_pids
+    monkeypatch.setattr(announce, "announced_pids", lambda *a: release.wait(60) and real(*a))
+    try:
+        for _ in range(3):
+            t0 = time.monotonic()
+            snap = scheduler.run_once()
+            assert time.monotonic() - t0 < TIMEOUT + 5
+            assert "node" in snap.targets and all(f"pid:{p}" in snap.targets for p in pids)
+        stuck = [n for n in scheduler.stuck_calls() if n.startswith("discovery.announcements for ")]
+        assert len(stuck) == 1, scheduler.stuck_calls()  # the one stuck read, not one a run
+    finally:
+        release.set()
+
+
 def test_a_slow_scan_is_not_blamed_on_a_process(daemon, monkeypatch):
     """helper-99: a scan that only took longer than the timeout (every maps read slow, none
-    hung) left out whichever process it was reading at the deadline, as in D state."""
+    hung) left out whichever process it was reading at the deadline, as in D state. It
+    fails its run, blames nobody, and the scans go on once it has returned."""
     scheduler, pids = daemon
     real = discovery._torch_maps
+    slow = [True]
 
     def maps_of(procfs, pid):
-        if pid in pids:
+        if pid in pids and slow[0]:
             time.sleep(TIMEOUT / 3)  # four of these: the scan outlasts the timeout, no one read is long
         return real(procfs, pid)
 
     monkeypatch.setattr(discovery, "_torch_maps", maps_of)
-    with pytest.raises(discovery.DiscoveryFailed, match="no one process held it up"):
+    with pytest.raises(discovery.DiscoveryFailed, match="did not return within"):
         scheduler.run_once()
     assert not scheduler._discovery.hung
+    slow[0] = False
+    deadline = time.monotonic() + 10
+    while scheduler.stuck_calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(f"pid:{p}" in scheduler.run_once().targets for p in pids)
+
+
+def test_a_read_that_hangs_late_in_a_slow_scan_is_named_by_the_next_run(daemon, monkeypatch):
+    """helper-100: one slow read, then one that never returns after half the timeout had
+    gone: every run was judged slow, started one more scan (a thread a run) and never
+    named the process. The next run finds the old scan stuck on it and leaves it out."""
+    scheduler, pids = daemon
+    slow_pid, hung_pid = sorted(pids)[:2]
+    release = threading.Event()
+    real = discovery._torch_maps
+
+    def maps_of(procfs, pid):
+        if pid == slow_pid:
+            time.sleep(TIMEOUT * 0.7)
+        if pid == hung_pid:
+            release.wait(60)
+        return real(procfs, pid)
+
+    monkeypatch.setattr(discovery, "_torch_maps", maps_of)
+    try:
+        with pytest.raises(discovery.DiscoveryFailed, match="did not return within"):
+            scheduler.run_once()
+        time.sleep(TIMEOUT * 0.6)
+        monkeypatch.setattr(discovery, "_torch_maps", lambda procfs, pid: release.wait(60) and real(procfs, pid)
+                            if pid == hung_pid else real(procfs, pid))
+        snap = scheduler.run_once()
+        assert f"pid:{hung_pid}" not in snap.targets and f"pid:{slow_pid}" in snap.targets
+        assert scheduler._discovery.hung.keys() == {hung_pid}
+        assert f"discovery:pid:{hung_pid}" in " ".join(scheduler.stuck_calls())
+    finally:
+        release.set()
 
 
 def test_at_most_max_hung_processes_are_left_out_at_once(monkeypatch):

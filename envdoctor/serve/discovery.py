@@ -233,14 +233,16 @@ class DiscoveryFailed(Exception):
 def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors(),
              nvml_pids: Callable[[], list[int]] | None = None, exclude: Iterable[int] = (),
              announce_dirs: Sequence[str] | None = None, torch_maps_memo: TorchMaps | None = None,
-             reading: Callable[[int | str], None] | None = None) -> Found:
+             reading: Callable[[int | str], None] | None = None,
+             announcements: Callable[[list[str], Path], list[int]] = announced_pids) -> Found:
     """The node plus every workload process, bounded by max_targets (the node counts as one).
     `torch_maps_memo` (a daemon's) keeps torch processes' maps lines between runs.
     `reading` is told each step's name, then each pid before its files are read: a read
     of /proc/N/maps or environ waits for the process's memory-map lock, and a process in
     uninterruptible sleep can hold it for good (the way `ps` hangs on such a node); a
     caller that bounds discovery with a deadline learns where it hung
-    (serve.bounded_discovery)."""
+    (serve.bounded_discovery). `announcements` reads the announce directories (serve
+    bounds it on its own: a directory on a dead mount costs that source, not the run)."""
     procfs = roots.procfs
     reading = reading or _nobody
     found = Found(targets=[TargetInfo("node", None, "node")])
@@ -261,7 +263,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         *filter(None, [os.environ.get("ENVDOCTOR_ANNOUNCE_DIR")]), *(str(roots.seen_by(None, d)) for d in ANNOUNCE_DIRS)]
     reading(f"reading the announce directories {', '.join(dirs)}")
     try:
-        for pid in announced_pids(dirs, procfs):
+        for pid in announcements(dirs, procfs):
             chosen.setdefault(pid, "announced")
     except Exception as exc:  # untrusted files: what they break costs their own source, not the run
         found.notes.append(f"announcements: {type(exc).__name__}: {exc}")

@@ -44,7 +44,7 @@ from envdoctor.serve.onecpu import OneCpu
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
 from envdoctor.serve.torchmaps import TorchMaps
-from envdoctor.serve.bounded_discovery import BoundedDiscovery
+from envdoctor.serve.bounded_discovery import BLAME_SHARE, BoundedDiscovery, bounded_announcements
 from envdoctor.watchdog import Watchdog
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
@@ -337,8 +337,9 @@ class Scheduler:
                 self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
                 nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
                 exclude=discovery.own_family(self.roots.procfs) | leave_out, torch_maps_memo=self.torch_maps,
-                reading=progress)
+                reading=progress, announcements=announcements)
 
+        announcements = bounded_announcements(self.watchdog, self.config.timeout * BLAME_SHARE)
         return self._discovery.find(scan, self.config.timeout)
 
     def _examine_all(self, targets: list[discovery.TargetInfo], host: HostSession) -> list[list[Result]]:
