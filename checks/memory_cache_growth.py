@@ -12,7 +12,8 @@ MIG); and, when the job is attached (envdoctor.attach), the caching allocator's
 reserved and allocated bytes, inactive split bytes and allocation retries per
 device (`cudaN_reserved`, `cudaN_allocated`). Each memory comes with the limit it
 runs into: the tightest of the cgroup limit (every level; on cgroup v2 its
-`memory.high` too, where the kernel throttles a job that grows past it) and the host's available
+`memory.high` too, where the kernel throttles a job that grows past it: then the
+time to the limit that kills is said too) and the host's available
 memory for rss and cgroup, the mount's size for shm, the device's free memory for
 GPU memory.
 
@@ -216,16 +217,35 @@ def _rule_growth_to_limit(facts: GrowthFacts, g: Growth, settings: Mapping[str, 
             g.notes.append(f"{observed}, no limit known")
             continue
         g.eta[name] = seconds
-        against = f"{limit.name}" + (f" ({format_bytes(limit.limit)})" if limit.limit else "")
+        against = _named(limit)
         if seconds > warn_h:
             g.notes.append(f"{observed}: {against} runs out in {duration(seconds)}, beyond the {duration(warn_h)} "
                            "warn horizon")
             continue
         text = (f"{observed}: {against} runs out in {duration(seconds)}, "
-                f"{format_bytes(max(0, limit.headroom))} left; expected no sustained growth")
+                f"{format_bytes(max(0, limit.headroom))} left{_beyond(limit, tr.slope)}; expected no sustained growth")
         fix, env = _fix(name)
         timed.append((seconds, Finding(Status.FAIL if seconds <= fail_h else Status.WARN, text, fix, env)))
     return [f for _, f in sorted(timed, key=lambda item: item[0])]
+
+
+def _named(limit: Any) -> str:
+    """The limit and its size: `cgroup v2 memory limit /sys/.../memory.max (1 GiB)`."""
+    return limit.name + (f" ({format_bytes(limit.limit)})" if limit.limit is not None else "")
+
+
+def _beyond(limit: Any, slope: float) -> str:
+    """For a throttling bound (cgroup v2 memory.high): what happens there, and when the
+    limit beyond it kills the job at the same rate (helper-100: "it is not killed" read as
+    safe while memory.max sat 124 MiB further up)."""
+    if not getattr(limit, "throttles", False):
+        return ""
+    text = ", where the kernel throttles the job to a crawl"
+    then = getattr(limit, "then", None)
+    if then is not None:
+        eta = trend.time_to_exhaustion(then.headroom, slope)
+        text += f"; {_named(then)}, which kills it, runs out in {duration(eta)}" if eta is not None else ""
+    return text
 
 
 def _rule_fragmentation(facts: GrowthFacts, settings: Mapping[str, Any]) -> list[Finding]:

@@ -57,13 +57,20 @@ class Limit(namedtuple("Limit", (
         "limit",  # int | None
         "headroom",  # int
         "name",  # str: "cgroup memory limit", "host memory", "GPU 0", "/dev/shm"
-))):
+        "throttles",  # bool = False: past it the job is slowed (cgroup v2 memory.high), not killed
+        "then",  # Limit | None = None: for a throttling bound, the limit beyond it that kills
+), defaults=(False, None))):
     """What a memory runs into: `limit` bytes in all (None when unbounded), `headroom` bytes left."""
 
     __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"limit_bytes": self.limit, "headroom_bytes": self.headroom, "limit_name": self.name}
+        out = {"limit_bytes": self.limit, "headroom_bytes": self.headroom, "limit_name": self.name}
+        if self.throttles:
+            out["throttles"] = True
+        if self.then is not None:
+            out["then"] = self.then.to_dict()
+        return out
 
 
 class Sample(namedtuple("Sample", (
@@ -195,11 +202,10 @@ def _cgroup_files(roots: Roots, pid: int | None) -> tuple[_CgroupFiles | None, l
 
 
 # cgroup v2's throttling bound: above it the kernel reclaims the group's memory and throttles
-# its allocations, so a job that keeps growing slows to a crawl there instead of being killed
-# (Kubernetes' MemoryQoS sets it below the limit; systemd's MemoryHigh=). The job is as lost
-# to its owner either way, and it comes first: the tighter of it and memory.max is named.
+# its allocations, so a job that keeps growing slows to a crawl there (Kubernetes' MemoryQoS
+# sets it below the limit; systemd's MemoryHigh=), and memory.max, if set, still kills it
+# later. It comes first, so it is the bound named, with the kill limit beyond it (`then`).
 HIGH_NAME = "memory.high"
-HIGH_WHAT = "memory.high (the kernel throttles the job above it: it slows to a crawl, it is not killed)"
 
 
 def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
@@ -209,6 +215,7 @@ def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
     inactive_name = "total_inactive_file" if v1 else "inactive_file"
     working = None
     best: Limit | None = None
+    kill: Limit | None = None  # the tightest limit that kills (memory.max), for a throttling bound's `then`
     for depth, level in enumerate(files.levels):
         usage = _int_file(level / usage_name)
         if usage is None:
@@ -217,13 +224,19 @@ def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
         level_working = max(0, usage - inactive)
         if depth == 0:
             working = level_working
-        for name, what in ((limit_name, "memory limit"), *(() if v1 else ((HIGH_NAME, HIGH_WHAT),))):
+        for name, throttles in ((limit_name, False), *(() if v1 else ((HIGH_NAME, True),))):
             limit = _int_file(level / name)
             if limit is None or limit >= UNLIMITED:
                 continue
             headroom = limit - level_working
+            found = Limit(limit, headroom, f"{files.version} {'memory.high' if throttles else 'memory limit'} {level / name}",
+                          throttles)
             if best is None or headroom < best.headroom:
-                best = Limit(limit, headroom, f"{files.version} {what} {level / name}")
+                best = found
+            if not throttles and (kill is None or headroom < kill.headroom):
+                kill = found
+    if best is not None and best.throttles and kill is not None:
+        best = best._replace(then=kill)
     return working, best
 
 

@@ -36,6 +36,22 @@ def test_a_leak_that_hits_the_cgroup_limit_within_the_hour_fails_with_the_loss_i
     assert r.facts["growth_bytes_per_second"]["rss"] == 2 * MIB
 
 
+def test_a_throttling_bound_says_so_and_when_the_limit_beyond_it_kills():
+    """helper-100: cgroup v2 memory.high was named as "not killed" while memory.max, 124 MiB
+    further up, would OOM-kill the job; now the throttling and the kill are both said."""
+    kill = Limit(1 * GIB, 544 * MIB, "cgroup v2 memory limit /sys/fs/cgroup/pod1/memory.max")
+    high = Limit(900 * MIB, 420 * MIB, "cgroup v2 memory.high /sys/fs/cgroup/pod1/memory.high", True, kill)
+    r = judge(facts({"cgroup": series(20 * MIB, base=480 * MIB)}, {"cgroup": high}), DEFAULTS)
+    assert r.status is Status.FAIL
+    assert ("cgroup v2 memory.high /sys/fs/cgroup/pod1/memory.high (900 MiB) runs out in 21 s, 420 MiB left, "
+            "where the kernel throttles the job to a crawl; cgroup v2 memory limit /sys/fs/cgroup/pod1/memory.max "
+            "(1 GiB), which kills it, runs out in 27 s") in r.summary, r.summary
+    assert r.facts["limits"]["cgroup"]["throttles"] is True
+    assert r.facts["limits"]["cgroup"]["then"]["limit_bytes"] == GIB
+    zero = Limit(0, 0, "cgroup v2 memory.high /sys/fs/cgroup/pod1/memory.high", True)  # helper-100: its size was dropped
+    assert "memory.high (0 B)" in judge(facts({"cgroup": series(20 * MIB)}, {"cgroup": zero}), DEFAULTS).summary
+
+
 def test_warn_between_the_horizons_ok_beyond():
     limit = Limit(64 * GIB, 20 * GIB, "host memory (MemAvailable)")
     r = judge(facts({"rss": series(1 * MIB)}, {"rss": limit}), DEFAULTS)  # 20480 s: 5.7 h

@@ -86,7 +86,8 @@ def test_v2_memory_high_below_max_is_the_bound_named_as_throttling(tmp_path):
     _write(pod / "memory.high", str(600 * MIB))
     limit = Sampler(roots, PID).sample().limits["cgroup"]
     assert limit.limit == 600 * MIB and limit.headroom == 350 * MIB
-    assert "pod1/memory.high" in limit.name and "throttles" in limit.name and "not killed" in limit.name
+    assert "pod1/memory.high" in limit.name and limit.throttles
+    assert limit.then.limit == 1024 * MIB and "pod1/memory.max" in limit.then.name  # what kills it, beyond
     _write(pod / "memory.high", "max")  # the default: no throttling bound, memory.max again
     limit = Sampler(roots, PID).sample().limits["cgroup"]
     assert limit.limit == 1024 * MIB and "pod1/memory.max" in limit.name
