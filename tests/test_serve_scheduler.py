@@ -582,3 +582,24 @@ def test_report_system_holds_the_nodes_facts_gathered_every_few_minutes(monkeypa
     monkeypatch.setattr(scheduler, "_system_at", time.monotonic() - scheduler_module.SYSTEM_FACTS_SECONDS)
     assert json.loads(scheduler.run_once().report)["system"]["kernel"] == system["kernel"]
     assert len(calls) == 2
+
+
+def test_a_stuck_system_fact_is_named_by_healthz_and_delays_only_one_run(monkeypatch):
+    """helper-100: /healthz said `sysfacts:...:node` for a hung item; its name is envdoctor's
+    own ("os"), not something read from a process, so it is shown."""
+    import threading
+
+    from envdoctor import sysfacts
+    from envdoctor.serve import Daemon, Options
+
+    release = threading.Event()
+    items = dict(sysfacts._ITEMS)
+    monkeypatch.setattr(sysfacts, "_ITEMS", tuple((name, (lambda s: release.wait(60)) if name == "os" else fn)
+                                                  for name, fn in items.items()))
+    monkeypatch.setattr(sysfacts, "SERVE_TIMEOUT", 0.5)
+    scheduler = Daemon(Options(once=True)).scheduler
+    try:
+        scheduler.run_once()
+        assert any(n.startswith("sysfacts:os:node for ") for n in scheduler.stuck_calls()), scheduler.stuck_calls()
+    finally:
+        release.set()

@@ -109,6 +109,9 @@ def _dataloader_workers(targets: list[discovery.TargetInfo], roots: Any) -> set[
 # started again while it is stuck, as a check is.
 MEMORY_SAMPLE_KEY = "memory.sample"
 JITTER = 0.1
+# Stuck-call keys whose second part is a name of envdoctor's own (sysfacts' items: "os",
+# "gpus"), shown by /healthz; any other part may be what a check read from a process.
+OWN_NAMES = ("sysfacts",)
 # /report's `system`: the node's facts as `check` reports them (OS, kernel, CPU, memory, GPUs
 # and driver), gathered again this often; they change with a reboot or a driver update.
 SYSTEM_FACTS_SECONDS = 300.0
@@ -566,7 +569,8 @@ class Scheduler:
         for key, since in self.watchdog.stuck().items():
             parts = key if isinstance(key, tuple) else (key,)
             scan = self._discovery.name(key)  # a scan's number means nothing to a reader; what it is stuck on does
-            name = ":".join(scan) if scan else ":".join(str(k) if i == 0 or _is_target_label(k) else "..."
-                                                          for i, k in enumerate(parts))
+            name = ":".join(scan) if scan else ":".join(
+                str(k) if i == 0 or _is_target_label(k) or (i == 1 and parts[0] in OWN_NAMES) else "..."
+                for i, k in enumerate(parts))
             out.append(f"{name} for {now - since:.0f} s" if since else name)
         return sorted(out)
