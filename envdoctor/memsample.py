@@ -240,6 +240,15 @@ def _read_cgroup(files: _CgroupFiles) -> tuple[int | None, Limit | None]:
     return working, best
 
 
+def _with_host(limit: Limit | None, host: Limit | None) -> Limit | None:
+    """A throttling bound's `then` (the limit that kills) is the tighter of the cgroup's and
+    the host's memory: with memory.max far up or unset, the host runs out first (helper-101)."""
+    if limit is None or not limit.throttles or host is None:
+        return limit
+    then = limit.then
+    return limit._replace(then=host if then is None or host.headroom < then.headroom else then)
+
+
 # -- one target -----------------------------------------------------------------------
 
 
@@ -305,13 +314,12 @@ class Sampler:
             # not the target's), and rss against host memory says what matters.
             if working is not None and cg_limit is not None:
                 values["cgroup"] = working
-        tightest = min((lim for lim in (cg_limit, host) if lim is not None), key=lambda lim: lim.headroom, default=None)
+        tightest = _with_host(min((lim for lim in (cg_limit, host) if lim is not None), key=lambda lim: lim.headroom,
+                                  default=None), host)
         if "rss" in values and tightest is not None:
             limits["rss"] = tightest
-        if "cgroup" in values:
-            cg_tight = min((lim for lim in (cg_limit, host) if lim is not None), key=lambda lim: lim.headroom, default=None)
-            if cg_tight is not None:
-                limits["cgroup"] = cg_tight
+        if "cgroup" in values and tightest is not None:
+            limits["cgroup"] = tightest
 
         self._shm(values, limits, notes)
         self._gpu(values, limits, notes)

@@ -88,6 +88,10 @@ def test_v2_memory_high_below_max_is_the_bound_named_as_throttling(tmp_path):
     assert limit.limit == 600 * MIB and limit.headroom == 350 * MIB
     assert "pod1/memory.high" in limit.name and limit.throttles
     assert limit.then.limit == 1024 * MIB and "pod1/memory.max" in limit.then.name  # what kills it, beyond
+    _write(pod / "memory.max", str(16 * 1024 * MIB))  # far above the host's 7.8 GiB available (helper-101)
+    limit = Sampler(roots, PID).sample().limits["cgroup"]
+    assert limit.throttles and limit.then.name.startswith("host memory")  # the host runs out before memory.max
+    _write(pod / "memory.max", str(1024 * MIB))
     _write(pod / "memory.high", "max")  # the default: no throttling bound, memory.max again
     limit = Sampler(roots, PID).sample().limits["cgroup"]
     assert limit.limit == 1024 * MIB and "pod1/memory.max" in limit.name

@@ -133,6 +133,7 @@ def test_a_known_target_that_exits_while_its_read_hangs_is_said_gone(daemon, mon
     try:
         snap = scheduler.run_once()
         assert f"pid:{stuck_pid}" not in snap.targets and f"pid:{survivor}" not in snap.targets
+        assert scheduler.history.latest(f"pid:{survivor}") is not None  # left out, its memory history kept (helper-101)
         os.kill(stuck_pid, 9)
     finally:
         release.set()
@@ -276,3 +277,87 @@ def test_at_most_max_hung_processes_are_left_out_at_once(monkeypatch):
         assert time.monotonic() - t0 < 0.2
     finally:
         release.set()
+
+
+def test_a_process_whose_read_returned_is_examined_again_while_the_old_scan_waits_on_another(daemon, monkeypatch, capfd):
+    """helper-101: P and Q both hung a scan; P's read returned and that scan went on to wait
+    on Q. P stayed left out, counted and named as hung for as long as Q stayed stuck."""
+    scheduler, (p_pid, q_pid, *_) = daemon
+    events = {p_pid: threading.Event(), q_pid: threading.Event()}
+    real = discovery._torch_maps
+
+    def maps_of(procfs, pid):
+        if pid in events:
+            events[pid].wait(60)
+        return real(procfs, pid)
+
+    monkeypatch.setattr(discovery, "_torch_maps", maps_of)
+    try:
+        scheduler.run_once()
+        assert scheduler._discovery.hung.keys() == {p_pid, q_pid}
+        events[p_pid].set()  # P answers; the scan that hung on it now waits on Q
+        time.sleep(TIMEOUT)  # past BLAME_SHARE of the timeout on Q
+        snap = scheduler.run_once()
+        assert f"pid:{p_pid}" in snap.targets and f"pid:{q_pid}" not in snap.targets
+        assert scheduler._discovery.hung.keys() == {q_pid}
+        assert b"\nenvdoctor_targets_hung 1.0\n" in snap.metrics
+        assert not any(f"pid:{p_pid}" in n for n in scheduler.stuck_calls()), scheduler.stuck_calls()
+        assert f'msg="process examined again: the hung read of its /proc files returned" target=pid:{p_pid}' in capfd.readouterr().err
+    finally:
+        for e in events.values():
+            e.set()
+
+
+def test_a_hung_announce_directory_keeps_the_jobs_announced_before(tmp_path, monkeypatch, capfd):
+    """helper-101: with the announce directory hung, a job found only by its announcement was
+    logged gone while it ran, its series dropped and its memory history thrown away."""
+    import json
+
+    from envdoctor import announce
+
+    directory = tmp_path / "announced"
+    directory.mkdir()
+    monkeypatch.setenv("ENVDOCTOR_ANNOUNCE_DIR", str(directory))
+    out = subprocess.run(["sh", "-c", "sleep 60 > /dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
+    pid = int(out.stdout.strip())
+    try:
+        (directory / f"{pid}.json").write_text(json.dumps({"pid": pid, "start_ticks": announce.start_ticks("/proc", pid)}))
+        cfg = tmp_path / "envdoctor.toml"
+        cfg.write_text(f"timeout = {TIMEOUT}\n")
+        scheduler = Daemon(Options(once=True, config_file=str(cfg))).scheduler
+        assert f"pid:{pid}" in scheduler.run_once().targets
+        release = threading.Event()
+        real = announce.announced_pids
+        monkeypatch.setattr(announce, "announced_pids", lambda *a: release.wait(60) and real(*a))
+        try:
+            capfd.readouterr()
+            for _ in range(3):
+                snap = scheduler.run_once()
+                assert f"pid:{pid}" in snap.targets
+            err = capfd.readouterr().err
+            assert "target gone" not in err and err.count("announcements not read") == 1, err
+            assert scheduler.history.latest(f"pid:{pid}") is not None  # its history is kept
+        finally:
+            release.set()
+        os.kill(pid, 9)
+        time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while scheduler.stuck_calls() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f"pid:{pid}" not in scheduler.run_once().targets  # gone once it is gone
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_slow_scan_is_named_slow_not_after_a_process():
+    """helper-101: /healthz named a merely slow scan `discovery:pid:N`, as a hung process."""
+    progress = bounded_discovery.Progress(timeout=10.0)
+    progress(1234)
+    assert progress.where() == "slow scan" and progress.stuck_on() is None
+    progress.since -= 6.0  # its read of 1234 has lasted over half the timeout
+    assert progress.where() == "pid:1234" and progress.stuck_on() == 1234
+    progress("listing /proc")
+    assert progress.where() == "listing /proc" and not progress.stuck_in_step()

@@ -19,8 +19,8 @@ So each scan is a bounded call on the watchdog. When one does not return in time
   is never started again beside one that has not returned (helper-100: each run left
   one more thread behind, until the watchdog refused every call, the node's too).
 The announce directories, any job's to write and perhaps on a network mount, are read
-under a bound and a key of their own (bounded_announcements): a hang there costs the
-announcements, not the scan.
+under a bound and a key of their own (BoundedAnnouncements): a hang there costs neither
+the scan nor the jobs announced before.
 """
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ BLAME_SHARE = 0.5  # a process is blamed when the read of its files alone lasted
 class Progress:
     """Where a scan is: discover()'s `reading` is told each step's name, then each pid."""
 
-    __slots__ = ("step", "pid", "since")
+    __slots__ = ("step", "pid", "since", "timeout")
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float) -> None:
         self.step = "starting"
         self.pid: int | None = None
         self.since = time.monotonic()
+        self.timeout = timeout
 
     def __call__(self, what: int | str) -> None:
         if isinstance(what, int):
@@ -59,28 +60,42 @@ class Progress:
             self.step, self.pid = what, None
         self.since = time.monotonic()
 
+    def stuck_on(self) -> int | None:
+        """The process whose files it has been reading for BLAME_SHARE of its timeout, if any."""
+        pid = self.pid
+        return pid if pid is not None and time.monotonic() - self.since >= BLAME_SHARE * self.timeout else None
+
+    def stuck_in_step(self) -> bool:
+        return self.pid is None and time.monotonic() - self.since >= BLAME_SHARE * self.timeout
+
+    def where(self) -> str:
+        """What /healthz and the errors call it: `pid:N` only for a read that has lasted."""
+        pid = self.stuck_on()
+        return f"pid:{pid}" if pid is not None else self.step if self.pid is None else "slow scan"
+
 
 class BoundedDiscovery:
     """One daemon's bounded scans, and the processes and steps they are stuck on."""
 
     def __init__(self, watchdog: Watchdog) -> None:
         self.watchdog = watchdog
-        self.hung: dict[int, tuple[str, int]] = {}  # pid -> the stuck scan that was reading its files
-        self._late: tuple[tuple[str, int], Progress] | None = None  # a scan past its timeout that blamed no process yet
+        self.hung: dict[int, tuple[str, int]] = {}  # pid -> the scan stuck reading its files now
+        self._abandoned: dict[tuple[str, int], Progress] = {}  # scans past their timeout that have not returned
+        self._late: tuple[str, int] | None = None  # an abandoned scan that blamed no process: none starts beside it
         self._scans = 0
 
     def find(self, scan: Callable[[set[int], Progress], Found], timeout: float) -> Found:
         """`scan(processes to leave out, progress)`'s targets, each scan within `timeout`.
         Raises DiscoveryFailed with the reason when no scan answered."""
-        self._forget_returned()
-        self._judge_late(timeout)
+        self._refresh()
+        self._judge_late()
         for _ in range(ATTEMPTS):
             if len(self.hung) >= MAX_HUNG:
                 raise DiscoveryFailed(f"reads of {len(self.hung)} processes' /proc files are stuck (pids "
                                       f"{_pids(self.hung)}): no scan is started until one returns (each holds a thread)")
             self._scans += 1
             key = (KEY, self._scans)
-            progress = Progress()
+            progress = Progress(timeout)
             leave_out = set(self.hung)
             outcome = self.watchdog.call(key, lambda: scan(leave_out, progress), timeout)
             if outcome.kind == DONE:
@@ -89,90 +104,111 @@ class BoundedDiscovery:
                 raise outcome.error
             if outcome.kind == RAISED:  # a bug, or the watchdog refusing a call (too many stuck): said as discovery's
                 raise DiscoveryFailed(f"discovery failed: {describe_exception(outcome.error)}")
-            if not self._blame(key, progress, timeout, outcome.where):
+            self._abandoned[key] = progress
+            self._refresh()
+            if progress.stuck_on() is None:
                 # Not one process's read (yet): the scan is slow, or stuck in a step of its own.
                 # It is not started again beside itself: the next run judges it (_judge_late).
-                self._late = (key, progress)
-                what = (f"stuck {progress.step}" if progress.pid is None
-                        else f"reading process {progress.pid}'s files for {time.monotonic() - progress.since:.2g} s")
-                raise DiscoveryFailed(f"discovery did not return within {timeout:g} s ({what}); no scan is started "
-                                      "beside it: a later run names the process or step it stays stuck on, or goes "
-                                      "on once it returns (if it keeps happening, the node is slow for `timeout`)")
+                self._late = key
+                raise DiscoveryFailed(f"discovery did not return within {timeout:g} s ({_doing(progress)}); no scan "
+                                      "is started beside it: a later run names the process or step it stays stuck "
+                                      "on, or goes on once it returns (if it keeps happening, the node is slow for "
+                                      "`timeout`)")
         raise DiscoveryFailed(f"reads of {ATTEMPTS} processes' /proc files hung in one run (pids "
                               f"{_pids(dict(list(self.hung.items())[-ATTEMPTS:]))}); they are left out while their "
                               "reads are stuck")
 
-    def _blame(self, key: tuple[str, int], progress: Progress, timeout: float, where: str) -> bool:
-        """Leave out the process a stuck scan has been reading for BLAME_SHARE of the timeout; False if none."""
-        reading_for = time.monotonic() - progress.since
-        pid = progress.pid
-        if pid is None or reading_for < BLAME_SHARE * timeout:
-            return False
-        self.hung[pid] = key
-        log.event("warn", "process not examined: a read of its /proc files hung", target=f"pid:{pid}",
-                  seconds=f"{reading_for:.3g}", where=where,
-                  reason="a process in uninterruptible sleep (D state) holding its memory-map lock does this; "
-                         "it is examined again once the read returns")
-        return True
-
-    def _judge_late(self, timeout: float) -> None:
-        """A scan that ran past its timeout in an earlier run and has not returned: now stuck
-        on one process (left out; scans go on without it), stuck in a step (the run fails,
-        naming it), or still moving (the run fails; no second scan beside it)."""
-        if self._late is None:
-            return
-        key, progress = self._late
-        if self._blame(key, progress, timeout, ""):
+    def _judge_late(self) -> None:
+        """A scan that ran past its timeout in an earlier run, blamed nobody and has not
+        returned: now stuck on one process (left out, and scans go on without it), stuck
+        in a step (the run fails, naming it), or still moving (the run fails; no second
+        scan beside it)."""
+        late = self._late
+        progress = None if late is None else self._abandoned.get(late)
+        if progress is None or progress.stuck_on() is not None:
             self._late = None
             return
-        if progress.pid is None and time.monotonic() - progress.since >= BLAME_SHARE * timeout:
+        if progress.stuck_in_step():
             raise DiscoveryFailed(f"discovery is still stuck {progress.step} since an earlier run; no scan is "
                                   "started again until that one returns")
-        raise DiscoveryFailed("discovery from an earlier run is still going, past its timeout (now "
-                              + (f"{progress.step}" if progress.pid is None else f"reading process {progress.pid}'s files")
-                              + "); no second scan is started beside it")
+        raise DiscoveryFailed(f"discovery from an earlier run is still going, past its timeout ({_doing(progress)}); "
+                              "no second scan is started beside it")
 
-    def _forget_returned(self) -> None:
-        """Processes and scans whose stuck read has returned since."""
-        if not self.hung and self._late is None:
+    def _refresh(self) -> None:
+        """Which processes the scans that did not return are stuck on now: a scan that has
+        returned is forgotten, and one that moved on from a process frees it (helper-101:
+        a process whose read had returned stayed left out, counted and alerted on, while the
+        same scan waited on another)."""
+        if not self._abandoned:
             return
         stuck = self.watchdog.stuck()
-        if self._late is not None and self._late[0] not in stuck:
-            self._late = None
-        for pid, key in list(self.hung.items()):
+        hung: dict[int, tuple[str, int]] = {}
+        for key, progress in list(self._abandoned.items()):
             if key not in stuck:
-                del self.hung[pid]
-                log.event("info", "process examined again: the hung read of its /proc files returned", target=f"pid:{pid}")
+                del self._abandoned[key]
+                continue
+            pid = progress.stuck_on()
+            if pid is not None:
+                hung[pid] = key
+        for pid in hung.keys() - self.hung.keys():
+            log.event("warn", "process not examined: a read of its /proc files hung", target=f"pid:{pid}",
+                      seconds=f"{time.monotonic() - self._abandoned[hung[pid]].since:.3g}",
+                      reason="a process in uninterruptible sleep (D state) holding its memory-map lock does this; "
+                             "it is examined again once the read returns")
+        for pid in self.hung.keys() - hung.keys():
+            log.event("info", "process examined again: the hung read of its /proc files returned", target=f"pid:{pid}")
+        self.hung = hung  # swapped whole: HTTP threads read it
 
     def hung_labels(self) -> set[str]:
         return {f"pid:{pid}" for pid in list(self.hung)}
 
     def name(self, key: object) -> tuple[str, str] | None:
-        """What /healthz calls a stuck scan: the process or the step it is stuck on (its
-        number means nothing to a reader); None for a key that is not one of ours."""
-        for pid, hung_key in list(self.hung.items()):  # an HTTP thread asks: a copy in one step
-            if hung_key == key:
-                return (KEY, f"pid:{pid}")
-        late = self._late
-        if late is not None and late[0] == key:
-            return (KEY, late[1].step if late[1].pid is None else f"pid:{late[1].pid}")
-        return None
+        """What /healthz calls a stuck scan: the process or step it is stuck on, or `slow
+        scan` (its number means nothing to a reader); None for a key that is not one of ours."""
+        progress = self._abandoned.get(key)  # type: ignore[call-overload]
+        return None if progress is None else (KEY, progress.where())
+
+
+def _doing(progress: Progress) -> str:
+    if progress.pid is None:
+        return f"stuck {progress.step}"
+    return f"reading process {progress.pid}'s files for {time.monotonic() - progress.since:.2g} s"
 
 
 ANNOUNCEMENTS_KEY = ("discovery.announcements",)
 
 
-def bounded_announcements(watchdog: Watchdog, timeout: float) -> Callable[[list[str], Path], list[int]]:
-    """announced_pids within `timeout`, under a key of its own: the announce directory is
-    any job's to write and may sit on a network mount. A read of it that hangs costs the
-    announcements (discovery notes why, /healthz names `discovery.announcements`), not the
-    scan, and it is not started again while it is stuck."""
-    from envdoctor.announce import announced_pids
+class BoundedAnnouncements:
+    """announced_pids within a bound, under a key of its own: the announce directory is any
+    job's to write and may sit on a network mount. A read of it that hangs costs neither
+    the scan nor the jobs announced before: until the directory answers again, the pids
+    its last answer gave are kept while the same processes run under them (their start
+    times say so), so a dead mount does not log them gone and throw their memory history
+    away (helper-101). Said once when it starts and when it ends; /healthz names
+    `discovery.announcements` while the read is stuck, and it is not started again then."""
 
-    def read(dirs: list[str], procfs: Path) -> list[int]:
-        return watchdog.call(ANNOUNCEMENTS_KEY, lambda: announced_pids(dirs, procfs), timeout).unwrap()
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+        self.timeout = 1.0  # set by the caller for each run
+        self._last: dict[int, int | None] = {}  # pid -> its start time, from the last answer
+        self._failing = False
 
-    return read
+    def read(self, dirs: list[str], procfs: Path) -> list[int]:
+        from envdoctor.announce import announced_pids, start_ticks
+
+        outcome = self.watchdog.call(ANNOUNCEMENTS_KEY, lambda: announced_pids(dirs, procfs), self.timeout)
+        if outcome.kind == DONE:
+            if self._failing:
+                log.event("info", "announcements read again")
+                self._failing = False
+            self._last = {pid: start_ticks(procfs, pid) for pid in outcome.value}
+            return outcome.value
+        if not self._failing:
+            log.event("warn", "announcements not read; the last ones are kept while their processes run",
+                      reason=outcome.describe() if outcome.kind != RAISED else describe_exception(outcome.error),
+                      dirs=", ".join(dirs))
+            self._failing = True
+        return [pid for pid, ticks in self._last.items() if ticks is not None and start_ticks(procfs, pid) == ticks]
 
 
 def _pids(hung: dict[int, object]) -> str:

@@ -44,7 +44,7 @@ from envdoctor.serve.onecpu import OneCpu
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
 from envdoctor.serve.torchmaps import TorchMaps
-from envdoctor.serve.bounded_discovery import BLAME_SHARE, BoundedDiscovery, bounded_announcements
+from envdoctor.serve.bounded_discovery import BLAME_SHARE, BoundedAnnouncements, BoundedDiscovery
 from envdoctor.watchdog import Watchdog
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
@@ -252,6 +252,7 @@ class Scheduler:
         self._system: dict[str, Any] = {}  # the node's system facts (_system_facts), and when they were gathered
         self._system_at = -SYSTEM_FACTS_SECONDS
         self._discovery = BoundedDiscovery(watchdog)  # a process whose /proc files hang a scan is left out
+        self._announcements = BoundedAnnouncements(watchdog)  # a dead announce directory costs no run
         # memory.cache_growth judges each process from these samples, one per run: 720 runs at
         # the default 15 s interval is the last 3 hours, a few hundred KiB per process
         self.history = MemoryHistory(maxlen=720)
@@ -291,7 +292,9 @@ class Scheduler:
         per_target = self._examine_all(found.targets, host)
         results = [r for rows in per_target for r in rows]
         self._scrubbers = {}  # their memos are this run's
-        self.history.prune(t.label for t in found.targets)  # processes that are gone take their samples with them
+        # processes that are gone take their samples with them; one left out while a read of its
+        # files hangs keeps its history for when it is examined again (helper-101)
+        self.history.prune([*(t.label for t in found.targets), *self._discovery.hung_labels()])
         self._count_timeouts(results)
         report = Report(host=socket.gethostname(), version=__version__, started_at=started, target="node",
                         results=results, system=self._system_facts(host),
@@ -340,9 +343,9 @@ class Scheduler:
                 self.roots, max_targets=self.settings.max_targets, selectors=self.settings.selectors,
                 nvml_pids=lambda: discovery.nvml_pids_of(host.need("nvml")),
                 exclude=discovery.own_family(self.roots.procfs) | leave_out, torch_maps_memo=self.torch_maps,
-                reading=progress, announcements=announcements)
+                reading=progress, announcements=self._announcements.read)
 
-        announcements = bounded_announcements(self.watchdog, self.config.timeout * BLAME_SHARE)
+        self._announcements.timeout = self.config.timeout * BLAME_SHARE
         return self._discovery.find(scan, self.config.timeout)
 
     def _examine_all(self, targets: list[discovery.TargetInfo], host: HostSession) -> list[list[Result]]:
