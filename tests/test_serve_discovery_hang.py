@@ -145,6 +145,7 @@ def test_a_known_target_that_exits_while_its_read_hangs_is_said_gone(daemon, mon
     err = capfd.readouterr().err
     assert f"pid:{survivor}" in snap.targets and f"pid:{stuck_pid}" not in snap.targets
     assert f'msg="target gone" target=pid:{stuck_pid}' in err, err
+    assert f'examined again: the hung read of its /proc files returned" target=pid:{stuck_pid}' not in err, err  # helper-102
     assert f'msg="target appeared" target=pid:{survivor}' not in err, err  # it never went
 
 
@@ -205,7 +206,7 @@ def test_a_slow_scan_is_not_blamed_on_a_process(daemon, monkeypatch):
 
     def maps_of(procfs, pid):
         if pid in pids and slow[0]:
-            time.sleep(TIMEOUT / 3)  # four of these: the scan outlasts the timeout, no one read is long
+            time.sleep(TIMEOUT * 0.45)  # four of these: the scan outlasts its timeout (and grace), no one read is long
         return real(procfs, pid)
 
     monkeypatch.setattr(discovery, "_torch_maps", maps_of)
@@ -230,7 +231,7 @@ def test_a_read_that_hangs_late_in_a_slow_scan_is_named_by_the_next_run(daemon, 
 
     def maps_of(procfs, pid):
         if pid == slow_pid:
-            time.sleep(TIMEOUT * 0.7)
+            time.sleep(TIMEOUT * 1.2)  # the hung read begins too late in the scan to be blamed by its end
         if pid == hung_pid:
             release.wait(60)
         return real(procfs, pid)
@@ -272,7 +273,7 @@ def test_at_most_max_hung_processes_are_left_out_at_once(monkeypatch):
                 finder.find(scan, 0.2)
         assert len(finder.hung) == 4
         t0 = time.monotonic()
-        with pytest.raises(discovery.DiscoveryFailed, match=r"reads of 4 processes' /proc files are stuck \(pids 100, 101, 102, 103\)"):
+        with pytest.raises(discovery.DiscoveryFailed, match=r"4 scans are stuck on processes' /proc files \(pids 100, 101, 102, 103\)"):
             finder.find(scan, 0.2)
         assert time.monotonic() - t0 < 0.2
     finally:
@@ -361,3 +362,73 @@ def test_a_slow_scan_is_named_slow_not_after_a_process():
     assert progress.where() == "pid:1234" and progress.stuck_on() == 1234
     progress("listing /proc")
     assert progress.where() == "listing /proc" and not progress.stuck_in_step()
+
+
+def test_a_read_that_outlasts_every_scan_is_said_once_not_every_run(daemon, monkeypatch, capfd):
+    """helper-102: a read that takes longer than the timeout but returns was said hung and
+    "examined again" every run (two lines a run), though the process was never examined."""
+    scheduler, (slow_pid, *_) = daemon
+    real = discovery._torch_maps
+
+    def maps_of(procfs, pid):
+        if pid == slow_pid:
+            time.sleep(TIMEOUT * 2)  # blamed within each scan: it outlasts half the timeout
+        return real(procfs, pid)
+
+    monkeypatch.setattr(discovery, "_torch_maps", maps_of)
+    capfd.readouterr()
+    for _ in range(4):
+        assert f"pid:{slow_pid}" not in scheduler.run_once().targets
+        time.sleep(TIMEOUT * 0.5)
+    err = capfd.readouterr().err
+    assert err.count(f'a read of its /proc files hung" target=pid:{slow_pid}') == 1, err
+    assert 'msg="process examined again' not in err, err
+    monkeypatch.setattr(discovery, "_torch_maps", real)  # it answers in time again
+    deadline = time.monotonic() + 10
+    while scheduler.stuck_calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"pid:{slow_pid}" in scheduler.run_once().targets
+    assert f'examined again: the hung read of its /proc files returned" target=pid:{slow_pid}' in capfd.readouterr().err
+
+
+def test_a_slow_announce_directory_costs_neither_the_scan_nor_later_announcements(tmp_path, monkeypatch):
+    """helper-102: a directory that answers, but after the announcements' bound: its late
+    answers were thrown away (a job announced later was never found), and its wait came
+    out of the scan's own time, so a scan that fit its timeout failed every run."""
+    import json
+
+    from envdoctor import announce
+
+    directory = tmp_path / "announced"
+    directory.mkdir()
+    monkeypatch.setenv("ENVDOCTOR_ANNOUNCE_DIR", str(directory))
+    jobs = []
+    try:
+        def announced_job() -> int:
+            out = subprocess.run(["sh", "-c", "sleep 60 > /dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
+            pid = int(out.stdout.strip())
+            jobs.append(pid)
+            (directory / f"{pid}.json").write_text(json.dumps({"pid": pid, "start_ticks": announce.start_ticks("/proc", pid)}))
+            return pid
+
+        first = announced_job()
+        cfg = tmp_path / "envdoctor.toml"
+        cfg.write_text(f"timeout = {TIMEOUT}\n")
+        scheduler = Daemon(Options(once=True, config_file=str(cfg))).scheduler
+        assert f"pid:{first}" in scheduler.run_once().targets
+        real = announce.announced_pids
+        monkeypatch.setattr(announce, "announced_pids", lambda *a: time.sleep(TIMEOUT * 0.6) or real(*a))
+        later = announced_job()
+        found_later = False
+        for _ in range(4):
+            targets = scheduler.run_once().targets  # each run fits: the wait is the announcements' own
+            assert f"pid:{first}" in targets
+            found_later = found_later or f"pid:{later}" in targets
+            time.sleep(TIMEOUT * 0.3)  # the late answer comes in meanwhile
+        assert found_later
+    finally:
+        for pid in jobs:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass

@@ -25,6 +25,7 @@ the scan nor the jobs announced before.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from envdoctor import log
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from typing import Callable
 
 KEY = "discovery"  # with the scan's number: the watchdog key of each scan
+# numbered across the process: schedulers share the default watchdog (tests make many), and a
+# scan of another under the same key would be answered "stuck" without running
+_SCANS = itertools.count(1)
 ATTEMPTS = 3
 MAX_HUNG = 16
 BLAME_SHARE = 0.5  # a process is blamed when the read of its files alone lasted this share of the timeout
@@ -82,23 +86,25 @@ class BoundedDiscovery:
         self.hung: dict[int, tuple[str, int]] = {}  # pid -> the scan stuck reading its files now
         self._abandoned: dict[tuple[str, int], Progress] = {}  # scans past their timeout that have not returned
         self._late: tuple[str, int] | None = None  # an abandoned scan that blamed no process: none starts beside it
-        self._scans = 0
+        self._said: set[int] = set()  # processes said hung and not yet examined again
 
-    def find(self, scan: Callable[[set[int], Progress], Found], timeout: float) -> Found:
-        """`scan(processes to leave out, progress)`'s targets, each scan within `timeout`.
+    def find(self, scan: Callable[[set[int], Progress], Found], timeout: float, grace: float = 0.0) -> Found:
+        """`scan(processes to leave out, progress)`'s targets, each scan within `timeout`
+        (+ `grace`: what a step bounded on its own, the announcements, may take of it).
         Raises DiscoveryFailed with the reason when no scan answered."""
         self._refresh()
         self._judge_late()
+        blamed: list[int] = []
         for _ in range(ATTEMPTS):
-            if len(self.hung) >= MAX_HUNG:
-                raise DiscoveryFailed(f"reads of {len(self.hung)} processes' /proc files are stuck (pids "
+            if len(self._abandoned) >= MAX_HUNG:  # each holds a thread, whichever process it waits on now
+                raise DiscoveryFailed(f"{len(self._abandoned)} scans are stuck on processes' /proc files (pids "
                                       f"{_pids(self.hung)}): no scan is started until one returns (each holds a thread)")
-            self._scans += 1
-            key = (KEY, self._scans)
+            key = (KEY, next(_SCANS))
             progress = Progress(timeout)
             leave_out = set(self.hung)
-            outcome = self.watchdog.call(key, lambda: scan(leave_out, progress), timeout)
+            outcome = self.watchdog.call(key, lambda: scan(leave_out, progress), timeout + grace)
             if outcome.kind == DONE:
+                self._settle(outcome.value)
                 return outcome.value
             if outcome.kind == RAISED and isinstance(outcome.error, DiscoveryFailed):
                 raise outcome.error
@@ -106,7 +112,9 @@ class BoundedDiscovery:
                 raise DiscoveryFailed(f"discovery failed: {describe_exception(outcome.error)}")
             self._abandoned[key] = progress
             self._refresh()
-            if progress.stuck_on() is None:
+            if progress.stuck_on() is not None:
+                blamed.append(progress.stuck_on())
+            else:
                 # Not one process's read (yet): the scan is slow, or stuck in a step of its own.
                 # It is not started again beside itself: the next run judges it (_judge_late).
                 self._late = key
@@ -115,8 +123,7 @@ class BoundedDiscovery:
                                       "on, or goes on once it returns (if it keeps happening, the node is slow for "
                                       "`timeout`)")
         raise DiscoveryFailed(f"reads of {ATTEMPTS} processes' /proc files hung in one run (pids "
-                              f"{_pids(dict(list(self.hung.items())[-ATTEMPTS:]))}); they are left out while their "
-                              "reads are stuck")
+                              f"{_pids(dict.fromkeys(blamed))}); they are left out while their reads are stuck")
 
     def _judge_late(self) -> None:
         """A scan that ran past its timeout in an earlier run, blamed nobody and has not
@@ -150,14 +157,26 @@ class BoundedDiscovery:
             pid = progress.stuck_on()
             if pid is not None:
                 hung[pid] = key
-        for pid in hung.keys() - self.hung.keys():
+        for pid in hung.keys() - self._said:  # said once, until it is examined again (helper-102: a read
+            self._said.add(pid)  # that outlasts each scan was said hung and "examined again" every run)
             log.event("warn", "process not examined: a read of its /proc files hung", target=f"pid:{pid}",
                       seconds=f"{time.monotonic() - self._abandoned[hung[pid]].since:.3g}",
                       reason="a process in uninterruptible sleep (D state) holding its memory-map lock does this; "
                              "it is examined again once the read returns")
-        for pid in self.hung.keys() - hung.keys():
-            log.event("info", "process examined again: the hung read of its /proc files returned", target=f"pid:{pid}")
         self.hung = hung  # swapped whole: HTTP threads read it
+
+    def _settle(self, found: Found) -> None:
+        """After a scan that answered: a process said hung that it found is examined again (said
+        so); one it did not find, and that no scan waits on, has gone (`target gone` says so)."""
+        if not self._said:
+            return
+        examined = {t.pid for t in found.targets}
+        for pid in list(self._said):
+            if pid in self.hung:
+                continue
+            self._said.discard(pid)
+            if pid in examined:
+                log.event("info", "process examined again: the hung read of its /proc files returned", target=f"pid:{pid}")
 
     def hung_labels(self) -> set[str]:
         return {f"pid:{pid}" for pid in list(self.hung)}
@@ -196,12 +215,19 @@ class BoundedAnnouncements:
     def read(self, dirs: list[str], procfs: Path) -> list[int]:
         from envdoctor.announce import announced_pids, start_ticks
 
-        outcome = self.watchdog.call(ANNOUNCEMENTS_KEY, lambda: announced_pids(dirs, procfs), self.timeout)
+        def read_and_keep() -> list[int]:
+            pids = announced_pids(dirs, procfs)
+            # kept here, on the worker: an answer that comes after the bound still counts for
+            # the next run (helper-102: a slow directory's late answers were thrown away, and a
+            # job announced after it slowed was never found)
+            self._last = {pid: start_ticks(procfs, pid) for pid in pids}
+            return pids
+
+        outcome = self.watchdog.call(ANNOUNCEMENTS_KEY, read_and_keep, self.timeout)
         if outcome.kind == DONE:
             if self._failing:
                 log.event("info", "announcements read again")
                 self._failing = False
-            self._last = {pid: start_ticks(procfs, pid) for pid in outcome.value}
             return outcome.value
         if not self._failing:
             log.event("warn", "announcements not read; the last ones are kept while their processes run",

@@ -346,7 +346,9 @@ class Scheduler:
                 reading=progress, announcements=self._announcements.read)
 
         self._announcements.timeout = self.config.timeout * BLAME_SHARE
-        return self._discovery.find(scan, self.config.timeout)
+        # the announcements' bound is added to the scan's: a slow directory costs its own wait,
+        # not the time the rest of the scan has (helper-102: every run failed then)
+        return self._discovery.find(scan, self.config.timeout, grace=self._announcements.timeout)
 
     def _examine_all(self, targets: list[discovery.TargetInfo], host: HostSession) -> list[list[Result]]:
         """Every target's results, in order: all of their checks as one chain on one worker.
