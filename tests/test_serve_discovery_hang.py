@@ -190,7 +190,7 @@ def test_a_hung_announce_directory_costs_the_announcements_not_the_run(daemon, m
             snap = scheduler.run_once()
             assert time.monotonic() - t0 < TIMEOUT + 5
             assert "node" in snap.targets and all(f"pid:{p}" in snap.targets for p in pids)
-        stuck = [n for n in scheduler.stuck_calls() if n.startswith("discovery.announcements for ")]
+        stuck = [n for n in scheduler.stuck_calls() if n.startswith("discovery.announcements:")]
         assert len(stuck) == 1, scheduler.stuck_calls()  # the one stuck read, not one a run
     finally:
         release.set()
@@ -432,3 +432,35 @@ def test_a_slow_announce_directory_costs_neither_the_scan_nor_later_announcement
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+
+
+def test_a_process_that_hung_at_first_sight_and_is_no_target_is_closed_with_one_line(daemon, monkeypatch, capfd):
+    """helper-103: a process said hung that was never a target (a daemon started beside a job
+    already in D state; a python process that is not a job) got no closing line at all."""
+    scheduler, pids = daemon
+    out = subprocess.run(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' > /dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True)  # python, not selected: not a target
+    other = int(out.stdout.strip())
+    release = threading.Event()
+    real = discovery._torch_maps
+
+    def maps_of(procfs, pid):
+        if pid == other:
+            release.wait(60)
+        return real(procfs, pid)
+
+    monkeypatch.setattr(discovery, "_torch_maps", maps_of)
+    try:
+        scheduler.run_once()
+        assert scheduler._discovery.hung.keys() == {other}
+        name = next(n for n in scheduler.stuck_calls() if n.startswith(f"discovery:pid:{other} for "))
+        assert int(name.split(" for ")[1].split()[0]) <= 2  # the time on this process, not the scan's age
+    finally:
+        release.set()
+        deadline = time.monotonic() + 10
+        while scheduler.stuck_calls() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        scheduler.run_once()
+        os.kill(other, 9)
+    assert f'msg="process no longer hung: the read of its /proc files returned, and it is not a target (now)" target=pid:{other}' \
+        in capfd.readouterr().err

@@ -35,7 +35,7 @@ from envdoctor.watchdog import DONE, RAISED, Watchdog, describe_exception
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import Callable
+    from typing import Callable, Container
 
 KEY = "discovery"  # with the scan's number: the watchdog key of each scan
 # numbered across the process: schedulers share the default watchdog (tests make many), and a
@@ -88,9 +88,11 @@ class BoundedDiscovery:
         self._late: tuple[str, int] | None = None  # an abandoned scan that blamed no process: none starts beside it
         self._said: set[int] = set()  # processes said hung and not yet examined again
 
-    def find(self, scan: Callable[[set[int], Progress], Found], timeout: float, grace: float = 0.0) -> Found:
+    def find(self, scan: Callable[[set[int], Progress], Found], timeout: float, grace: float = 0.0,
+             known: Container[str] = ()) -> Found:
         """`scan(processes to leave out, progress)`'s targets, each scan within `timeout`
         (+ `grace`: what a step bounded on its own, the announcements, may take of it).
+        `known`: the labels the caller examined before (it says `target gone` for those).
         Raises DiscoveryFailed with the reason when no scan answered."""
         self._refresh()
         self._judge_late()
@@ -102,9 +104,9 @@ class BoundedDiscovery:
             key = (KEY, next(_SCANS))
             progress = Progress(timeout)
             leave_out = set(self.hung)
-            outcome = self.watchdog.call(key, lambda: scan(leave_out, progress), timeout + grace)
+            outcome = self.watchdog.call(key, lambda lo=leave_out, p=progress: scan(lo, p), timeout + grace)
             if outcome.kind == DONE:
-                self._settle(outcome.value)
+                self._settle(outcome.value, known)
                 return outcome.value
             if outcome.kind == RAISED and isinstance(outcome.error, DiscoveryFailed):
                 raise outcome.error
@@ -112,13 +114,14 @@ class BoundedDiscovery:
                 raise DiscoveryFailed(f"discovery failed: {describe_exception(outcome.error)}")
             self._abandoned[key] = progress
             self._refresh()
-            if progress.stuck_on() is not None:
-                blamed.append(progress.stuck_on())
+            pid = progress.stuck_on()
+            if pid is not None:
+                blamed.append(pid)
             else:
                 # Not one process's read (yet): the scan is slow, or stuck in a step of its own.
                 # It is not started again beside itself: the next run judges it (_judge_late).
                 self._late = key
-                raise DiscoveryFailed(f"discovery did not return within {timeout:g} s ({_doing(progress)}); no scan "
+                raise DiscoveryFailed(f"discovery did not return within {timeout + grace:g} s ({_doing(progress)}); no scan "
                                       "is started beside it: a later run names the process or step it stays stuck "
                                       "on, or goes on once it returns (if it keeps happening, the node is slow for "
                                       "`timeout`)")
@@ -165,9 +168,10 @@ class BoundedDiscovery:
                              "it is examined again once the read returns")
         self.hung = hung  # swapped whole: HTTP threads read it
 
-    def _settle(self, found: Found) -> None:
-        """After a scan that answered: a process said hung that it found is examined again (said
-        so); one it did not find, and that no scan waits on, has gone (`target gone` says so)."""
+    def _settle(self, found: Found, known: Container[str]) -> None:
+        """After a scan that answered, each process said hung that no scan waits on any more
+        is closed with one line: examined again, or gone (the caller's `target gone` for a
+        target it knew; here for one it never examined, helper-103)."""
         if not self._said:
             return
         examined = {t.pid for t in found.targets}
@@ -177,15 +181,21 @@ class BoundedDiscovery:
             self._said.discard(pid)
             if pid in examined:
                 log.event("info", "process examined again: the hung read of its /proc files returned", target=f"pid:{pid}")
+            elif f"pid:{pid}" not in known:
+                log.event("info", "process no longer hung: the read of its /proc files returned, and it is not a "
+                          "target (now)", target=f"pid:{pid}")
 
     def hung_labels(self) -> set[str]:
         return {f"pid:{pid}" for pid in list(self.hung)}
 
-    def name(self, key: object) -> tuple[str, str] | None:
+    def name(self, key: object) -> tuple[str, float] | None:
         """What /healthz calls a stuck scan: the process or step it is stuck on, or `slow
-        scan` (its number means nothing to a reader); None for a key that is not one of ours."""
+        scan` (its number means nothing to a reader), and since when (time.time()) it has
+        been there, not the scan's own age (helper-103); None for a key that is not ours."""
         progress = self._abandoned.get(key)  # type: ignore[call-overload]
-        return None if progress is None else (KEY, progress.where())
+        if progress is None:
+            return None
+        return f"{KEY}:{progress.where()}", time.time() - (time.monotonic() - progress.since)
 
 
 def _doing(progress: Progress) -> str:
@@ -194,7 +204,8 @@ def _doing(progress: Progress) -> str:
     return f"reading process {progress.pid}'s files for {time.monotonic() - progress.since:.2g} s"
 
 
-ANNOUNCEMENTS_KEY = ("discovery.announcements",)
+ANNOUNCEMENTS_KEY = "discovery.announcements"  # with the reader's number (schedulers share the default watchdog)
+_READERS = itertools.count(1)
 
 
 class BoundedAnnouncements:
@@ -211,6 +222,7 @@ class BoundedAnnouncements:
         self.timeout = 1.0  # set by the caller for each run
         self._last: dict[int, int | None] = {}  # pid -> its start time, from the last answer
         self._failing = False
+        self._key = (ANNOUNCEMENTS_KEY, next(_READERS))
 
     def read(self, dirs: list[str], procfs: Path) -> list[int]:
         from envdoctor.announce import announced_pids, start_ticks
@@ -223,7 +235,7 @@ class BoundedAnnouncements:
             self._last = {pid: start_ticks(procfs, pid) for pid in pids}
             return pids
 
-        outcome = self.watchdog.call(ANNOUNCEMENTS_KEY, read_and_keep, self.timeout)
+        outcome = self.watchdog.call(self._key, read_and_keep, self.timeout)
         if outcome.kind == DONE:
             if self._failing:
                 log.event("info", "announcements read again")

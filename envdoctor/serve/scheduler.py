@@ -111,7 +111,7 @@ MEMORY_SAMPLE_KEY = "memory.sample"
 JITTER = 0.1
 # Stuck-call keys whose second part is a name of envdoctor's own (sysfacts' items: "os",
 # "gpus"), shown by /healthz; any other part may be what a check read from a process.
-OWN_NAMES = ("sysfacts",)
+OWN_NAMES = ("sysfacts", "discovery.announcements")
 # /report's `system`: the node's facts as `check` reports them (OS, kernel, CPU, memory, GPUs
 # and driver), gathered again this often; they change with a reboot or a driver update.
 SYSTEM_FACTS_SECONDS = 300.0
@@ -348,7 +348,7 @@ class Scheduler:
         self._announcements.timeout = self.config.timeout * BLAME_SHARE
         # the announcements' bound is added to the scan's: a slow directory costs its own wait,
         # not the time the rest of the scan has (helper-102: every run failed then)
-        return self._discovery.find(scan, self.config.timeout, grace=self._announcements.timeout)
+        return self._discovery.find(scan, self.config.timeout, grace=self._announcements.timeout, known=self._known_targets)
 
     def _examine_all(self, targets: list[discovery.TargetInfo], host: HostSession) -> list[list[Result]]:
         """Every target's results, in order: all of their checks as one chain on one worker.
@@ -574,8 +574,11 @@ class Scheduler:
         for key, since in self.watchdog.stuck().items():
             parts = key if isinstance(key, tuple) else (key,)
             scan = self._discovery.name(key)  # a scan's number means nothing to a reader; what it is stuck on does
-            name = ":".join(scan) if scan else ":".join(
-                str(k) if i == 0 or _is_target_label(k) or (i == 1 and parts[0] in OWN_NAMES) else "..."
-                for i, k in enumerate(parts))
+            if scan is not None:
+                name, since = scan
+            else:
+                name = ":".join(
+                    str(k) if i == 0 or _is_target_label(k) or (i == 1 and parts[0] in OWN_NAMES) else "..."
+                    for i, k in enumerate(parts))
             out.append(f"{name} for {now - since:.0f} s" if since else name)
         return sorted(out)
