@@ -49,20 +49,20 @@ BLAME_SHARE = 0.5  # a process is blamed when the read of its files alone lasted
 class Progress:
     """Where a scan is: discover()'s `reading` is told each step's name, then each pid."""
 
-    __slots__ = ("step", "pid", "since", "timeout")
+    __slots__ = ("step", "pid", "since", "timeout", "started")
 
     def __init__(self, timeout: float) -> None:
         self.step = "starting"
         self.pid: int | None = None
-        self.since = time.monotonic()
+        self.since = self.started = time.monotonic()
         self.timeout = timeout
 
     def __call__(self, what: int | str) -> None:
+        self.since = time.monotonic()  # first: a new pid is never seen with the last one's time (helper-104)
         if isinstance(what, int):
             self.pid = what
         else:
             self.step, self.pid = what, None
-        self.since = time.monotonic()
 
     def stuck_on(self) -> int | None:
         """The process whose files it has been reading for BLAME_SHARE of its timeout, if any."""
@@ -179,11 +179,13 @@ class BoundedDiscovery:
             if pid in self.hung:
                 continue
             self._said.discard(pid)
+            label = f"pid:{pid}"
             if pid in examined:
-                log.event("info", "process examined again: the hung read of its /proc files returned", target=f"pid:{pid}")
-            elif f"pid:{pid}" not in known:
+                if label in known:  # one never examined before is the caller's `target appeared` (helper-104)
+                    log.event("info", "process examined again: the hung read of its /proc files returned", target=label)
+            elif label not in known:
                 log.event("info", "process no longer hung: the read of its /proc files returned, and it is not a "
-                          "target (now)", target=f"pid:{pid}")
+                          "target (now)", target=label)
 
     def hung_labels(self) -> set[str]:
         return {f"pid:{pid}" for pid in list(self.hung)}
@@ -195,7 +197,11 @@ class BoundedDiscovery:
         progress = self._abandoned.get(key)  # type: ignore[call-overload]
         if progress is None:
             return None
-        return f"{KEY}:{progress.where()}", time.time() - (time.monotonic() - progress.since)
+        since = progress.since
+        where = progress.where()
+        if where == "slow scan":  # moving from process to process: how long the scan has run (helper-104)
+            since = progress.started
+        return f"{KEY}:{where}", time.time() - (time.monotonic() - since)
 
 
 def _doing(progress: Progress) -> str:
