@@ -34,6 +34,21 @@ def _orphan_python(tag: str, seconds: int = 60) -> int:
     return int(out.stdout.strip())
 
 
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_until_nothing_is_stuck(scheduler, seconds: float = 10.0) -> None:
+    """Until the reads released by a test have returned (their calls leave the stuck list)."""
+    deadline = time.monotonic() + seconds
+    while scheduler.stuck_calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def daemon(tmp_path):
     tag = f"ENVDOCTOR_HANG_{os.getpid()}"
@@ -43,11 +58,7 @@ def daemon(tmp_path):
     try:
         yield Daemon(Options(once=True, config_file=str(cfg))).scheduler, pids
     finally:
-        for pid in pids:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        _kill(pids)
 
 
 def test_a_process_whose_maps_read_hangs_is_left_out_and_the_runs_go_on(daemon, monkeypatch, capfd):
@@ -84,9 +95,7 @@ def test_a_process_whose_maps_read_hangs_is_left_out_and_the_runs_go_on(daemon, 
         release.set()
 
     # once the read returns, the process is examined again
-    deadline = time.monotonic() + 10
-    while scheduler.stuck_calls() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until_nothing_is_stuck(scheduler)
     snap = scheduler.run_once()
     assert f"pid:{stuck_pid}" in snap.targets and f"pid:{other_pid}" in snap.targets
     assert not scheduler.stuck_calls() and b"\nenvdoctor_targets_hung 0.0\n" in snap.metrics
@@ -138,9 +147,7 @@ def test_a_known_target_that_exits_while_its_read_hangs_is_said_gone(daemon, mon
         os.kill(stuck_pid, 9)
     finally:
         release.set()
-    deadline = time.monotonic() + 10
-    while scheduler.stuck_calls() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until_nothing_is_stuck(scheduler)
     capfd.readouterr()
     snap = scheduler.run_once()
     err = capfd.readouterr().err
@@ -171,9 +178,7 @@ def test_a_scan_stuck_before_any_process_is_named_and_not_started_again(daemon, 
         assert scheduler.watchdog.threads() == threads  # no thread more per run
     finally:
         release.set()
-    deadline = time.monotonic() + 10
-    while scheduler.stuck_calls() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until_nothing_is_stuck(scheduler)
     assert len(scheduler.run_once().targets) >= 3  # the node and the processes again
 
 
@@ -216,9 +221,7 @@ def test_a_slow_scan_is_not_blamed_on_a_process(daemon, monkeypatch):
         scheduler.run_once()
     assert not scheduler._discovery.hung
     slow[0] = False
-    deadline = time.monotonic() + 10
-    while scheduler.stuck_calls() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until_nothing_is_stuck(scheduler)
     assert all(f"pid:{p}" in scheduler.run_once().targets for p in pids)
 
 
@@ -344,15 +347,10 @@ def test_a_hung_announce_directory_keeps_the_jobs_announced_before(tmp_path, mon
             release.set()
         os.kill(pid, 9)
         time.sleep(0.2)
-        deadline = time.monotonic() + 10
-        while scheduler.stuck_calls() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_until_nothing_is_stuck(scheduler)
         assert f"pid:{pid}" not in scheduler.run_once().targets  # gone once it is gone
     finally:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
+        _kill([pid])
 
 
 def test_a_slow_scan_is_named_slow_not_after_a_process():
@@ -387,9 +385,7 @@ def test_a_read_that_outlasts_every_scan_is_said_once_not_every_run(daemon, monk
     assert err.count(f'a read of its /proc files hung" target=pid:{slow_pid}') == 1, err
     assert 'msg="process examined again' not in err, err
     monkeypatch.setattr(discovery, "_torch_maps", real)  # it answers in time again
-    deadline = time.monotonic() + 10
-    while scheduler.stuck_calls() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _wait_until_nothing_is_stuck(scheduler)
     assert f"pid:{slow_pid}" in scheduler.run_once().targets
     err = capfd.readouterr().err
     assert f'msg="target appeared" target=pid:{slow_pid}' in err and "process examined again" not in err, err
@@ -431,11 +427,7 @@ def test_a_slow_announce_directory_costs_neither_the_scan_nor_later_announcement
             time.sleep(TIMEOUT * 0.3)  # the late answer comes in meanwhile
         assert found_later
     finally:
-        for pid in jobs:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        _kill(jobs)
 
 
 def test_a_process_that_hung_at_first_sight_and_is_no_target_is_closed_with_one_line(daemon, monkeypatch, capfd):
@@ -461,9 +453,7 @@ def test_a_process_that_hung_at_first_sight_and_is_no_target_is_closed_with_one_
         assert int(name.split(" for ")[1].split()[0]) <= 2  # the time on this process, not the scan's age
     finally:
         release.set()
-        deadline = time.monotonic() + 10
-        while scheduler.stuck_calls() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_until_nothing_is_stuck(scheduler)
         scheduler.run_once()
         os.kill(other, 9)
     assert f'msg="process no longer hung: the read of its /proc files returned, and it is not a target (now)" target=pid:{other}' \
