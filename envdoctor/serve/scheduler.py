@@ -39,12 +39,12 @@ from envdoctor.model import Report, Result
 from envdoctor.record import Record
 from envdoctor.registry import Registry
 from envdoctor.serve import discovery, malloc, metrics
+from envdoctor.serve.bounded_discovery import BLAME_SHARE, BoundedAnnouncements, BoundedDiscovery
 from envdoctor.serve.exposition_cache import ExpositionCache
 from envdoctor.serve.onecpu import OneCpu
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
 from envdoctor.serve.torchmaps import TorchMaps
-from envdoctor.serve.bounded_discovery import BLAME_SHARE, BoundedAnnouncements, BoundedDiscovery
 from envdoctor.watchdog import Watchdog
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
