@@ -277,3 +277,117 @@ def test_a_process_without_address_randomisation_has_its_maps_read_every_run(tmp
     finally:
         holder.kill()
         holder.wait()
+
+
+def _no_torch(searched: tuple[str, ...], calls: list[int]):
+    from envdoctor.torchfacts import NoTorch
+
+    def work_out():
+        calls.append(1)
+        raise NoTorch("no torch in pid:7", searched)
+    return work_out
+
+
+def test_no_torch_is_remembered_per_process_image_while_the_directories_searched_are_unchanged(tmp_path):
+    """A process with no torch was searched for one (its maps, PATH, its interpreter's site
+    directories) every run: a quarter of a run's CPU over 64 such processes. The answer is
+    kept for its process image, while the directories searched are as they were, and
+    until the recheck time; a torch found ends it."""
+    from envdoctor.torchfacts import NoTorch, searched_key
+
+    site = tmp_path / "site"
+    site.mkdir()
+    clock = Clock()
+    memo = TorchMaps(recheck_seconds=120, clock=clock)
+    calls: list[int] = []
+    image = (b"100", b"140733")
+
+    def ask(identity=image, work_out=None, visible=True):
+        try:
+            return memo.absent(7, identity, work_out or _no_torch((str(site),), calls),
+                               lambda searched: searched_key(searched, Path), lambda: visible)
+        except NoTorch as exc:
+            return exc
+
+    first = ask()
+    assert isinstance(first, NoTorch) and str(first) == "no torch in pid:7" and len(calls) == 1
+    again = ask()
+    assert isinstance(again, NoTorch) and str(again) == str(first) and again.searched == (str(site),)
+    assert len(calls) == 1  # not searched again
+    assert isinstance(ask((b"999", b"140733")), NoTorch) and len(calls) == 2  # a reused pid
+    assert isinstance(ask((b"999", b"555")), NoTorch) and len(calls) == 3  # an exec
+    ask((b"999", b"555"))
+    assert len(calls) == 3
+    (site / "torch").mkdir()  # a `pip install torch` where it would import one
+    ask((b"999", b"555"))
+    assert len(calls) == 4
+    ask((b"999", b"555"))
+    clock.now += 119
+    ask((b"999", b"555"))
+    assert len(calls) == 4
+    clock.now += 2
+    ask((b"999", b"555"))
+    assert len(calls) == 5
+    # an exec into a python that finds torch: its facts are the answer, and no "no torch" is kept
+    assert ask((b"999", b"777"), work_out=lambda: {"torch_version": "2.13.0"}) == {"torch_version": "2.13.0"}
+    ask((b"999", b"777"))
+    assert len(calls) == 6
+
+
+def test_no_torch_is_not_kept_where_an_exec_would_not_be_seen_or_for_a_process_gone(tmp_path):
+    from envdoctor.torchfacts import NoTorch
+
+    memo = TorchMaps()
+    calls: list[int] = []
+    for identity, visible in (((b"100", b"140733"), False), ((b"100", b"0"), True), ((b"", b""), True)):
+        for _ in range(2):
+            with pytest.raises(NoTorch):
+                memo.absent(7, identity, _no_torch((), calls), lambda searched: (), lambda: visible)
+    assert len(calls) == 6
+    with pytest.raises(NoTorch):
+        memo.absent(8, (b"1", b"2"), _no_torch((), calls), lambda searched: (), lambda: True)
+    memo.keep_only({9})
+    with pytest.raises(NoTorch):
+        memo.absent(8, (b"1", b"2"), _no_torch((), calls), lambda searched: (), lambda: True)
+    assert len(calls) == 8
+
+
+@pytest.mark.real
+def test_serve_searches_a_process_without_torch_once_and_sees_a_torch_installed_where_it_would_import_one(
+        tmp_path, monkeypatch):
+    """A real process (a `sleep` whose PYTHONPATH names a directory): the first run searches
+    it for torch, the next ones say the same without searching, and a torch put in that
+    directory is seen at the next run."""
+    import subprocess
+
+    import envdoctor.torchfacts as torchfacts
+    from envdoctor.errors import Unavailable
+
+    site = tmp_path / "site"
+    site.mkdir()
+    sleeper = subprocess.Popen(["sleep", "300"], env={**os.environ, "PYTHONPATH": str(site)})
+    memo = TorchMaps()
+    searched: list[int] = []
+    for_process = torchfacts.for_process
+    monkeypatch.setattr(torchfacts, "for_process", lambda *a, **k: searched.append(1) or for_process(*a, **k))
+
+    def run():
+        image = discovery._is_workload(Path("/proc"), sleeper.pid)[2]
+        try:
+            return _torch_from_files(Session(target=Target(sleeper.pid)), "", memo, image)
+        except Unavailable as exc:
+            return exc
+
+    try:
+        first, second = run(), run()
+        assert isinstance(first, torchfacts.NoTorch) and f"no torch in pid:{sleeper.pid}" in str(first)
+        assert str(site) in first.searched
+        assert isinstance(second, torchfacts.NoTorch) and str(second) == str(first) and len(searched) == 1
+        stub_torch(site)
+        facts = run()
+        assert isinstance(facts, dict) and facts["torch_version"] == "2.99.0+cu128", facts
+        assert facts["torch_dir"] == str(site / "torch") and facts["torch_imported"] is False
+        assert len(searched) == 2
+    finally:
+        sleeper.kill()
+        sleeper.wait()

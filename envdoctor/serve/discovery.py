@@ -59,7 +59,7 @@ class Selectors(Value):
 class TargetInfo(Value):
     """A target of one run and the labels its info series carries."""
 
-    _repr_hidden = ("torch_maps",)  # long: the maps lines naming torch
+    _repr_hidden = ("torch_maps", "image")  # long: the maps lines naming torch
 
     def __init__(
         self,
@@ -72,6 +72,9 @@ class TargetInfo(Value):
         # the lines of its maps naming a torch folder, when discovery read them this run (source
         # "torch"): its torch facts come from them instead of a second read of the whole maps
         torch_maps: str = "",
+        # which process image it is (start time and stack start, from stat), for what serve
+        # keeps of it from run to run (envdoctor.serve.torchmaps); empty when unread
+        image: tuple[bytes, bytes] = (b"", b""),
     ) -> None:
         self.label = label
         self.pid = pid
@@ -80,6 +83,7 @@ class TargetInfo(Value):
         self.container_id = container_id
         self.pod_uid = pod_uid
         self.torch_maps = torch_maps
+        self.image = image
 
 
 class Found(Record):
@@ -187,6 +191,17 @@ def _randomized(procfs: Path, pid: int, node_randomizes: bool) -> bool:
         return False
 
 
+def exec_visible(procfs: Path, pid: int) -> bool:
+    """Whether an exec of process `pid` would move its stack (what serve keeps of a process
+    image holds only then): randomisation on for the node and for the process."""
+    return _randomized(procfs, pid, _node_randomizes(procfs))
+
+
+def _node_randomizes(procfs: Path) -> bool:
+    """kernel.randomize_va_space: 0 (or unreadable) means no exec moves a stack."""
+    return (_read(f"{procfs}/sys/kernel/randomize_va_space", 16) or b"").strip() not in (b"0", b"")
+
+
 def _torch_lines(procfs: Path, pid: int, identity: tuple[bytes, bytes], memo: TorchMaps | None,
                  node_randomizes: bool = True) -> str | None:
     if memo is None or not identity[0]:
@@ -282,7 +297,7 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     comms: dict[int, str] = {}
     identities: dict[int, tuple[bytes, bytes]] = {}
     # kernel.randomize_va_space 0: no exec moves a stack, so no maps lines are remembered
-    node_randomizes = (_read(f"{procfs}/sys/kernel/randomize_va_space", 16) or b"").strip() not in (b"0", b"")
+    node_randomizes = _node_randomizes(procfs)
     torch_maps: dict[int, str] = {}
     for pid in sorted(entries):
         if pid in skip:
@@ -322,7 +337,8 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
         if lines is None and torch_maps_memo is not None and _is_python(procfs, pid, comm):
             # found by NVML, an announcement or a selector: its torch facts need these lines too
             lines = _torch_lines(procfs, pid, identities[pid], torch_maps_memo, node_randomizes)
-        found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod, lines or ""))
+        found.targets.append(TargetInfo(f"pid:{pid}", pid, chosen[pid], comm, container, pod, lines or "",
+                                        identities[pid]))
     if torch_maps_memo is not None:
         torch_maps_memo.keep_only({t.pid for t in found.targets if t.pid is not None})
     return found

@@ -182,12 +182,14 @@ class _Rings(threading.Event):
         self._doorbell.set()
 
 
-def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | None = None) -> Any:
+def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | None = None,
+                      image: tuple[bytes, bytes] = (b"", b"")) -> Any:
     """A pid target's torch facts from its files (the libtorch it has mapped, read through
     /proc/N/root); never an import, never a probe. `maps_hint`: its torch lines of maps,
     as discovery read them this run or remembered them (`memo`, which confirms here that
-    they still hold, else maps is read again, and keeps the facts they gave)."""
-    from envdoctor.torchfacts import copied, for_process, process_files_key
+    they still hold, else maps is read again, and keeps the facts they gave). Without
+    them, `memo` keeps a "no torch" answer for the process image `image`."""
+    from envdoctor.torchfacts import copied, for_process, process_files_key, searched_key
 
     pid = session.target.pid
     assert pid is not None
@@ -205,6 +207,10 @@ def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | N
     if maps_hint and memo is not None:  # confirmed: the facts those lines gave still hold
         return memo.facts(pid, maps_hint, work_out, copied,
                           lambda facts: process_files_key(facts, lambda path: session.roots.seen_by(pid, path)))
+    if not maps_hint and memo is not None and image[0]:
+        return memo.absent(pid, image, work_out,
+                           lambda searched: searched_key(searched, lambda path: session.roots.seen_by(pid, path)),
+                           lambda: discovery.exec_visible(session.roots.procfs, pid))
     return work_out()
 
 
@@ -405,7 +411,7 @@ class Scheduler:
         else:
             # from its files, through the torch lines of maps discovery read this run (if any)
             factory = self.torch_factory or functools.partial(_torch_from_files, maps_hint=target.torch_maps,
-                                                              memo=self.torch_maps)
+                                                              memo=self.torch_maps, image=target.image)
             session = Session(target=Target(target.pid), host=host, torch_factory=factory)
             before = functools.partial(self._sample_memory, target, host)
         selection = self._selection(target)

@@ -33,6 +33,15 @@ whose stamps are compared every run. Working them out again every run (the folde
 from the lines, a copy of the installation's facts, the interpreter and its venv)
 was a tenth of a run's CPU over 64 torch processes. Read afresh with the lines: when
 a mapped file is replaced, at another image, and at least every RECHECK_SECONDS.
+
+A process with no torch (a `sleep` a selector picked, a JAX job NVML lists) is kept
+too (`absent`): that answer took a read of its maps and a search of its PATH and its
+interpreter's site directories, a quarter of a run's CPU over 64 such processes, and
+it holds while the same image runs (start time and stack start, as above), the site
+directories it searched are unchanged (a `pip install torch` there changes one), and
+for less than RECHECK_SECONDS (a library that loads libtorch later is seen within that
+time; a python process that imports torch is found by discovery's own read of its maps
+in the next run).
 """
 
 from __future__ import annotations
@@ -64,6 +73,22 @@ class _Entry(Record):
         self.facts: tuple[Any, Any] | None = None  # (the torch facts these lines gave, their files' key)
 
 
+class _Absent(Record):
+    def __init__(
+        self,
+        identity: tuple[bytes, bytes],
+        reason: str,
+        searched: tuple[str, ...],
+        key: Any,  # what the searched directories were when it was kept
+        read_at: float,
+    ) -> None:
+        self.identity = identity
+        self.reason = reason
+        self.searched = searched
+        self.key = key
+        self.read_at = read_at
+
+
 def mapped_inodes(lines: str) -> dict[str, int]:
     """{path: the inode mapped} for each file the maps lines name that was not deleted
     since (a `(deleted)` line already says what a check of it would find)."""
@@ -90,6 +115,7 @@ class TorchMaps:
 
     def __init__(self, recheck_seconds: float = RECHECK_SECONDS, clock: Callable[[], float] = time.monotonic):
         self._entries: dict[int, _Entry] = {}
+        self._absent: dict[int, _Absent] = {}  # processes with no torch (`absent`)
         self._lock = threading.Lock()
         self._recheck = recheck_seconds
         self._clock = clock
@@ -153,11 +179,44 @@ class TorchMaps:
             entry.facts = (facts, key)
         return copy(facts)
 
+    def absent(self, pid: int, identity: tuple[bytes, bytes], work_out: Callable[[], Any],
+               searched_key: Callable[[tuple[str, ...]], Any], exec_visible: Callable[[], bool]) -> Any:
+        """`work_out()`'s torch facts for a process serve found no torch lines in. When it
+        raised NoTorch, that answer is kept and raised again, without working it out, while
+        the same image runs (`identity`: start time and stack start), `searched_key` of the
+        directories it searched is unchanged and for less than RECHECK_SECONDS. Kept only
+        where an exec would be seen (`exec_visible()`, as for the lines)."""
+        from envdoctor.torchfacts import NoTorch
+
+        with self._lock:
+            entry = self._absent.get(pid)
+        if (entry is not None and entry.identity == identity and self._clock() - entry.read_at < self._recheck
+                and searched_key(entry.searched) == entry.key):
+            raise NoTorch(entry.reason, entry.searched)
+        read_at = self._clock()
+        try:
+            facts = work_out()
+        except NoTorch as exc:
+            keep = bool(identity[0]) and identity[1] != b"0" and exec_visible()
+            # the directories' key after the search: one changed during it is seen at the recheck
+            kept = _Absent(identity, str(exc), exc.searched, searched_key(exc.searched), read_at) if keep else None
+            with self._lock:
+                if kept is not None:
+                    self._absent[pid] = kept
+                else:
+                    self._absent.pop(pid, None)
+            raise
+        with self._lock:
+            self._absent.pop(pid, None)
+        return facts
+
     def keep_only(self, pids: set[int]) -> None:
         """Forget processes that are gone (or no longer looked at)."""
         with self._lock:
             for pid in [p for p in self._entries if p not in pids]:
                 del self._entries[pid]
+            for pid in [p for p in self._absent if p not in pids]:
+                del self._absent[pid]
 
     def __len__(self) -> int:
         return len(self._entries)

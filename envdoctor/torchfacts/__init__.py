@@ -55,6 +55,23 @@ RUNTIME_ONLY = {
 }
 
 
+class NoTorch(Unavailable):
+    """No libtorch is mapped in the process and no torch is where its interpreter would
+    import one from. `searched`: those site directories, as the process sees them
+    (serve asks again when one of them changes: `searched_key`)."""
+
+    def __init__(self, reason: str, searched: tuple[str, ...] = ()):
+        super().__init__(reason)
+        self.searched = searched
+
+
+def searched_key(searched: tuple[str, ...], host: Callable[[str], Path]) -> tuple[Any, ...]:
+    """What a NoTorch answer depends on besides the process image: each site directory it
+    searched (a `pip install torch` there adds the torch folder, which changes the
+    directory; an install that was half done during the search is seen at serve's recheck)."""
+    return tuple(_stamp(host(site)) for site in searched)
+
+
 class TorchFilesError(EnvdoctorError):
     """A torch folder is there but its files do not say what torch it is (broken install)."""
 
@@ -306,8 +323,13 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None, maps_hi
         mapped = locate.mapped(maps_text)
     files = list(mapped)
 
+    root = roots.proc(pid, "root")
+
     def host(path: str) -> Path:
-        return roots.seen_by(pid, path)
+        # roots.seen_by's paths are kept for the files read every run; these (PATH and site
+        # directories searched) are asked once per process image, and kept they filled that
+        # cache: 1,666 paths with 64 `sleep` processes, ~0.9 MiB of serve's memory
+        return root / path.lstrip("/")
 
     try:
         exe: str | None = os.readlink(roots.proc(pid, "exe")).removesuffix(" (deleted)")
@@ -317,10 +339,11 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None, maps_hi
     imported = bool(dirs)
     torch_dir = dirs[0] if dirs else None
     if torch_dir is None:
-        torch_dir = locate.find_torch(_process_site_dirs(roots, pid, files, exe, env or {}, host), host)
-    if torch_dir is None:
-        raise Unavailable(f"no torch in pid:{pid}: no libtorch is mapped in {maps} and none is in its "
-                          f"interpreter's site directories" + (f" ({exe})" if exe else ""))
+        searched = _process_site_dirs(roots, pid, files, exe, env or {}, host)
+        torch_dir = locate.find_torch(searched, host)
+        if torch_dir is None:
+            raise NoTorch(f"no torch in pid:{pid}: no libtorch is mapped in {maps} and none is in its "
+                          f"interpreter's site directories" + (f" ({exe})" if exe else ""), tuple(searched))
     facts = read_installation_cached(torch_dir, host)
     facts["python"] = exe
     facts["torch_imported"] = imported
