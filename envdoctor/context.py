@@ -66,9 +66,15 @@ class _Once:
 
     A failure is kept too (for this session's life, one run): if NVML is missing,
     every check that asks hears the same reason without paying for the attempt again.
+
+    `get(*args)` passes its arguments to the factory: a session's own facts are made by
+    its methods, and a _Once holding one bound method of its session made a cycle that
+    only the cyclic collector frees. Over 64 processes those sessions, and what their
+    checks had raised, piled up until a serve run's end: its high-water mark, which the
+    daemon's memory stays at. The factory is let go of once it has answered.
     """
 
-    def __init__(self, factory: Callable[[], Any]):
+    def __init__(self, factory: Callable[..., Any]):
         self._factory = factory
         self._lock = threading.Lock()
         self._done = False
@@ -76,19 +82,30 @@ class _Once:
         self._error: BaseException | None = None
         self._where: Any = None  # the failure's own traceback, from the factory's raise down
 
+    def let_go_of_where(self) -> None:
+        """Drop a kept Unavailable's traceback: its row is a skip, which never says where.
+        Its frames keep the frame that called the factory (f_back), and that one this
+        _Once: a cycle per process with no torch, freed only by the cyclic collector."""
+        if isinstance(self._error, Unavailable):
+            self._where = None
+            self._error.__traceback__ = None
+
     def peek(self) -> Any:
         """The value if it was computed successfully, else None; never computes."""
         return self._value if self._done and self._error is None else None
 
-    def get(self) -> Any:
+    def get(self, *args: Any) -> Any:
         with self._lock:
             if not self._done:
                 try:
-                    self._value = self._factory()
+                    self._value = self._factory(*args)
                 except BaseException as exc:  # kept and re-raised to every caller
-                    self._error, self._where = exc, exc.__traceback__
-                    _forget_locals(exc.__traceback__)
+                    # from the factory's frame down: this running frame holds this _Once, which
+                    # holds the error, and kept in its traceback they were a cycle
+                    self._error, self._where = exc, exc.__traceback__.tb_next if exc.__traceback__ else None
+                    _forget_locals(self._where)
                 self._done = True
+                self._factory = None
         if self._error is not None:
             # Each `raise` of one exception object adds the raising frames to its traceback.
             # Re-raised as it was, the NVML failure grew by a few frames for every process
@@ -146,6 +163,15 @@ class HostSession:
         self._facts: dict[str, _Once] = {}
         self._facts_lock = threading.Lock()
 
+    def let_go_of_where(self) -> None:
+        """Drop the tracebacks of the node's failures that are skips (no NVIDIA driver): see
+        _Once.let_go_of_where. serve calls it at a run's end: the first was raised in
+        discovery, and its frames held that run's targets."""
+        with self._facts_lock:
+            kept = [self._nvml, self._onnx, *self._facts.values()]
+        for once in kept:
+            once.let_go_of_where()
+
     def fact(self, name: str, factory: Callable[[], Any]) -> Any:
         """A node fact computed once per run under `name` (system facts, the onnx stack...)."""
         with self._facts_lock:
@@ -200,8 +226,8 @@ class Session(Record):
             self.host = HostSession(roots=self.roots, nvml_factory=self.nvml_factory)
         else:
             self.roots = self.host.roots
-        self._env = _Once(self._read_env)
-        self._torch = _Once(lambda: self.torch_factory(self))
+        self._env = _Once(Session._read_env)  # made with the session as their argument (_Once says why)
+        self._torch = _Once(Session._torch_facts)
 
     @property
     def watchdog(self) -> Watchdog:
@@ -212,8 +238,13 @@ class Session(Record):
         """Let go of what was read for this target (its environment, its torch facts); a need
         asked after this is met again. serve calls it once a target's checks have all
         returned, so a run does not hold every target's at once until its last one is done."""
-        self._env = _Once(self._read_env)
-        self._torch = _Once(lambda: self.torch_factory(self))
+        for once in (self._env, self._torch):
+            once.let_go_of_where()
+        self._env = _Once(Session._read_env)
+        self._torch = _Once(Session._torch_facts)
+
+    def _torch_facts(self) -> Any:
+        return self.torch_factory(self)
 
     # -- the target's environment -------------------------------------------------
     def _read_env(self) -> Mapping[str, str]:
@@ -229,7 +260,7 @@ class Session(Record):
 
     @property
     def env(self) -> Mapping[str, str]:
-        return self._env.get()
+        return self._env.get(self)
 
     def env_if_read(self) -> Mapping[str, str] | None:
         """The environment if a check already read it, else None: never reads (never blocks)."""
@@ -256,7 +287,7 @@ class Session(Record):
     def need(self, what: str) -> Any:
         """Meet a declared need or raise Unavailable saying why it cannot be met."""
         if what == "torch":
-            return self._torch.get()
+            return self._torch.get(self)
         if what in ("nvml", "onnx"):
             assert self.host is not None
             return self.host.need(what)

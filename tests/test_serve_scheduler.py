@@ -348,6 +348,44 @@ def test_the_loop_frees_each_runs_cycles_itself(tmp_path):
 
 
 
+NO_CYCLES_SCRIPT = r"""
+import gc, json, sys
+from envdoctor.serve import Daemon, Options
+sched = Daemon(Options(once=True, config_file=sys.argv[1])).scheduler
+for _ in range(2):  # the checks' lazy imports, the first run's freeze
+    sched.run_once()
+    sched.collect_garbage()
+gc.disable()
+snap = sched.run_once()
+print(json.dumps({"targets": len(snap.targets), "in_cycles": gc.collect()}))
+"""
+
+
+def test_a_run_over_processes_without_torch_leaves_no_reference_cycles(tmp_path):
+    r"""Each process's session held its lazy facts through bound methods of itself, and a
+    "no torch" (and the node's "no NVIDIA driver") kept frames that held the session: ~60
+    objects in cycles per process, alive until the run's end, and the daemon's memory
+    stays at a run's high-water mark. Now a run over such processes leaves none."""
+    import json
+    import sys
+
+    tag = f"ENVDOCTOR_NOCYCLE_{os.getpid()}"
+    marker = f"{3100 + os.getpid() % 1000}.5"
+    subprocess.run(["sh", "-c", f"for i in 1 2 3; do sleep {marker} >/dev/null 2>&1 & done"],
+                   env={**os.environ, tag: "1"}, check=True)
+    try:
+        config = tmp_path / "envdoctor.toml"
+        config.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
+        out = subprocess.run([sys.executable, "-c", NO_CYCLES_SCRIPT, str(config)], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        assert seen["targets"] >= 4, seen  # the node and the three sleepers
+        assert seen["in_cycles"] == 0, seen
+    finally:
+        subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
+
+
 SLEEP_SCRIPT = r"""
 import json, sys, threading, time
 from envdoctor.serve import Daemon, Options

@@ -323,6 +323,7 @@ class Scheduler:
                         completed_at=time.time(), completed_monotonic=time.monotonic(), run_seconds=seconds,
                         targets=tuple(t.label for t in found.targets))
         self._log_changes(found, seconds)
+        host.let_go_of_where()  # its rows are made: a cycle less for the collector
         self.snapshot = snap  # swapped in whole: a request sees the old run or this one, never half
         if self._publish is not None:
             self._publish(snap)
