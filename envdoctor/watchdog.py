@@ -131,13 +131,50 @@ def where_raised(exc: BaseException) -> str:
     return f"{os.path.basename(last.tb_frame.f_code.co_filename)}:{last.tb_lineno}"
 
 
+class _Done:
+    """threading.Event's set, is_set and wait for one call: a lock held until the call is
+    done. A serve run makes one per call of its chain at once (~520 over 64 processes),
+    and an Event (a Condition, its lock, a deque, two bound methods) took ~1.4 KiB: 0.7
+    MiB of a run's high-water mark, which the daemon's memory then stays at. A call is
+    set done once, by whoever holds it (the worker that ran it, or that found it
+    cancelled, or the pool that could start no worker)."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """As Event.wait: True once set; False when `timeout` seconds passed first (a
+        timeout of 0 or less only looks)."""
+        if self._set:
+            return True
+        if timeout is None:
+            got = self._lock.acquire()
+        else:
+            got = self._lock.acquire(timeout > 0, timeout if timeout > 0 else -1)
+        if got:
+            self._lock.release()  # for the next waiter: a set lock stays free
+        return got or self._set
+
+
 class _Job:
     __slots__ = ("key", "fn", "done", "value", "error", "thread", "started", "cancelled", "abandoned", "t0", "t1", "next", "runnable")
 
     def __init__(self, key: Hashable, fn: Callable[[], Any]):
         self.key = key
         self.fn = fn
-        self.done = threading.Event()
+        self.done = _Done()
         self.value: Any = None
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None

@@ -226,3 +226,25 @@ def test_a_kept_failure_does_not_grow_with_every_caller():
             seen.append(depth(exc.__traceback__))
             assert where_raised(exc).startswith("test_watchdog.py:")  # connect()'s raise, innermost
     assert max(seen) == seen[0] and seen[0] <= 4, seen
+
+
+def test_a_calls_done_flag_behaves_as_an_event_for_every_waiter():
+    """_Done replaced threading.Event per call (a serve run holds ~520 at once, ~1.4 KiB each
+    as Events): set, is_set and wait as an Event gives them, for several waiters at once."""
+    from envdoctor.watchdog import _Done
+
+    done = _Done()
+    assert not done.is_set() and done.wait(0) is False and done.wait(-1) is False
+    t0 = time.monotonic()
+    assert done.wait(0.05) is False and time.monotonic() - t0 >= 0.04
+    woke: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woke.append(done.wait(10))) for _ in range(8)]
+    for w in waiters:
+        w.start()
+    time.sleep(0.05)
+    done.set()
+    for w in waiters:
+        w.join(5)
+    assert woke == [True] * 8
+    done.set()  # a second set changes nothing
+    assert done.is_set() and done.wait() is True and done.wait(0) is True
