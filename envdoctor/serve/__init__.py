@@ -233,6 +233,7 @@ class Daemon:
             return 0
 
         malloc.limit_arenas()
+        malloc.map_large_blocks_apart()
         stop = scheduler.stop
         previous = {}
 

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-M_ARENA_MAX = -8  # glibc's malloc.h
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+M_ARENA_MAX = -8
+MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's default, fixed
 _UNRESOLVED = object()
 _libc: Any = _UNRESOLVED
 
@@ -44,6 +46,18 @@ def limit_arenas(arenas: int = 2) -> None:
     libc = _glibc()
     if libc is not None:
         libc.mallopt(M_ARENA_MAX, arenas)
+
+
+def map_large_blocks_apart() -> None:
+    """Keep every allocation over 128 KiB in a mapping of its own, returned to the kernel
+    when freed. glibc starts so but, each time such a block is freed, raises its threshold
+    to that size, so the next run's exposition (~280 KiB with 64 targets), report and
+    maps texts came from the heap, leaving holes there between what stayed. Setting the
+    threshold turns that adjustment off (mallopt(3)). Measured at 64 targets: 0.27 MiB
+    less RSS (three A/B pairs); a few mmap calls a run."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def release_free_memory() -> bool:
