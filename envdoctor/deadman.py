@@ -40,6 +40,8 @@ BACKSTOP_SECONDS = 300.0  # real time after the last beat: ends a wedge that bur
 
 _dump_fd: int | None = None
 _dump_on_sigprof: bool | None = None  # decided at the first beat: is SIGPROF ours to use?
+_armed = False  # beat() since the last disarm(): refresh() re-arms only then
+_lock = threading.Lock()  # beat, refresh and disarm from several threads (serve's)
 
 
 def _open_dump_fd() -> int:
@@ -78,8 +80,23 @@ def _backstop(seconds: float) -> None:
 
 
 def beat() -> None:
-    """Python is running: push both deadlines away again."""
-    global _dump_fd, _dump_on_sigprof
+    """Python is running: push both deadlines away again (arming them at the first beat)."""
+    with _lock:
+        _beat()
+
+
+def refresh() -> None:
+    """beat(), from any thread, only while armed: serve's request handlers and runs call it,
+    because its main thread sleeps while the daemon is idle (serve.mainbell), and a
+    disarmed deadman (the daemon stopping) must stay so."""
+    with _lock:
+        if _armed:
+            _beat()
+
+
+def _beat() -> None:
+    global _dump_fd, _dump_on_sigprof, _armed
+    _armed = True
     if _dump_fd is None:
         _dump_fd = _open_dump_fd()
         # a plug-in that crashes the interpreter (SIGSEGV in its C code) is named by its stack
@@ -97,12 +114,14 @@ def beat() -> None:
 
 def disarm() -> None:
     """Both timers off, SIGPROF given back: the command is done with its plug-ins."""
-    global _dump_on_sigprof
-    if _dump_on_sigprof:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        faulthandler.unregister(signal.SIGPROF)
-    _dump_on_sigprof = None
-    _backstop(0)
+    global _dump_on_sigprof, _armed
+    with _lock:
+        _armed = False
+        if _dump_on_sigprof:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            faulthandler.unregister(signal.SIGPROF)
+        _dump_on_sigprof = None
+        _backstop(0)
 
 
 class Heartbeat:

@@ -36,6 +36,29 @@ DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 EXIT_IO = 74  # --once could not write --textfile (as `check -o` does)
 
 
+def _wait_for_stop(stop: threading.Event, scheduler: Any) -> None:
+    """The main thread's part while the daemon runs: signals and the deadman's beat
+    (serve.mainbell: asleep while idle, awake every second while a run goes on)."""
+    from envdoctor import deadman
+    from envdoctor.serve.mainbell import IDLE_BEAT_SECONDS, MainBell
+
+    deadman.beat()
+    try:
+        bell = MainBell()
+    except OSError:  # no descriptor left for its pipe: woken every second, as before it
+        while not stop.wait(deadman.BEAT_SECONDS):
+            deadman.beat()
+        return
+    with bell:
+        scheduler.on_run_start = bell.ring
+        try:
+            while not stop.is_set():
+                bell.wait(deadman.BEAT_SECONDS if scheduler.busy() else IDLE_BEAT_SECONDS)
+                deadman.beat()
+        finally:
+            scheduler.on_run_start = None
+
+
 class Options(Record):
     def __init__(
         self,
@@ -116,7 +139,7 @@ class Daemon:
     def __init__(self, options: Options, nvml_factory: Callable[[], Any] | None = None):
         from envdoctor import pipeline
         from envdoctor.context import Roots
-        from envdoctor.serve import httpd, settings, textfile, webconfig
+        from envdoctor.serve import httpd, mainbell, settings, textfile, webconfig  # noqa: F401 - mainbell: run()'s
         from envdoctor.serve.scheduler import Scheduler
         from envdoctor.watchdog import default_watchdog
 
@@ -253,8 +276,7 @@ class Daemon:
                 continue
             previous[sig] = signal.signal(sig, handler)
         assert self.server is not None
-        server_thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": httpd.POLL_SECONDS},
-                                         name="envdoctor-http", daemon=True)
+        server_thread = threading.Thread(target=self.server.serve_forever, name="envdoctor-http", daemon=True)
         loop_thread = threading.Thread(target=scheduler.loop, name="envdoctor-scheduler", daemon=True)
         host, port = self.server.server_address[:2]
         log.event("info", "listening", address=httpd.show_address(host, port), interval=scheduler.settings.interval,
@@ -263,14 +285,12 @@ class Daemon:
         loop_thread.start()
         try:
             # Python runs a signal's handler in the main thread, between bytecodes; a signal the
-            # kernel hands to another thread (one of the daemon's workers) does not interrupt this
-            # wait, so its handler runs when the wait ends. A short wait bounds that to a second
-            # (once seen: SIGTERM unanswered past 10 s on a loaded runner, with waits of 60 s).
-            # Each wake is also the deadman's heartbeat: a plug-in wedged in C holding the
-            # interpreter lock stops it, and the daemon exits to be restarted (envdoctor.deadman).
-            deadman.beat()
-            while not stop.wait(deadman.BEAT_SECONDS):
-                deadman.beat()
+            # kernel hands to another thread (one of the daemon's workers) did not interrupt a
+            # wait on a lock (once seen: SIGTERM unanswered past 10 s on a loaded runner, with
+            # waits of 60 s): the bell's wakeup fd hears it whichever thread took it. Each wake
+            # is also the deadman's heartbeat: a plug-in wedged in C holding the interpreter
+            # lock stops it, and the daemon exits to be restarted (envdoctor.deadman).
+            _wait_for_stop(stop, scheduler)
         finally:
             deadman.disarm()
             log.event("info", "stopping")

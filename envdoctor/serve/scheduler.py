@@ -272,6 +272,8 @@ class Scheduler:
         self._states = metrics.StateRendering()  # the check state set's bytes, redone when a status changes
         self._lines = ExpositionCache()  # every other series' name and labels, rendered when it first appears
         self.one_cpu_runs = True  # False: a run's threads go wherever the kernel puts them (benchmarks compare)
+        self.on_run_start: Callable[[], None] | None = None  # the daemon's main thread, woken to watch over a run
+        self._running = False
 
     # -- one run ------------------------------------------------------------------
     def run_once(self) -> Snapshot:
@@ -515,6 +517,9 @@ class Scheduler:
                 self.reload_requested.clear()
                 self.apply_reload()
             t0 = time.monotonic()
+            self._running = True
+            if self.on_run_start is not None:
+                self.on_run_start()
             try:
                 self.run_once()
                 self.failing = None
@@ -525,9 +530,16 @@ class Scheduler:
                 scrub = redact.Scrubber(sorted(redact.secret_values([os.environ]), key=len, reverse=True))
                 self.failing = " ".join(scrub.text(redact.writable(error)).split())[:300]
             self.collect_garbage()
+            self._running = False
             delay = self.next_delay() - (time.monotonic() - t0)
             if delay > 0:
                 self._wait(delay)
+
+    def busy(self) -> bool:
+        """Whether CPU may be spent now: a run in progress, or calls stuck (a check that may
+        be spending CPU in Python). The daemon's main thread beats the deadman every second
+        then, else seldom (serve.mainbell)."""
+        return self._running or bool(self.watchdog.stuck())
 
     def collect_garbage(self) -> None:
         """Free the run's reference cycles now, and keep what lives for the daemon's life
