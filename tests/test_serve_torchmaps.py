@@ -318,7 +318,10 @@ def test_no_torch_is_remembered_per_process_image_while_the_directories_searched
     assert isinstance(ask((b"999", b"555")), NoTorch) and len(calls) == 3  # an exec
     ask((b"999", b"555"))
     assert len(calls) == 3
-    (site / "torch").mkdir()  # a `pip install torch` where it would import one
+    (site / "torch").mkdir()  # a torch folder without its version.py is no torch to import
+    ask((b"999", b"555"))
+    assert len(calls) == 3
+    (site / "torch" / "version.py").write_text("__version__ = '2.13.0'\n")  # now it is (helper-106)
     ask((b"999", b"555"))
     assert len(calls) == 4
     ask((b"999", b"555"))
@@ -364,7 +367,7 @@ def test_serve_searches_a_process_without_torch_once_and_sees_a_torch_installed_
     from envdoctor.errors import Unavailable
 
     site = tmp_path / "site"
-    site.mkdir()
+    (site / "torch").mkdir(parents=True)  # a folder without version.py: no torch yet (helper-106)
     sleeper = subprocess.Popen(["sleep", "300"], env={**os.environ, "PYTHONPATH": str(site)})
     memo = TorchMaps()
     searched: list[int] = []

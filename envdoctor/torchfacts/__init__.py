@@ -66,10 +66,11 @@ class NoTorch(Unavailable):
 
 
 def searched_key(searched: tuple[str, ...], host: Callable[[str], Path]) -> tuple[Any, ...]:
-    """What a NoTorch answer depends on besides the process image: each site directory it
-    searched (a `pip install torch` there adds the torch folder, which changes the
-    directory; an install that was half done during the search is seen at serve's recheck)."""
-    return tuple(_stamp(host(site)) for site in searched)
+    """What a NoTorch answer depends on besides the process image: the file find_torch looks
+    for in each site directory it searched, torch/version.py (a `pip install torch` there
+    writes it; stamping the directory missed a torch folder that was there before its
+    version.py, helper-106)."""
+    return tuple(_stamp(host(f"{site}/torch/version.py")) for site in searched)
 
 
 class TorchFilesError(EnvdoctorError):
