@@ -40,6 +40,8 @@ exporter and no `-o FILE` fails to encode a report.
 
 from __future__ import annotations
 
+import encodings.unicode_escape  # noqa: F401 - _spellings' codec, loaded now: with no descriptor left a lazy
+# codec import fails, and every log line with it (helper-105: serve's 'cannot accept connections')
 import functools
 import json
 import os

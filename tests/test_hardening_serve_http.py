@@ -385,3 +385,67 @@ def test_a_missing_key_file_names_its_key(tmp_path):
     with pytest.raises(webconfig.WebConfigError) as info:
         webconfig.load(str(tmp_path / "web.yml"))
     assert info.value.key == "tls_server_config.key_file" and "No such file" in info.value.reason
+
+
+EMFILE_SERVER = r"""
+import os, resource, sys, threading, time
+from envdoctor.serve import httpd
+from envdoctor.serve.snapshot import empty
+from envdoctor.serve.webconfig import WebConfig
+
+server = httpd.Server(("127.0.0.1", 0), empty, WebConfig(), httpd.Health(lambda: 15.0, lambda: []))
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 4, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(server.server_address[1], flush=True)
+sys.stdin.readline()  # until the test is done
+"""
+
+
+def test_an_accept_loop_out_of_descriptors_waits_instead_of_spinning():
+    """helper-105: with no descriptor left, accept() fails and the connection stays queued,
+    so the socket stays readable: the loop accepted again at once (8,130 failed accepts in
+    2 s, a CPU), and an idle daemon's deadman took the spin for a wedge. It now waits 5 ms,
+    doubling to 1 s, says so once, and accepts again once descriptors are free."""
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", EMFILE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    clients: list[socket.socket] = []
+    try:
+        port = int(child.stdout.readline())
+        for _ in range(12):  # more than the descriptors left: the rest wait in the listen queue
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)
+
+        def cpu() -> float:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        before = cpu()
+        time.sleep(3)
+        assert cpu() - before < 0.5  # spinning, it was ~3 s of CPU in 3 s
+        for sock in clients:
+            sock.close()
+        clients.clear()
+        deadline = time.monotonic() + 20
+        answered = b""
+        while time.monotonic() < deadline and not answered.startswith(b"HTTP/1.1 "):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    answered = sock.recv(64)
+            except OSError:
+                time.sleep(0.2)
+        assert answered.startswith(b"HTTP/1.1 "), answered
+    finally:
+        for sock in clients:
+            sock.close()
+        child.stdin.close()
+        child.wait(timeout=10)
+    err = child.stderr.read()
+    assert err.count("cannot accept connections; retrying") == 1, err
+    assert "LimitNOFILE" in err and "accepting connections again" in err, err

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import errno
 import os
+import select
 import selectors
 import socket
 import ssl
@@ -22,7 +23,7 @@ import urllib.parse
 from email.errors import MissingHeaderBodySeparatorDefect
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from envdoctor import __version__, deadman
+from envdoctor import __version__, deadman, log  # log here: with no descriptor left, no import can be read
 from envdoctor.serve.snapshot import Snapshot, age
 from envdoctor.serve.webconfig import WebConfig
 
@@ -84,6 +85,22 @@ class Health:
         self.failing = failing
 
 
+# accept() failing for want of a resource: the connection waits in the queue (Go's net/http
+# retries these after a growing delay too)
+ACCEPT_RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def _say_accept_failing(exc: OSError) -> None:
+    fields = {"reason": exc.strerror or str(exc)}
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        fields["hint"] = "raise the daemon's open-files limit (LimitNOFILE=, ulimit -n)"
+    log.event("error", "cannot accept connections; retrying", **fields)
+
+
+def _say_accepting_again() -> None:
+    log.event("info", "accepting connections again")
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -110,6 +127,7 @@ class Server(ThreadingHTTPServer):
         self._deadlines_lock = threading.Lock()
         self._handshake_logged, self._handshakes_failed = -HANDSHAKE_LOG_SECONDS, 0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # shutdown() rings the accept loop
+        self._accept_backoff = 0.0  # seconds to wait before accepting again (get_request)
         self._stopping = False
         self._loop_ended = threading.Event()
         self._loop_ended.set()  # no loop running yet: shutdown() has nothing to wait for
@@ -137,6 +155,8 @@ class Server(ThreadingHTTPServer):
                         else:
                             self._drain_wake()
                     self.service_actions()
+                    if self._accept_backoff:
+                        self._wait_for_wake(self._accept_backoff)
         finally:
             self._loop_ended.set()
 
@@ -145,6 +165,13 @@ class Server(ThreadingHTTPServer):
         with self._deadlines_lock:
             earliest = min(self._deadlines.values(), default=None)
         return None if earliest is None else max(0.0, earliest - time.monotonic())
+
+    def _wait_for_wake(self, seconds: float) -> None:
+        """Sleep `seconds` unless shutdown() rings first."""
+        try:
+            select.select([self._wake_r], [], [], seconds)
+        except (OSError, ValueError):  # closed by server_close
+            pass
 
     def _drain_wake(self) -> None:
         try:
@@ -183,7 +210,22 @@ class Server(ThreadingHTTPServer):
         super().server_bind()
 
     def get_request(self):
-        sock, addr = self.socket.accept()
+        try:
+            sock, addr = self.socket.accept()
+        except OSError as exc:
+            # Out of descriptors or memory, the connection stays queued and the socket
+            # readable: accepting again at once spun a CPU (8,130 failed accepts in 2 s),
+            # and with no Python beat while idle, the deadman took it for a wedge and ended
+            # the daemon (helper-105). Wait 5 ms, doubling to 1 s, as Go's net/http does.
+            if exc.errno in ACCEPT_RESOURCE_ERRORS:
+                first = not self._accept_backoff
+                self._accept_backoff = min(1.0, max(0.005, self._accept_backoff * 2))
+                if first:
+                    _say_accept_failing(exc)
+            raise
+        if self._accept_backoff:
+            self._accept_backoff = 0.0
+            _say_accepting_again()
         sock.settimeout(REQUEST_TIMEOUT)
         return sock, addr  # with TLS, Handler.setup wraps it: the handshake runs in the request's thread
 
