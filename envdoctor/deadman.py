@@ -41,6 +41,7 @@ BACKSTOP_SECONDS = 300.0  # real time after the last beat: ends a wedge that bur
 _dump_fd: int | None = None
 _dump_on_sigprof: bool | None = None  # decided at the first beat: is SIGPROF ours to use?
 _armed = False  # beat() since the last disarm(): refresh() re-arms only then
+_backstop_after = BACKSTOP_SECONDS  # the last beat's backstop, which refresh() keeps
 _lock = threading.Lock()  # beat, refresh and disarm from several threads (serve's)
 
 
@@ -79,10 +80,13 @@ def _backstop(seconds: float) -> None:
         signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-def beat() -> None:
-    """Python is running: push both deadlines away again (arming them at the first beat)."""
+def beat(backstop_seconds: float | None = None) -> None:
+    """Python is running: push both deadlines away again (arming them at the first beat).
+    `backstop_seconds`: the real-time backstop from now, when the next beat may come later
+    than BEAT_SECONDS (serve's idle main thread: BACKSTOP_SECONDS plus its wait, so a
+    daemon stopped for less than BACKSTOP_SECONDS goes on, helper-105)."""
     with _lock:
-        _beat()
+        _beat(BACKSTOP_SECONDS if backstop_seconds is None else backstop_seconds)
 
 
 def refresh() -> None:
@@ -91,12 +95,13 @@ def refresh() -> None:
     disarmed deadman (the daemon stopping) must stay so."""
     with _lock:
         if _armed:
-            _beat()
+            _beat(_backstop_after)
 
 
-def _beat() -> None:
-    global _dump_fd, _dump_on_sigprof, _armed
+def _beat(backstop_seconds: float) -> None:
+    global _dump_fd, _dump_on_sigprof, _armed, _backstop_after
     _armed = True
+    _backstop_after = backstop_seconds
     if _dump_fd is None:
         _dump_fd = _open_dump_fd()
         # a plug-in that crashes the interpreter (SIGSEGV in its C code) is named by its stack
@@ -109,7 +114,7 @@ def _beat() -> None:
         _dump_on_sigprof = _claim_sigprof(_dump_fd)
     if _dump_on_sigprof:
         signal.setitimer(signal.ITIMER_PROF, WEDGED_SECONDS)
-    _backstop(BACKSTOP_SECONDS)
+    _backstop(backstop_seconds)
 
 
 def disarm() -> None:

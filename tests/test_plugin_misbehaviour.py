@@ -929,6 +929,28 @@ def test_a_beat_arms_both_deadlines_and_disarm_clears_them():
     assert signal.getitimer(signal.ITIMER_PROF)[0] == 0 and signal.getitimer(signal.ITIMER_REAL)[0] == 0
 
 
+def test_a_longer_backstop_is_kept_by_refresh_and_nothing_is_armed_after_disarm():
+    """serve's idle main thread beats once a minute, with the backstop that much further
+    (helper-105: an idle daemon stopped for 255 s died of SIGALRM); a connection's
+    refresh keeps that backstop, and after disarm (the daemon stopping) arms nothing."""
+    import signal
+
+    from envdoctor import deadman
+
+    if signal.getsignal(signal.SIGALRM) != signal.SIG_DFL or signal.getsignal(signal.SIGPROF) != signal.SIG_DFL:
+        pytest.skip("SIGALRM or SIGPROF has a handler in this test process")
+    longer = deadman.BACKSTOP_SECONDS + 60
+    try:
+        deadman.beat(longer)
+        deadman.refresh()
+        real, _ = signal.getitimer(signal.ITIMER_REAL)
+    finally:
+        deadman.disarm()
+    assert longer - 1 < real <= longer
+    deadman.refresh()
+    assert signal.getitimer(signal.ITIMER_PROF)[0] == 0 and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
 def test_the_deadman_leaves_a_sigprof_someone_else_uses_and_keeps_its_backstop():
     """A sampling profiler's SIGPROF handler and timer are not taken over; the real-time
     backstop is armed all the same (with no dump, a wedge still ends)."""

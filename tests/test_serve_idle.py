@@ -74,7 +74,8 @@ def test_the_main_thread_beats_every_second_while_busy_and_seldom_while_idle(mon
     the deadman is beaten as before; idle, the CPU-time deadline does not move, and the
     main thread sleeps until a run starts (the scheduler rings it) or a signal comes."""
     beats: list[float] = []
-    monkeypatch.setattr(deadman, "beat", lambda: beats.append(time.monotonic()))
+    backstops: list[float] = []
+    monkeypatch.setattr(deadman, "beat", lambda backstop: beats.append(time.monotonic()) or backstops.append(backstop))
     monkeypatch.setattr(deadman, "BEAT_SECONDS", 0.05)
     monkeypatch.setattr(mainbell, "IDLE_BEAT_SECONDS", 30.0)
     scheduler, stop = _Scheduler(), threading.Event()
@@ -95,3 +96,6 @@ def test_the_main_thread_beats_every_second_while_busy_and_seldom_while_idle(mon
     scheduler.on_run_start()
     waiting.join(5)
     assert not waiting.is_alive() and scheduler.on_run_start is None
+    # the real-time backstop counts from each beat, and the next beat may be a whole wait away:
+    # an idle daemon stopped (kill -STOP) for less than BACKSTOP_SECONDS goes on (helper-105)
+    assert set(backstops) == {deadman.BACKSTOP_SECONDS + 0.05, deadman.BACKSTOP_SECONDS + 30.0}, backstops

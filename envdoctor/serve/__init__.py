@@ -42,10 +42,10 @@ def _wait_for_stop(stop: threading.Event, scheduler: Any) -> None:
     from envdoctor import deadman
     from envdoctor.serve.mainbell import IDLE_BEAT_SECONDS, MainBell
 
-    deadman.beat()
     try:
         bell = MainBell()
     except OSError:  # no descriptor left for its pipe: woken every second, as before it
+        deadman.beat()
         while not stop.wait(deadman.BEAT_SECONDS):
             deadman.beat()
         return
@@ -53,8 +53,10 @@ def _wait_for_stop(stop: threading.Event, scheduler: Any) -> None:
         scheduler.on_run_start = bell.ring
         try:
             while not stop.is_set():
-                bell.wait(deadman.BEAT_SECONDS if scheduler.busy() else IDLE_BEAT_SECONDS)
-                deadman.beat()
+                wait = deadman.BEAT_SECONDS if scheduler.busy() else IDLE_BEAT_SECONDS
+                # the backstop counts from this beat, and the next may be `wait` away
+                deadman.beat(deadman.BACKSTOP_SECONDS + wait)
+                bell.wait(wait)
         finally:
             scheduler.on_run_start = None
 
