@@ -232,7 +232,10 @@ def load(autoload_plugins: bool | None = None, importing: Callable[[list[EntryPo
             obj = plugins[ep.value] if ep.value in plugins else ep.load()
             if isinstance(obj, BaseException):
                 raise obj
-        except STOP_SIGNALS:  # the user's SIGTERM or Ctrl-C during a built-in's import: not its failure
+        except (*STOP_SIGNALS, KeyboardInterrupt):  # the user's SIGTERM or Ctrl-C during a built-in's import:
+            # not its failure. KeyboardInterrupt too: a daemon serve re-executed has Python's own
+            # SIGINT handler until it installs its own, and a Ctrl-C then was recorded as the
+            # import's failure while the daemon went on (helper-105)
             raise
         except BaseException as exc:  # a plug-in's import may raise anything, even SystemExit
             failures.append(LoadFailure(ep.name, ep.value, dist, f"import failed: {type(exc).__name__}: {exc}"))

@@ -102,3 +102,21 @@ def test_their_variables_stay_theirs_beside_a_plugin_named_alike(tmp_path, autol
     proc, ran = _ran(tmp_path, env=env)
     assert proc.returncode == 0 and ran, proc.stderr
     assert "names onnx.opset and onnx_opset alike" not in proc.stderr
+
+
+def test_a_plain_keyboard_interrupt_during_a_builtins_import_stops_the_load(monkeypatch):
+    """helper-105: a daemon serve re-executed has Python's own SIGINT handler (a plain
+    KeyboardInterrupt, not envdoctor's Interrupted) until it installs its own; a Ctrl-C
+    during its registry load became `onnx.opset could not be loaded`, and the daemon went
+    on. It is the user's stop, as SIGTERM's Terminated is."""
+    from envdoctor.entrypoints import EntryPoint
+
+    def interrupted(self):
+        if self.value == "envdoctor.checks.onnx_opset:CHECK":
+            raise KeyboardInterrupt
+        return real_load(self)
+
+    real_load = EntryPoint.load
+    monkeypatch.setattr(EntryPoint, "load", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        registry.load(autoload_plugins=False)
