@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import os
-import select
 import selectors
 import socket
 import ssl
@@ -24,6 +22,7 @@ from email.errors import MissingHeaderBodySeparatorDefect
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from envdoctor import __version__, deadman, log  # log here: with no descriptor left, no import can be read
+from envdoctor.serve.bell import Bell
 from envdoctor.serve.snapshot import Snapshot, age
 from envdoctor.serve.webconfig import WebConfig
 
@@ -126,7 +125,7 @@ class Server(ThreadingHTTPServer):
         self._deadlines: dict[socket.socket, float] = {}  # every open connection -> when its request must be done
         self._deadlines_lock = threading.Lock()
         self._handshake_logged, self._handshakes_failed = -HANDSHAKE_LOG_SECONDS, 0
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # shutdown() rings the accept loop
+        self._wake = Bell()  # shutdown() rings the accept loop
         self._accept_backoff = 0.0  # seconds to wait before accepting again (get_request)
         self._stopping = False
         self._loop_ended = threading.Event()
@@ -144,7 +143,7 @@ class Server(ThreadingHTTPServer):
         try:
             with selectors.DefaultSelector() as selector:
                 selector.register(self.socket, selectors.EVENT_READ, "accept")
-                selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+                selector.register(self._wake.fileno(), selectors.EVENT_READ, "wake")
                 while not self._stopping:
                     ready = selector.select(self._until_next_deadline())
                     if self._stopping:
@@ -153,10 +152,10 @@ class Server(ThreadingHTTPServer):
                         if key.data == "accept":
                             self._handle_request_noblock()
                         else:
-                            self._drain_wake()
+                            self._wake.drain()
                     self.service_actions()
                     if self._accept_backoff:
-                        self._wait_for_wake(self._accept_backoff)
+                        self._wake.wait(self._accept_backoff)  # shutdown() still ends it at once
         finally:
             self._loop_ended.set()
 
@@ -166,43 +165,17 @@ class Server(ThreadingHTTPServer):
             earliest = min(self._deadlines.values(), default=None)
         return None if earliest is None else max(0.0, earliest - time.monotonic())
 
-    def _wait_for_wake(self, seconds: float) -> None:
-        """Sleep `seconds` unless shutdown() rings first."""
-        try:
-            select.select([self._wake_r], [], [], seconds)
-        except (OSError, ValueError):  # closed by server_close
-            pass
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 512):
-                pass
-        except OSError:  # empty (EAGAIN), or closed by server_close
-            pass
-
-    def _ring(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:  # full (it is already ringing), or closed
-            pass
-
     def shutdown(self) -> None:
         """Stop serve_forever's loop and wait until it has ended (at once: it is rung)."""
         self._stopping = True
-        self._ring()
+        self._wake.ring()
         self._loop_ended.wait()
 
     def server_close(self) -> None:
         super().server_close()
-        # also called by socketserver when the bind fails, before __init__ made the pipe
-        for name in ("_wake_r", "_wake_w"):
-            fd = getattr(self, name, -1)
-            setattr(self, name, -1)
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        wake = getattr(self, "_wake", None)  # also called by socketserver when the bind fails, before __init__ made it
+        if wake is not None:
+            wake.close()
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6 and self.server_address[0] == EVERY_ADDRESS:

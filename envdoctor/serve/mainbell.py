@@ -12,24 +12,25 @@ CPU budget (0.5 % of a core) spent by a daemon with nothing to do. Now:
   Python), it beats every deadman.BEAT_SECONDS, as before: a check that burns CPU
   must not look like a wedged interpreter;
 - otherwise it beats every IDLE_BEAT_SECONDS. An idle daemon spends no CPU, so the
-  CPU-time deadline does not move; the real-time backstop (300 s) is far off; the
-  request handlers beat for the CPU they spend (deadman.refresh).
+  CPU-time deadline does not move; the real-time backstop is pushed that much further;
+  the request handlers beat for the CPU they spend (deadman.refresh).
 """
 
 from __future__ import annotations
 
-import os
-import select
 import signal
+
+from envdoctor.serve.bell import Bell
 
 IDLE_BEAT_SECONDS = 60.0
 
 
-class MainBell:
-    """`with MainBell() as bell:` in the main thread; `bell.ring()` from any thread."""
+class MainBell(Bell):
+    """`with MainBell() as bell:` in the main thread, which then hears signals on it too;
+    `bell.ring()` from any thread."""
 
     def __init__(self) -> None:
-        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        super().__init__()
         self._previous: int | None = None
 
     def __enter__(self) -> "MainBell":
@@ -42,20 +43,4 @@ class MainBell:
     def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.set_wakeup_fd(self._previous)
-        for fd in (self._r, self._w):
-            os.close(fd)
-
-    def ring(self) -> None:
-        try:
-            os.write(self._w, b"\0")
-        except OSError:  # full: it is ringing already
-            pass
-
-    def wait(self, seconds: float) -> None:
-        """Until rung, a signal arrives, or `seconds` pass."""
-        try:
-            select.select([self._r], [], [], seconds)
-            while os.read(self._r, 512):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
+        self.close()
