@@ -27,11 +27,12 @@ if TYPE_CHECKING:
     from typing import Any, Mapping
 
 
-def _status(roots: Any, pid: int) -> tuple[int | None, int | None]:
-    """(the pid in the process's own namespace: the last NSpid field, its effective uid)."""
-    from envdoctor.paths import read_text
+def _status(roots: Any, pid: int, shared: Any = None) -> tuple[int | None, int | None]:
+    """(the pid in the process's own namespace: the last NSpid field, its effective uid).
+    `shared`: serve's memo for the run, where the memory sample has read the file already."""
+    from envdoctor.paths import proc_status
 
-    text = read_text(roots.proc(pid, "status"), 1 << 20)
+    text = proc_status(roots, pid, shared)
     nspid, uid = pid, None
     for line in text.splitlines():
         if line.startswith("NSpid:"):
@@ -91,15 +92,16 @@ def validate(doc: Any, nspid: int | None, now: float | None = None) -> str | Non
     return None
 
 
-def read_document(roots: Any, pid: int) -> tuple[dict[str, Any] | None, str]:
+def read_document(roots: Any, pid: int, shared: Any = None) -> tuple[dict[str, Any] | None, str]:
     """The document process `pid` published, or None and why not (never raises).
+    `shared`: serve's memo for the run (paths.proc_status).
 
     /dev/shm first, then /tmp, as the writer chooses: it skips a /dev/shm that is a
     symlink or not a directory, and moves to /tmp when /dev/shm is full, so what is
     wrong in the first place is remembered and said only when the second holds no
     usable document either."""
     try:
-        nspid, uid = _status(roots, pid)
+        nspid, uid = _status(roots, pid, shared)
     except OSError as exc:
         return None, f"cannot read {roots.proc(pid, 'status')}: {exc.strerror or exc}"
     try:
@@ -317,7 +319,7 @@ def live_facts(ctx: Any) -> LiveFacts:
             if live_torch is not None and getattr(ctx.session, "torch_factory", None) is live_torch:
                 return LiveFacts(snapshot(), "this process (preflight)")
             return LiveFacts(None, "this process is not attached")
-        return LiveFacts(*read_document(ctx.roots, pid))
+        return LiveFacts(*read_document(ctx.roots, pid, ctx.host.fact))
 
     return _shared(ctx.host, ctx.target.label, read)
 
@@ -325,7 +327,7 @@ def live_facts(ctx: Any) -> LiveFacts:
 def process_live_facts(host: Any, roots: Any, label: str, pid: int) -> LiveFacts:
     """Another process's live view through the run's node memo (`host`), under the key
     live_facts() uses: serve's memory sample and the checks of one run read it once."""
-    return _shared(host, label, lambda: LiveFacts(*read_document(roots, pid)))
+    return _shared(host, label, lambda: LiveFacts(*read_document(roots, pid, host.fact)))
 
 
 def _shared(host: Any, label: str, read: Any) -> LiveFacts:

@@ -259,6 +259,12 @@ def _read(path: Path) -> str:
     return read_text(path)
 
 
+def proc_cgroup_key(pid: int | None) -> str:
+    """The run memo's name (`shared`) for the text of /proc/N/cgroup: serve's discovery has
+    read it for the process's container labels, and puts it there for cpu_limit."""
+    return f"proc.cgroup:{pid}"
+
+
 def _relative(cgroup_path: str, mount_root: str) -> tuple[str, ...] | None:
     """The cgroup's path components below a mount that shows `mount_root`, or None
     when the cgroup is not inside what the mount shows."""
@@ -375,7 +381,7 @@ def cpu_limit(roots: Roots, pid: int | None, shared: Shared | None = None) -> Cp
     """
     cgroup_file = roots.proc(pid, "cgroup")
     try:
-        text = _read(cgroup_file)
+        text = _read(cgroup_file) if shared is None else shared(proc_cgroup_key(pid), lambda: _read(cgroup_file))
         entries = parse_proc_cgroup(text)
     except OSError as exc:
         return CpuLimit(None, "unknown", "", (f"cannot read {cgroup_file}: {exc.strerror or exc}",))

@@ -42,7 +42,7 @@ from collections import namedtuple
 from pathlib import Path
 from types import MappingProxyType
 
-from envdoctor.paths import Roots, read_text
+from envdoctor.paths import Roots, proc_status, read_text
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -279,7 +279,8 @@ class Sampler:
         `shared(key, read)`, when given, is a memo for this moment (serve: one run's node
         facts): what every process reads alike (the host's meminfo) or what the processes of
         one container do (their cgroup's memory files, three levels of three files) is
-        then read once a run, not once per process."""
+        then read once a run, not once per process; the process's own status once a run,
+        for this sample and the live-view lookup (paths.proc_status)."""
         share = shared if shared is not None else _unshared
         t = time.monotonic()
         notes: list[str] = []
@@ -287,7 +288,7 @@ class Sampler:
         limits: dict[str, Limit] = {}
         counters: dict[str, float] = {}
         try:
-            status = read_text(self.roots.proc(self.pid, "status"), 1 << 20)
+            status = proc_status(self.roots, self.pid, shared)  # the live-view lookup reads the same
         except (FileNotFoundError, ProcessLookupError):
             raise ProcessGone(f"process {self.pid} exited") from None
         except OSError as exc:

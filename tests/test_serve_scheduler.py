@@ -641,3 +641,49 @@ def test_a_stuck_system_fact_is_named_by_healthz_and_delays_only_one_run(monkeyp
         assert any(n.startswith("sysfacts:os:node for ") for n in scheduler.stuck_calls()), scheduler.stuck_calls()
     finally:
         release.set()
+
+
+STATUS_READS_SCRIPT = r"""
+import json, os, sys
+from envdoctor.serve import Daemon, Options
+pids = [int(p) for p in sys.argv[2:]]
+sched = Daemon(Options(once=True, config_file=sys.argv[1])).scheduler
+sched.run_once()  # the checks' lazy imports
+opened = []
+def hook(event, args):
+    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        opened.append(os.fsdecode(args[0]))
+sys.addaudithook(hook)
+snap = sched.run_once()
+print(json.dumps({"status": {p: opened.count(f"/proc/{p}/status") for p in pids},
+                  "cgroup": {p: opened.count(f"/proc/{p}/cgroup") for p in pids},
+                  "targets": list(snap.targets)}))
+"""
+
+
+def test_a_run_reads_each_targets_status_and_cgroup_once(tmp_path):
+    """The memory sample and the live-view lookup (the pid in the process's namespace,
+    its uid) both read /proc/N/status, and discovery (the container's labels) and the CPU
+    quota lookup /proc/N/cgroup: twice a run per process each, where the run's memo
+    makes it once."""
+    import json
+    import sys
+
+    tag = f"ENVDOCTOR_STATUS_{os.getpid()}"
+    marker = f"{3200 + os.getpid() % 1000}.5"
+    out = subprocess.run(["sh", "-c", f"for i in 1 2; do sleep {marker} >/dev/null 2>&1 & echo $!; done"],
+                         env={**os.environ, tag: "1"}, capture_output=True, text=True, check=True)
+    pids = [int(p) for p in out.stdout.split()]
+    try:
+        config = tmp_path / "envdoctor.toml"
+        config.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
+        out = subprocess.run([sys.executable, "-c", STATUS_READS_SCRIPT, str(config), *map(str, pids)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        assert all(f"pid:{p}" in seen["targets"] for p in pids), seen
+        assert seen["status"] == {str(p): 1 for p in pids}, seen
+        assert seen["cgroup"] == {str(p): 1 for p in pids}, seen
+    finally:
+        subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
+

@@ -94,12 +94,14 @@ class Found(Record):
         notes: list[str] | None = None,  # sources that could not be read, for the log
         left_out: frozenset[str] = frozenset(),  # the labels of those `overflow` counts
         unreadable: int = 0,  # python processes whose maps this daemon may not read: not examined
+        cgroups: dict[int, str] | None = None,  # each target's /proc/N/cgroup as read, for this run's checks
     ) -> None:
         self.targets = [] if targets is None else targets
         self.overflow = overflow
         self.notes = [] if notes is None else notes
         self.left_out = left_out
         self.unreadable = unreadable
+        self.cgroups = {} if cgroups is None else cgroups
 
 
 def _read(path: Path | str, limit: int = 4096) -> bytes | None:
@@ -239,6 +241,7 @@ def _env_has(procfs: Path, pid: int, names: Sequence[str]) -> bool:
 
 
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+CGROUP_LIMIT = 65536  # /proc/N/cgroup is a line per hierarchy: ~13 with cgroup v1
 
 
 class DiscoveryFailed(Exception):
@@ -330,7 +333,10 @@ def discover(roots: Roots, *, max_targets: int, selectors: Selectors = Selectors
     found.left_out = frozenset(f"pid:{pid}" for pid in ranked[room:])
     for pid in ranked[:room]:
         reading(pid)
-        cgroup = (_read(f"{procfs}/{pid}/cgroup", 65536) or b"").decode("utf-8", "replace")
+        data = _read(f"{procfs}/{pid}/cgroup", CGROUP_LIMIT)
+        cgroup = (data or b"").decode("utf-8", "replace")
+        if data and len(data) < CGROUP_LIMIT:  # whole: the CPU quota lookup reads no second copy
+            found.cgroups[pid] = cgroup
         container, pod = container_of(cgroup)
         comm = comms.get(pid) or (_read(f"{procfs}/{pid}/comm", 256) or b"").decode("utf-8", "replace").strip()
         lines = torch_maps.get(pid)

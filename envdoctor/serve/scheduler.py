@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 
 from envdoctor import __version__, log, pipeline, redact, runner
+from envdoctor.cgroup import proc_cgroup_key
 from envdoctor.config import Config
 from envdoctor.context import HostSession, Roots, Session, Target
 from envdoctor.errors import Unavailable, UsageError
@@ -297,6 +298,8 @@ class Scheduler:
         self._scrubbers = {}
         found = self._discover(host)
         self.stats.targets_overflow_total += found.overflow
+        for pid, text in found.cgroups.items():  # read by discovery: the CPU quota lookups take them from here
+            host.fact(proc_cgroup_key(pid), functools.partial(str, text))
         per_target = self._examine_all(found.targets, host)
         results = [r for rows in per_target for r in rows]
         self._scrubbers = {}  # their memos are this run's
