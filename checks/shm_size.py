@@ -91,12 +91,32 @@ class ShmFacts(namedtuple("ShmFacts", (
     __slots__ = ()
 
 
-def _mount_of(ctx, path: str) -> tuple[str | None, str | None]:
-    """(fstype, mount point) of the mount holding `path` in the target's mount table."""
+def _shm_mount(ctx, seen: os.stat_result) -> tuple[str | None, str | None]:
+    """_mount_of(ctx, "/dev/shm"), looked up once a run for the processes that see the
+    same /dev/shm directory from one mount namespace (the ranks of a job in one container,
+    and every process on the node that runs in the host's): a node's mount table can hold
+    a thousand lines, one per mount of every pod, and each target's was read and parsed."""
+    try:
+        namespace = os.readlink(ctx.proc("ns", "mnt"))
+    except OSError:  # not ours to read: its own table, as before
+        return _mount_of(ctx, "/dev/shm")
+    known = ctx.host.fact("shm_size.mounts", dict)  # this run's: {(namespace, directory): answer}
+    key = (namespace, seen.st_dev, seen.st_ino)
+    answer = known.get(key)
+    if answer is None:
+        answer = _mount_of(ctx, "/dev/shm", None)
+        if answer is not None:  # a table that could not be read (a process that exited) is not kept for the others
+            known[key] = answer
+    return answer or (None, None)
+
+
+def _mount_of(ctx, path: str, unreadable: Any = (None, None)) -> Any:
+    """(fstype, mount point) of the mount holding `path` in the target's mount table;
+    `unreadable` when that table cannot be read."""
     try:
         mounts = parse_mountinfo(read_text(ctx.proc("mountinfo")))  # non-blocking: a FIFO here cannot hold the check
     except (OSError, ParseError):
-        return None, None
+        return unreadable
     target = posixpath.normpath(path)
     best, best_depth = None, -1
     for mount in mounts:  # later mounts shadow earlier ones at the same point
@@ -128,7 +148,7 @@ def gather(ctx) -> ShmFacts:
         if exc.errno == errno.ESRCH and ctx.target.pid is not None:
             raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
         raise Unavailable(f"cannot examine {path}: {exc.strerror or exc}") from None
-    fstype, mount_point = _mount_of(ctx, "/dev/shm")
+    fstype, mount_point = _shm_mount(ctx, seen)
     size = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     if size == 0 and fstype == "tmpfs":

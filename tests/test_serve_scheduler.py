@@ -687,3 +687,66 @@ def test_a_run_reads_each_targets_status_and_cgroup_once(tmp_path):
     finally:
         subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
 
+
+SHM_MOUNT_SCRIPT = r"""
+import json, os, sys
+from envdoctor.serve import Daemon, Options
+pids = [int(p) for p in sys.argv[2:]]
+sched = Daemon(Options(once=True, config_file=sys.argv[1])).scheduler
+sched.run_once()  # the checks' lazy imports
+opened = []
+def hook(event, args):
+    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        opened.append(os.fsdecode(args[0]))
+sys.addaudithook(hook)
+snap = sched.run_once()
+rows = {r["target"]: r["facts"] for r in json.loads(snap.report)["results"] if r["check"] == "shm.size"}
+print(json.dumps({"mountinfo": sum(opened.count(f"/proc/{p}/mountinfo") for p in pids[:2]),
+                  "rows": {p: rows.get(f"pid:{p}") for p in pids}}))
+"""
+
+
+def test_processes_seeing_one_shm_from_one_mount_namespace_share_its_mount_lookup(tmp_path):
+    """shm.size reads the mount table to know whether /dev/shm is a mount of its own; the
+    processes of one mount namespace that see the same directory share that answer in a
+    run (a node's table holds a line per mount of every pod). One in a namespace of its
+    own, with a 64 MiB tmpfs there, keeps its own answer."""
+    import json
+    import shutil
+    import sys
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private /dev/shm")
+    tag = f"ENVDOCTOR_SHMNS_{os.getpid()}"
+    marker = f"{3300 + os.getpid() % 1000}.5"
+    out = subprocess.run(["sh", "-c", f"for i in 1 2; do sleep {marker} >/dev/null 2>&1 & echo $!; done"],
+                         env={**os.environ, tag: "1"}, capture_output=True, text=True, check=True)
+    pids = [int(p) for p in out.stdout.split()]
+    inner = subprocess.Popen(["unshare", "-m", "sh", "-c", "mount --make-rprivate / && "
+                              f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec sleep {marker}"],
+                             env={**os.environ, tag: "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.readlink(f"/proc/{inner.pid}/exe").endswith("sleep"):
+            time.sleep(0.05)
+        config = tmp_path / "envdoctor.toml"
+        config.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
+        out = subprocess.run([sys.executable, "-c", SHM_MOUNT_SCRIPT, str(config), *map(str, pids), str(inner.pid)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        rows = {int(p): facts for p, facts in seen["rows"].items()}
+        # the two host-namespace sleepers: one read at most (the node's row, in the same
+        # namespace, may have answered it already); each read its own before
+        assert seen["mountinfo"] <= 1, seen
+        host = os.statvfs("/dev/shm")
+        for pid in pids:
+            assert rows[pid]["size_bytes"] == host.f_blocks * host.f_frsize, rows
+        assert rows[inner.pid]["size_bytes"] == 64 * 1024 * 1024, rows
+        assert rows[inner.pid]["fstype"] == "tmpfs" and rows[inner.pid]["own_mount"] is True, rows
+    finally:
+        inner.kill()
+        inner.wait()
+        subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
