@@ -1,7 +1,7 @@
 """CPU one `envdoctor serve` run costs over N target processes, measured in-process.
 
     .venv/bin/python benchmarks/serve_run_cpu.py [--targets 64] [--runs 20] [--rounds 3] [--history-points 720] [--torch]
-        [--pause 15] [--spread] [--profile FILE]
+        [--pause 15] [--reference] [--spread] [--profile FILE]
 
 Starts N `sleep` processes (not our children: serve never examines its own) tagged
 with an environment variable that a `[serve] select_env` config selects, builds the
@@ -173,6 +173,10 @@ def main() -> None:
     parser.add_argument("--spread", action="store_true",
                         help="let a run's threads go to any CPU, as before 2026-11-26 (serve.onecpu keeps them on "
                              "one while a run lasts); compares the two on one machine")
+    parser.add_argument("--reference", action="store_true",
+                        help="also time a fixed workload that is not envdoctor's, back to back and after --pause "
+                             "seconds idle (cold_start_reference.py): what this machine charges any work for "
+                             "starting cold, beside the figure it inflates")
     parser.add_argument("--profile", metavar="FILE",
                         help="profile the timed runs with cProfile, every thread: write the stats to FILE (pstats) and "
                              "print the 25 functions that took the most time of their own; the CPU figures are "
@@ -232,6 +236,11 @@ def main() -> None:
               f"{'spread' if args.spread else 'one CPU a run'} of {len(os.sched_getaffinity(0))}; VmRSS {rss_mib():.1f} MiB; "
               f"{switched / (args.rounds * args.runs):.0f} voluntary context switches and "
               f"{faulted / (args.rounds * args.runs):.0f} minor page faults a run")
+        if args.reference:
+            sys.path.insert(0, str(Path(__file__).parent))
+            import cold_start_reference as reference
+
+            print(f"reference work on this machine: {reference.describe(args.pause, reference.penalties(args.pause))}")
     finally:
         subprocess.run(["pkill", "-f", f"time.sleep\\({marker}\\)$" if args.torch else f"^sleep {marker}$"])
         shutil.rmtree(tmp, ignore_errors=True)  # its config file
