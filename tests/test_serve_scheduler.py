@@ -643,7 +643,7 @@ def test_a_stuck_system_fact_is_named_by_healthz_and_delays_only_one_run(monkeyp
         release.set()
 
 
-STATUS_READS_SCRIPT = r"""
+RUN_OPENS_SCRIPT = r"""
 import json, os, sys
 from envdoctor.serve import Daemon, Options
 pids = [int(p) for p in sys.argv[2:]]
@@ -655,10 +655,25 @@ def hook(event, args):
         opened.append(os.fsdecode(args[0]))
 sys.addaudithook(hook)
 snap = sched.run_once()
-print(json.dumps({"status": {p: opened.count(f"/proc/{p}/status") for p in pids},
-                  "cgroup": {p: opened.count(f"/proc/{p}/cgroup") for p in pids},
-                  "targets": list(snap.targets)}))
+shm = {r["target"]: r["facts"] for r in json.loads(snap.report)["results"] if r["check"] == "shm.size"}
+print(json.dumps({"opened": {p: {name: opened.count(f"/proc/{p}/{name}") for name in ("status", "cgroup", "mountinfo")}
+                             for p in pids},
+                  "shm": {p: shm.get(f"pid:{p}") for p in pids}, "targets": list(snap.targets)}))
 """
+
+
+def _one_run_opens(tmp_path: Path, tag: str, pids: list[int]) -> dict:
+    """What one serve run (after a first) opened of each of `pids`' /proc files, and their
+    shm.size facts, with `[serve] select_env` naming `tag`."""
+    import json
+    import sys
+
+    config = tmp_path / "envdoctor.toml"
+    config.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
+    out = subprocess.run([sys.executable, "-c", RUN_OPENS_SCRIPT, str(config), *map(str, pids)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_a_run_reads_each_targets_status_and_cgroup_once(tmp_path):
@@ -666,44 +681,18 @@ def test_a_run_reads_each_targets_status_and_cgroup_once(tmp_path):
     its uid) both read /proc/N/status, and discovery (the container's labels) and the CPU
     quota lookup /proc/N/cgroup: twice a run per process each, where the run's memo
     makes it once."""
-    import json
-    import sys
-
     tag = f"ENVDOCTOR_STATUS_{os.getpid()}"
     marker = f"{3200 + os.getpid() % 1000}.5"
     out = subprocess.run(["sh", "-c", f"for i in 1 2; do sleep {marker} >/dev/null 2>&1 & echo $!; done"],
                          env={**os.environ, tag: "1"}, capture_output=True, text=True, check=True)
     pids = [int(p) for p in out.stdout.split()]
     try:
-        config = tmp_path / "envdoctor.toml"
-        config.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
-        out = subprocess.run([sys.executable, "-c", STATUS_READS_SCRIPT, str(config), *map(str, pids)],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr[-2000:]
-        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        seen = _one_run_opens(tmp_path, tag, pids)
         assert all(f"pid:{p}" in seen["targets"] for p in pids), seen
-        assert seen["status"] == {str(p): 1 for p in pids}, seen
-        assert seen["cgroup"] == {str(p): 1 for p in pids}, seen
+        assert [seen["opened"][str(p)]["status"] for p in pids] == [1, 1], seen
+        assert [seen["opened"][str(p)]["cgroup"] for p in pids] == [1, 1], seen
     finally:
         subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
-
-
-SHM_MOUNT_SCRIPT = r"""
-import json, os, sys
-from envdoctor.serve import Daemon, Options
-pids = [int(p) for p in sys.argv[2:]]
-sched = Daemon(Options(once=True, config_file=sys.argv[1])).scheduler
-sched.run_once()  # the checks' lazy imports
-opened = []
-def hook(event, args):
-    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
-        opened.append(os.fsdecode(args[0]))
-sys.addaudithook(hook)
-snap = sched.run_once()
-rows = {r["target"]: r["facts"] for r in json.loads(snap.report)["results"] if r["check"] == "shm.size"}
-print(json.dumps({"mountinfo": sum(opened.count(f"/proc/{p}/mountinfo") for p in pids[:2]),
-                  "rows": {p: rows.get(f"pid:{p}") for p in pids}}))
-"""
 
 
 def test_processes_seeing_one_shm_from_one_mount_namespace_share_its_mount_lookup(tmp_path):
@@ -711,9 +700,7 @@ def test_processes_seeing_one_shm_from_one_mount_namespace_share_its_mount_looku
     processes of one mount namespace that see the same directory share that answer in a
     run (a node's table holds a line per mount of every pod). One in a namespace of its
     own, with a 64 MiB tmpfs there, keeps its own answer."""
-    import json
     import shutil
-    import sys
 
     import pytest
 
@@ -731,16 +718,11 @@ def test_processes_seeing_one_shm_from_one_mount_namespace_share_its_mount_looku
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not os.readlink(f"/proc/{inner.pid}/exe").endswith("sleep"):
             time.sleep(0.05)
-        config = tmp_path / "envdoctor.toml"
-        config.write_text(f'[serve]\nselect_env = ["{tag}"]\n')
-        out = subprocess.run([sys.executable, "-c", SHM_MOUNT_SCRIPT, str(config), *map(str, pids), str(inner.pid)],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr[-2000:]
-        seen = json.loads(out.stdout.strip().splitlines()[-1])
-        rows = {int(p): facts for p, facts in seen["rows"].items()}
+        seen = _one_run_opens(tmp_path, tag, [*pids, inner.pid])
+        rows = {int(p): facts for p, facts in seen["shm"].items()}
         # the two host-namespace sleepers: one read at most (the node's row, in the same
         # namespace, may have answered it already); each read its own before
-        assert seen["mountinfo"] <= 1, seen
+        assert sum(seen["opened"][str(p)]["mountinfo"] for p in pids) <= 1, seen
         host = os.statvfs("/dev/shm")
         for pid in pids:
             assert rows[pid]["size_bytes"] == host.f_blocks * host.f_frsize, rows
