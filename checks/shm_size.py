@@ -93,15 +93,19 @@ class ShmFacts(namedtuple("ShmFacts", (
 
 def _shm_mount(ctx, seen: os.stat_result) -> tuple[str | None, str | None]:
     """_mount_of(ctx, "/dev/shm"), looked up once a run for the processes that see the
-    same /dev/shm directory from one mount namespace (the ranks of a job in one container,
-    and every process on the node that runs in the host's): a node's mount table can hold
-    a thousand lines, one per mount of every pod, and each target's was read and parsed."""
+    same /dev/shm directory from one mount namespace and one root (the ranks of a job in
+    one container, and every process on the node that runs in the host's): a node's mount
+    table can hold a thousand lines, one per mount of every pod, and each target's was
+    read and parsed. The root is part of it: a chroot's table leaves out what lies outside
+    it, so two chroots that share one /dev/shm directory can see it mounted differently
+    (helper-107: one was given the other's "0 B" and failed)."""
     try:
         namespace = os.readlink(ctx.proc("ns", "mnt"))
+        root = os.readlink(ctx.proc("root"))  # where its root is, in our view of the mounts
     except OSError:  # not ours to read: its own table, as before
         return _mount_of(ctx, "/dev/shm")
-    known = ctx.host.fact("shm_size.mounts", dict)  # this run's: {(namespace, directory): answer}
-    key = (namespace, seen.st_dev, seen.st_ino)
+    known = ctx.host.fact("shm_size.mounts", dict)  # this run's: {(namespace, root, directory): answer}
+    key = (namespace, root, seen.st_dev, seen.st_ino)
     answer = known.get(key)
     if answer is None:
         answer = _mount_of(ctx, "/dev/shm", None)

@@ -732,3 +732,62 @@ def test_processes_seeing_one_shm_from_one_mount_namespace_share_its_mount_looku
         inner.kill()
         inner.wait()
         subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
+
+
+
+CHROOTS_SHARING_ONE_SHM = r"""
+set -e
+mount --make-rprivate /
+mount -t tmpfs -o size=16m tmpfs "$T/t"
+for root in "$T/t/sub" "$T/r"; do
+    mkdir -p "$root/dev/shm" "$root/usr"
+    for l in bin lib lib64 sbin; do ln -s "usr/$l" "$root/$l"; done
+    mount --bind /usr "$root/usr"
+done
+mount --bind "$T/t/sub/dev/shm" "$T/r/dev/shm"
+chroot "$T/t/sub" /usr/bin/sleep "$MARKER" &
+chroot "$T/r" /usr/bin/sleep "$MARKER" &
+wait
+"""
+
+
+def test_two_chroots_sharing_one_shm_directory_keep_their_own_mount_answers(tmp_path):
+    """helper-107: one /dev/shm directory seen from two chroots in one mount namespace:
+    for the one whose root lies inside the tmpfs, the tmpfs's mount is outside its root
+    and not in its table; for the other it is a bind mount of its own. The run's shared
+    lookup gave both the first one's answer. Each row must be what `check --pid` says."""
+    import json
+    import shutil
+    import sys
+
+    import pytest
+
+    if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "chroot")) or not os.path.islink("/lib"):
+        pytest.skip("needs root, unshare(1), chroot(1) and a merged /usr")
+    tag = f"ENVDOCTOR_CHROOTS_{os.getpid()}"
+    marker = f"{3400 + os.getpid() % 1000}.5"
+    (tmp_path / "t").mkdir()
+    env = {**os.environ, tag: "1", "T": str(tmp_path), "MARKER": marker}
+    outer = subprocess.Popen(["unshare", "-m", "sh", "-c", CHROOTS_SHARING_ONE_SHM], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 15
+        pids: list[int] = []
+        while time.monotonic() < deadline and len(pids) < 2:
+            time.sleep(0.1)
+            found = subprocess.run(["pgrep", "-xf", f"/usr/bin/sleep {marker}"], capture_output=True, text=True)
+            pids = sorted(int(p) for p in found.stdout.split())
+        assert len(pids) == 2, outer.stderr.read().decode() if outer.poll() is not None else pids
+        seen = _one_run_opens(tmp_path, tag, pids)
+        for pid in pids:
+            out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(pid), "-f", "json",
+                                  "--only", "shm.size"], capture_output=True, text=True, timeout=120)
+            alone = next(r["facts"] for r in json.loads(out.stdout)["results"] if r["check"] == "shm.size")
+            served = seen["shm"][str(pid)]
+            assert (served["fstype"], served["own_mount"]) == (alone["fstype"], alone["own_mount"]), (pid, served, alone)
+        answers = {(seen["shm"][str(p)]["fstype"], seen["shm"][str(p)]["own_mount"]) for p in pids}
+        assert len(answers) == 2, answers  # the case is real only while the two views differ
+    finally:
+        os.killpg(outer.pid, 9)
+        outer.wait()
+        subprocess.run(["pkill", "-xf", f"/usr/bin/sleep {marker}"])
