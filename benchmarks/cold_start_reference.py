@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -76,10 +77,27 @@ def describe(pause: float, found: dict[str, tuple[float, float]]) -> str:
                      for name, (warm, cold) in found.items())
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0 or value > 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pause of 0 to 3600 seconds")
+    return value
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 1 or more")
+    return value
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pauses", type=float, nargs="+", default=[1.0, 15.0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--pauses", type=seconds, nargs="+", default=[1.0, 15.0],
+                        help="idle pauses to measure after, in seconds (each workload is also timed back to back)")
+    parser.add_argument("--repeats", type=count, default=7, help="times each workload runs per pause; the median is shown")
     args = parser.parse_args()
     for pause in args.pauses:
         print(f"reference work: {describe(pause, penalties(pause, args.repeats))}", flush=True)

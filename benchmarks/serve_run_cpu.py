@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import math
 import os
 import pstats
 import random
@@ -156,6 +157,14 @@ def stop_profiles(profiles: list[cProfile.Profile], path: str) -> None:
     stats.sort_stats("tottime").print_stats(25)
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0 or value > 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pause of 0 to 3600 seconds")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, default=64)
@@ -164,7 +173,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--history-points", type=int, default=0,
                         help="fill every target's memory history with this many samples first (720 = 3 h at 15 s)")
-    parser.add_argument("--pause", type=float, default=0.0,
+    parser.add_argument("--pause", type=seconds, default=0.0,
                         help="sleep this long after each run, as the daemon does between runs (15 = its default "
                              "interval): runs back to back find the CPU's caches warm; the daemon's do not")
     parser.add_argument("--torch", action="store_true",
@@ -205,7 +214,7 @@ def main() -> None:
             scheduler.one_cpu_runs = False  # an attribute older versions lack, and ignore
         tidy = getattr(scheduler, "collect_garbage", lambda: None)  # absent before 2026-11-23: versions compare
         for _ in range(2):
-            scheduler.run_once()
+            examined = len(scheduler.run_once().targets) - 1  # less the node
             tidy()
         if args.history_points > 0:
             fill_history(scheduler.history, args.history_points, args.interval)
@@ -229,7 +238,9 @@ def main() -> None:
             stop_profiles(profiles, args.profile)
         cpu = statistics.median(c for c, _ in per_run)
         wall = statistics.median(w for _, w in per_run)
-        print(f"{args.targets} targets + node: CPU {cpu * 1000:.1f} ms per run (rounds: "
+        # torch processes already on the node are targets too (discovery finds them by their maps)
+        others = f" and {examined - args.targets} other processes on this node" if examined != args.targets else ""
+        print(f"{args.targets} targets{others} + node: CPU {cpu * 1000:.1f} ms per run (rounds: "
               f"{', '.join(f'{c * 1000:.1f}' for c, _ in per_run)}), wall {wall * 1000:.1f} ms; "
               f"at a {args.interval:g} s interval {cpu / args.interval * 100:.2f} % of one core; "
               f"history {args.history_points or 'as sampled'}; pause {args.pause:g} s; "
