@@ -305,7 +305,8 @@ def judge(facts: GrowthFacts, settings: Mapping[str, Any]) -> Result:
     if g.window < min_window and not findings:
         more = ("serve judges it again each run as its history grows" if facts.source == "history"
                 else f"envdoctor check --window {int(math.ceil(min_window * 3))}")
-        return skip(f"sampled {duration(g.window)}, need at least {duration(min_window)} ({more})"
+        sampled = f"{g.window:.1f} s" if duration(g.window) == duration(min_window) else duration(g.window)  # not "10 s, need 10 s"
+        return skip(f"sampled {sampled}, need at least {duration(min_window)} ({more})"
                     + (f"; sampling stopped: {facts.stopped}" if facts.stopped else ""), **out)
     memories = _memories(facts)
     seen = ", ".join(f"{k} {format_bytes(int(memories[k][1][-1]))}" for k in g.trends)

@@ -370,7 +370,8 @@ def _ok_summary(facts: ShmFacts, settings: Mapping[str, Any]) -> str:
     need, how = _need(settings)
     against = (f"{how} need {format_bytes(need)}" if need is not None
                else f">= {format_bytes(int(settings['recommended_bytes']))} recommended")
-    note = "" if facts.fstype in (None, "tmpfs") else f"; it is {facts.fstype}, not tmpfs, so it is backed by disk"
+    # devtmpfs and ramfs hold their files in memory, as tmpfs does (helper-107: a /dev/shm on /dev was "backed by disk")
+    note = "" if facts.fstype in (None, "tmpfs", "devtmpfs", "ramfs") else f"; it is {facts.fstype}, not tmpfs, so it is backed by disk"
     return f"{subject} is {format_bytes(size)}, {format_bytes(facts.free_bytes or 0)} free ({against}){note}"
 
 

@@ -82,6 +82,14 @@ def test_a_window_too_short_is_a_skip_that_says_how_long():
     assert r.status is Status.SKIP and "--window 30" in r.summary
 
 
+def test_a_window_just_short_says_how_much_it_sampled_not_the_same_rounded_figure():
+    """helper-107: 'sampled 10 s, need at least 10 s' for 9.7 s sampled."""
+    r = judge(facts({"rss": series(5 * MIB, n=10, step=1.078)}, {}), DEFAULTS)  # 9.7 s
+    assert r.status is Status.SKIP and "sampled 9.7 s, need at least 10 s" in r.summary, r.summary
+    r = judge(facts({"rss": series(5 * MIB, n=5)}, {}), DEFAULTS)  # 4 s: whole seconds, as before
+    assert "sampled 4 s, need at least 10 s" in r.summary, r.summary
+
+
 def test_a_history_too_short_under_serve_says_to_wait_not_to_run_check():
     """serve's row for a new process told the user to run `envdoctor check --window 30`;
     under serve the history just needs more runs (helper-18)."""

@@ -102,6 +102,13 @@ def test_disk_backed_shm_is_noted():
     assert r.status is Status.OK and "not tmpfs" in r.summary
 
 
+@pytest.mark.parametrize("fstype", ["devtmpfs", "ramfs"])
+def test_memory_backed_file_systems_other_than_tmpfs_are_not_called_disk(fstype):
+    """helper-107: a /dev/shm that was a directory on /dev was "devtmpfs, not tmpfs, so it is backed by disk"."""
+    r = judge(ShmFacts("/dev/shm", 100 * GIB, 50 * GIB, fstype, "/dev"), DEFAULTS)
+    assert r.status is Status.OK and "disk" not in r.summary, r.summary
+
+
 # ----------------------------------------------------------------- judge: the DataLoader's need
 
 
