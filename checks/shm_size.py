@@ -91,8 +91,9 @@ class ShmFacts(namedtuple("ShmFacts", (
     __slots__ = ()
 
 
-def _shm_mount(ctx, seen: os.stat_result) -> tuple[str | None, str | None]:
-    """_mount_of(ctx, "/dev/shm"), looked up once a run for the processes that see the
+def _shm_mount(ctx, seen: os.stat_result, inside: str = "/dev/shm") -> tuple[str | None, str | None]:
+    """_mount_of(ctx, inside) (where /dev/shm leads in the target's root), looked up once a
+    run for the processes that see the
     same /dev/shm directory from one mount namespace and one root (the ranks of a job in
     one container, and every process on the node that runs in the host's): a node's mount
     table can hold a thousand lines, one per mount of every pod, and each target's was
@@ -103,12 +104,12 @@ def _shm_mount(ctx, seen: os.stat_result) -> tuple[str | None, str | None]:
         namespace = os.readlink(ctx.proc("ns", "mnt"))
         root = os.readlink(ctx.proc("root"))  # where its root is, in our view of the mounts
     except OSError:  # not ours to read: its own table, as before
-        return _mount_of(ctx, "/dev/shm")
+        return _mount_of(ctx, inside)
     known = ctx.host.fact("shm_size.mounts", dict)  # this run's: {(namespace, root, directory): answer}
     key = (namespace, root, seen.st_dev, seen.st_ino)
     answer = known.get(key)
     if answer is None:
-        answer = _mount_of(ctx, "/dev/shm", None)
+        answer = _mount_of(ctx, inside, None)
         if answer is not None:  # a table that could not be read (a process that exited) is not kept for the others
             known[key] = answer
     return answer or (None, None)
@@ -133,9 +134,12 @@ def _mount_of(ctx, path: str, unreadable: Any = (None, None)) -> Any:
 
 
 def gather(ctx) -> ShmFacts:
-    path = ctx.target_path("/dev/shm")
     who = "the target" if ctx.target.pid is None else f"process {ctx.target.pid}"
+    inside = "/dev/shm"
+    path = ctx.target_path(inside)
     try:
+        inside = ctx.roots.resolved_in(ctx.target.pid, inside)  # a link to /run/shm is its /run/shm, not ours
+        path = ctx.target_path(inside)
         seen = os.stat(path)
         mode = seen.st_mode
         if not stat.S_ISDIR(mode):
@@ -152,7 +156,9 @@ def gather(ctx) -> ShmFacts:
         if exc.errno == errno.ESRCH and ctx.target.pid is not None:
             raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
         raise Unavailable(f"cannot examine {path}: {exc.strerror or exc}") from None
-    fstype, mount_point = _shm_mount(ctx, seen)
+    fstype, mount_point = _shm_mount(ctx, seen, inside)
+    if mount_point is not None and mount_point == inside:
+        mount_point = "/dev/shm"  # a mount of its own where /dev/shm leads (a link to /run/shm, its own tmpfs)
     size = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     if size == 0 and fstype == "tmpfs":

@@ -329,8 +329,8 @@ class Sampler:
 
     def _shm(self, values: dict, limits: dict, notes: list[str]) -> None:
         self.shm_mount = None  # until this sample reads one
-        path = self.roots.seen_by(self.pid, "/dev/shm")
         try:
+            path = self.roots.seen_by(self.pid, self.roots.resolved_in(self.pid, "/dev/shm"))
             st = os.statvfs(path)
             mount = os.stat(path).st_dev
         except OSError as exc:

@@ -36,6 +36,42 @@ class Roots(Value):
         """A file of a process under procfs: /proc/self/... (pid None) or /proc/N/..."""
         return _proc_path(self.procfs, pid, parts)
 
+    def resolved_in(self, pid: int | None, path: str, max_links: int = 40) -> str:
+        """`path` (absolute) with its symlinks resolved as process `pid` resolves them: in
+        its own root. Through /proc/N/root the kernel resolves an absolute link from our
+        root instead, so a /dev/shm that links to /run/shm (as older Debian images have
+        it) was looked for on the host, and said not to exist (helper-107). Our own paths
+        (pid None) are the kernel's to resolve. A component that is no link (or cannot be
+        read) is kept as it is; more than `max_links` links is ELOOP, as for the kernel."""
+        if pid is None:
+            return path
+        import errno
+        import os
+
+        root = str(self.proc(pid, "root"))
+        todo = [p for p in path.split("/") if p]
+        done: list[str] = []
+        while todo:
+            part = todo.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if done:  # at the root, ".." is the root
+                    done.pop()
+                continue
+            try:
+                link = os.readlink(f"{root}/{'/'.join([*done, part])}")
+            except OSError:  # not a link, absent or not ours to read: the kernel says which later
+                done.append(part)
+                continue
+            max_links -= 1
+            if max_links < 0:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links", path)
+            if link.startswith("/"):
+                done = []
+            todo[:0] = [p for p in link.split("/") if p]
+        return "/" + "/".join(done)
+
     def seen_by(self, pid: int | None, path: str) -> Path:
         """`path` as process `pid` sees it: another process's through /proc/N/root
         (its own mount namespace, a container's too), our own under the rootfs."""

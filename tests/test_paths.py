@@ -44,3 +44,30 @@ def test_a_file_is_read_whole_asking_64_kib_first_and_never_more_than_1_mib_at_o
     assert paths.read_head(big, 100_000) == big.read_bytes()[:100_000]
     assert asked == [1 << 16, 100_000 - (1 << 16)]
     assert paths.read_text("/proc/self/status").startswith("Name:")
+
+
+def test_a_path_is_resolved_in_the_processes_own_root(tmp_path):
+    """An absolute link inside another root leads within that root; through /proc/N/root
+    the kernel would take it from ours (helper-107)."""
+    from envdoctor.paths import Roots
+
+    proc = tmp_path / "proc"
+    root = tmp_path / "rootfs"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "root").symlink_to(root)
+    (root / "dev" / "real").mkdir(parents=True)
+    (root / "run").mkdir()
+    (root / "dev" / "shm").symlink_to("/run/shm")
+    (root / "run" / "shm").symlink_to("../dev/real")
+    (root / "loop").symlink_to("/loop")
+    roots = Roots(procfs=proc)
+    assert roots.resolved_in(7, "/dev/shm") == "/dev/real"
+    assert roots.resolved_in(7, "/dev/absent/x") == "/dev/absent/x"  # the kernel says what is missing
+    assert roots.resolved_in(7, "/../../dev/./shm") == "/dev/real"  # ".." stops at its root
+    assert roots.resolved_in(None, "/dev/shm") == "/dev/shm"  # our own: the kernel's to resolve
+    try:
+        roots.resolved_in(7, "/loop/x")
+    except OSError as exc:
+        assert exc.errno == __import__("errno").ELOOP
+    else:
+        raise AssertionError("a link to itself must end in ELOOP")

@@ -232,3 +232,28 @@ def test_another_users_process_is_a_skip_with_the_reason(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("link", ["/dev/realshm", "realshm"])
+def test_a_shm_that_is_a_link_is_judged_where_it_leads_in_the_targets_root(tmp_path, link):
+    """helper-107: through /proc/N/root the kernel resolves an absolute link from the
+    reader's root, so a /dev/shm linking to /dev/realshm (as older images link it to
+    /run/shm) was looked for on the host and judged missing. Relative links were right."""
+    _namespace_or_skip()
+    script = ("mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev && mkdir /dev/realshm && "
+              f"ln -s {link} /dev/shm && exec sleep 120")
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
+            time.sleep(0.05)
+        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
+                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
+        row = _shm_result(json.loads(out.stdout))
+        facts = row["facts"]
+        assert facts["size_bytes"] == 16 * 1024 * 1024, row  # the /dev tmpfs, where the link leads
+        assert facts["fstype"] == "tmpfs" and facts["own_mount"] is False, row
+        assert "does not exist" not in row["summary"], row
+    finally:
+        proc.kill()
+        proc.wait()
