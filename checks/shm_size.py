@@ -1,7 +1,8 @@
 """shm.size: is the target's /dev/shm big enough for DataLoader workers and NCCL?
 
 What it reads: statvfs of the target's /dev/shm (for --pid N that is
-/proc/N/root/dev/shm, the process's own mount namespace, not envdoctor's): its
+/proc/N/root/dev/shm, the process's own mount namespace, not envdoctor's; a
+/dev/shm that is a link, as to /run/shm, is followed inside the process's root): its
 size and free bytes, and from the target's mount table whether it is a tmpfs of
 its own. When the DataLoader settings are given in config (num_workers,
 batch_bytes, prefetch_factor), or the job is attached (envdoctor.attach publishes
