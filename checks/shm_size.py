@@ -68,7 +68,7 @@ from envdoctor.units import docker_size, format_bytes, k8s_size
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
-    from typing import Any, Mapping
+    from typing import Any, Mapping, Sequence
 
 MIB = 1024**2
 GIB = 1024**3
@@ -124,14 +124,57 @@ def _mount_of(ctx, path: str, unreadable: Any = (None, None)) -> Any:
     except (OSError, ParseError):
         return unreadable
     target = posixpath.normpath(path)
-    best, best_depth = None, -1
-    for mount in mounts:  # later mounts shadow earlier ones at the same point
-        mp = posixpath.normpath(mount.mount_point)
-        if target == mp or target.startswith(mp.rstrip("/") + "/"):
-            depth = 0 if mp == "/" else mp.count("/")
-            if depth >= best_depth:
-                best, best_depth = mount, depth
+    best = _walk_to(mounts, target) or _deepest(mounts, target)
     return (best.fstype, best.mount_point) if best else (None, None)
+
+
+def _holds(mount_point: str, target: str) -> bool:
+    mp = posixpath.normpath(mount_point)
+    return target == mp or target.startswith(mp.rstrip("/") + "/")
+
+
+def _depth(mount_point: str) -> int:
+    mp = posixpath.normpath(mount_point)
+    return 0 if mp == "/" else mp.count("/")
+
+
+def _walk_to(mounts: Sequence[Any], target: str) -> Any:
+    """The mount `target` is on, found as the kernel's path walk finds it: from the root
+    mount down, at each mount point on the way onto the mount on top there. A mount that a
+    later one over a parent directory hides (the host's /dev/shm under a tmpfs mounted on
+    /dev) is a child of the mount below, so the walk never reaches it; the deepest mount
+    point alone took it. None when the table has no one root mount at "/" (a chroot's
+    table leaves out the mounts above its root): the caller then takes the deepest."""
+    ids = {m.mount_id for m in mounts}
+    tops = [m for m in mounts if m.parent_id not in ids or m.parent_id == m.mount_id]
+    if len(tops) != 1 or posixpath.normpath(tops[0].mount_point) != "/":
+        return None
+    children: dict[int, list[Any]] = {}
+    for m in mounts:
+        if m.parent_id != m.mount_id:
+            children.setdefault(m.parent_id, []).append(m)
+    current = tops[0]
+    for _ in range(len(mounts)):  # a hostile table's cycles end here
+        point = posixpath.normpath(current.mount_point)
+        above = [c for c in children.get(current.mount_id, ()) if posixpath.normpath(c.mount_point) == point]
+        if above:  # stacked on the same point: the last mounted is on top
+            current = above[-1]
+            continue
+        crossings = [c for c in children.get(current.mount_id, ()) if _holds(c.mount_point, target)]
+        if not crossings:
+            return current
+        shallowest = min(_depth(c.mount_point) for c in crossings)  # the walk crosses that one first
+        current = [c for c in crossings if _depth(c.mount_point) == shallowest][-1]
+    return None
+
+
+def _deepest(mounts: Sequence[Any], target: str) -> Any:
+    """The mount with the deepest mount point that holds `target`; of equals, the last."""
+    best, best_depth = None, -1
+    for mount in mounts:
+        if _holds(mount.mount_point, target) and _depth(mount.mount_point) >= best_depth:
+            best, best_depth = mount, _depth(mount.mount_point)
+    return best
 
 
 def gather(ctx) -> ShmFacts:

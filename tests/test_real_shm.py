@@ -257,3 +257,25 @@ def test_a_shm_that_is_a_link_is_judged_where_it_leads_in_the_targets_root(tmp_p
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_shm_directory_under_a_tmpfs_mounted_over_dev_is_not_a_mount_of_its_own(tmp_path):
+    """The host's /dev/shm mount stays in a private namespace's table after a tmpfs is
+    mounted over /dev, hidden under it; the deepest mount point alone took it, and said
+    /dev/shm was a mount of its own when it is a plain directory on the new /dev."""
+    _namespace_or_skip()
+    script = "mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev && mkdir /dev/shm && exec sleep 120"
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
+            time.sleep(0.05)
+        assert "/dev/shm" in {line.split()[4] for line in Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()}
+        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
+                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
+        facts = _shm_result(json.loads(out.stdout))["facts"]
+        assert facts["size_bytes"] == 16 * 1024 * 1024 and facts["fstype"] == "tmpfs", facts
+        assert facts["own_mount"] is False, facts
+    finally:
+        proc.kill()
+        proc.wait()

@@ -337,3 +337,31 @@ def test_the_floor_row_reads_as_english_for_a_live_loader_too():
     settings = dict(loader(4, 6 * mib, 2), loader_source="live")
     r = judge(facts, settings)
     assert "this job's the" not in r.summary and "which fits" in r.summary, r.summary
+
+
+def _mount_of_table(tmp_path: Path, table: str):
+    """shm_size._mount_of over `table` as a process's mountinfo."""
+    from types import SimpleNamespace
+
+    file = tmp_path / "mountinfo"
+    file.write_text(table)
+    return shm_size._mount_of(SimpleNamespace(proc=lambda name: file), "/dev/shm")
+
+
+HOST = "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n2 1 0:5 / /dev rw - devtmpfs udev rw\n3 2 0:20 / /dev/shm rw - tmpfs tmpfs rw\n"
+
+
+def test_the_mount_holding_shm_is_found_as_the_path_walk_finds_it(tmp_path):
+    assert _mount_of_table(tmp_path, HOST) == ("tmpfs", "/dev/shm")
+    # a tmpfs mounted over /dev afterwards: stacked on the old /dev, it hides the old /dev/shm
+    assert _mount_of_table(tmp_path, HOST + "9 2 0:30 / /dev rw - tmpfs none rw\n") == ("tmpfs", "/dev")
+    # two mounts stacked on /dev/shm: the one on top
+    assert _mount_of_table(tmp_path, HOST + "10 3 0:31 / /dev/shm rw - ramfs none rw\n") == ("ramfs", "/dev/shm")
+    # a /dev mounted over / after /dev/shm was mounted (as a sibling): it hides /dev/shm too
+    assert _mount_of_table(tmp_path, "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n3 1 0:20 / /dev/shm rw - tmpfs tmpfs rw\n"
+                           "4 1 0:5 / /dev rw - devtmpfs udev rw\n") == ("devtmpfs", "/dev")
+    # a chroot's table, whose root mount is above its root and left out: the deepest, as before
+    assert _mount_of_table(tmp_path, "7 5 0:31 / /usr rw - ext4 /dev/sda1 rw\n8 5 0:20 /x /dev/shm rw - tmpfs t rw\n") \
+        == ("tmpfs", "/dev/shm")
+    # parents that loop (a hostile table) end, with an answer
+    assert _mount_of_table(tmp_path, "1 0 8:1 / / rw - ext4 r rw\n2 3 0:5 / /dev rw - tmpfs a rw\n3 2 0:6 / /dev rw - tmpfs b rw\n")
