@@ -124,8 +124,12 @@ def _mount_of(ctx, path: str, unreadable: Any = (None, None)) -> Any:
     except (OSError, ParseError):
         return unreadable
     target = posixpath.normpath(path)
-    best = _walk_to(mounts, target) or _deepest(mounts, target)
+    best = _walk_to(mounts, target) if len(mounts) <= MAX_WALKED_MOUNTS else None
+    best = best or _deepest(mounts, target)
     return (best.fstype, best.mount_point) if best else (None, None)
+
+
+MAX_WALKED_MOUNTS = 50_000  # a node's table holds a line per mount of every pod; past this, the deepest is taken
 
 
 def _holds(mount_point: str, target: str) -> bool:
@@ -139,33 +143,50 @@ def _depth(mount_point: str) -> int:
 
 
 def _walk_to(mounts: Sequence[Any], target: str) -> Any:
-    """The mount `target` is on, found as the kernel's path walk finds it: from the root
-    mount down, at each mount point on the way onto the mount on top there. A mount that a
-    later one over a parent directory hides (the host's /dev/shm under a tmpfs mounted on
-    /dev) is a child of the mount below, so the walk never reaches it; the deepest mount
-    point alone took it. None when the table has no one root mount at "/" (a chroot's
-    table leaves out the mounts above its root): the caller then takes the deepest."""
+    """The mount `target` is on, found as the kernel's path walk finds it: from the
+    process's root mount down, at each mount point on the way onto the mount on top
+    there. A mount that a later one over a parent directory hides (the host's /dev/shm
+    under a tmpfs mounted on /dev) is a child of the mount below, so the walk never
+    reaches it; the deepest mount point alone took it.
+
+    The walk starts at the table's top: the mount whose parent is not listed. A mount
+    stacked on that one at "/" is never entered (a path walk starts at the process's
+    root and does not cross a mount over it: helper-108). A chroot's table leaves out
+    the mount above its root, so its tops share one parent that is not listed: they are
+    walked as that parent's children. None when the table is neither (the caller then
+    takes the deepest mount point), and when a hostile table's ids repeat into a cycle."""
     ids = {m.mount_id for m in mounts}
-    tops = [m for m in mounts if m.parent_id not in ids or m.parent_id == m.mount_id]
-    if len(tops) != 1 or posixpath.normpath(tops[0].mount_point) != "/":
+    tops = [m for m in mounts if m.parent_id not in ids]
+    if not tops or len({m.parent_id for m in tops}) != 1:
         return None
     children: dict[int, list[Any]] = {}
     for m in mounts:
         if m.parent_id != m.mount_id:
             children.setdefault(m.parent_id, []).append(m)
-    current = tops[0]
-    for _ in range(len(mounts)):  # a hostile table's cycles end here
-        point = posixpath.normpath(current.mount_point)
-        above = [c for c in children.get(current.mount_id, ()) if posixpath.normpath(c.mount_point) == point]
-        if above:  # stacked on the same point: the last mounted is on top
-            current = above[-1]
-            continue
-        crossings = [c for c in children.get(current.mount_id, ()) if _holds(c.mount_point, target)]
+    points = {id(m): posixpath.normpath(m.mount_point) for m in mounts}
+    if len(tops) == 1 and points[id(tops[0])] == "/":
+        current, stacked_ok = tops[0], False  # the process's root: what is stacked on it is not seen
+    else:
+        current, stacked_ok = None, True  # a chroot's: the tops are the unlisted parent's children
+    seen: set[int] = set()
+    while True:
+        key = -1 if current is None else current.mount_id
+        if key in seen:
+            return None  # ids that repeat into a cycle: not a table to walk
+        seen.add(key)
+        below = tops if current is None else children.get(current.mount_id, ())
+        point = None if current is None else points[id(current)]
+        if stacked_ok and current is not None:
+            above = [c for c in below if points[id(c)] == point]
+            if above:  # stacked on the same point: the last mounted is on top
+                current = above[-1]
+                continue
+        crossings = [c for c in below if points[id(c)] != point and _holds(points[id(c)], target)]
         if not crossings:
             return current
-        shallowest = min(_depth(c.mount_point) for c in crossings)  # the walk crosses that one first
-        current = [c for c in crossings if _depth(c.mount_point) == shallowest][-1]
-    return None
+        shallowest = min(_depth(points[id(c)]) for c in crossings)  # the walk crosses that one first
+        current = [c for c in crossings if _depth(points[id(c)]) == shallowest][-1]
+        stacked_ok = True
 
 
 def _deepest(mounts: Sequence[Any], target: str) -> Any:
@@ -199,6 +220,9 @@ def gather(ctx) -> ShmFacts:
     except OSError as exc:
         if exc.errno == errno.ESRCH and ctx.target.pid is not None:
             raise Unavailable(f"process {ctx.target.pid} exited during the run ({path} is gone)") from None
+        if exc.errno == errno.ELOOP:  # the job's own shm_open fails the same way (helper-108: it was a skip)
+            return ShmFacts(str(path), None, None, missing=f"/dev/shm of {who} is a loop of symbolic links: "
+                                                          f"{who} has no usable /dev/shm")
         raise Unavailable(f"cannot examine {path}: {exc.strerror or exc}") from None
     fstype, mount_point = _shm_mount(ctx, seen, inside)
     if mount_point is not None and mount_point == inside:

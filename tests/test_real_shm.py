@@ -279,3 +279,46 @@ def test_a_shm_directory_under_a_tmpfs_mounted_over_dev_is_not_a_mount_of_its_ow
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_mount_over_the_root_is_not_where_the_processes_shm_is(tmp_path):
+    """helper-108: `mount --bind X /` stacks X on the process's root, but its paths start
+    at its root and never reach X: its /dev/shm is still the tmpfs it mounted. The mount
+    walk climbed onto X and judged an ext4 directory there."""
+    _namespace_or_skip()
+    (tmp_path / "over" / "dev" / "shm").mkdir(parents=True)
+    script = (f"mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev/shm && "
+              f"mount --bind {tmp_path / 'over'} / && exec sleep 120")
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
+            time.sleep(0.05)
+        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
+                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
+        facts = _shm_result(json.loads(out.stdout))["facts"]
+        assert facts["size_bytes"] == 16 * 1024 * 1024, facts
+        assert facts["fstype"] == "tmpfs" and facts["own_mount"] is True, facts
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_shm_link_that_loops_is_no_usable_shm(tmp_path):
+    """helper-108: a /dev/shm that links to itself was a skip ("cannot examine"); the
+    job's own shm_open fails there, as where /dev/shm is missing: a fail."""
+    _namespace_or_skip()
+    script = ("mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev && ln -s /dev/shm /dev/shm && "
+              "exec sleep 120")
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
+            time.sleep(0.05)
+        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
+                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
+        row = _shm_result(json.loads(out.stdout))
+        assert row["status"] == "fail" and "loop of symbolic links" in row["summary"], row
+    finally:
+        proc.kill()
+        proc.wait()

@@ -365,3 +365,42 @@ def test_the_mount_holding_shm_is_found_as_the_path_walk_finds_it(tmp_path):
         == ("tmpfs", "/dev/shm")
     # parents that loop (a hostile table) end, with an answer
     assert _mount_of_table(tmp_path, "1 0 8:1 / / rw - ext4 r rw\n2 3 0:5 / /dev rw - tmpfs a rw\n3 2 0:6 / /dev rw - tmpfs b rw\n")
+
+
+def test_a_mount_over_the_processes_root_is_not_where_its_paths_lead(tmp_path):
+    """helper-108: `mount --bind X /` stacks X on the root, but the process's paths start
+    at its root and never cross onto X: its /dev/shm is still the tmpfs under the root."""
+    table = HOST + "174 1 8:1 /srv/x / rw - ext4 /dev/sda1 rw\n"
+    assert _mount_of_table(tmp_path, table) == ("tmpfs", "/dev/shm")
+
+
+def test_a_chroots_tops_are_walked_as_the_children_of_the_parent_it_cannot_see(tmp_path):
+    """helper-108: a chroot's table had three tops (/usr, /dev/shm, /dev over it): the
+    deepest took the hidden /dev/shm; walked, /dev is crossed first."""
+    table = ("400 345 8:1 /usr /usr rw - ext4 /dev/sda1 rw\n401 345 0:40 / /dev/shm rw - tmpfs a rw\n"
+             "402 345 0:41 / /dev rw - tmpfs b rw\n")
+    assert _mount_of_table(tmp_path, table) == ("tmpfs", "/dev")
+    assert _mount_of_table(tmp_path, table.replace("tmpfs b", "devtmpfs b").replace(" tmpfs b", " devtmpfs b")) \
+        == ("devtmpfs", "/dev")
+
+
+def test_a_table_whose_ids_repeat_into_a_cycle_is_not_walked_for_ever(tmp_path, monkeypatch):
+    """helper-108: two mounts with one id made a cycle; each step scanned 100,000
+    children again, and a 16,000-line table took 17 s. Now a revisit ends the walk:
+    each mount point is normalised a few times, not once per step."""
+    import posixpath
+
+    compared = 0
+    real_normpath = posixpath.normpath
+
+    def normpath(path):
+        nonlocal compared
+        compared += 1
+        return real_normpath(path)
+
+    monkeypatch.setattr(posixpath, "normpath", normpath)
+    n = 20_000
+    lines = ["1 0 8:1 / / rw - ext4 x rw", "2 1 0:5 / /dev rw - tmpfs t rw", "3 2 0:6 / /dev rw - tmpfs t rw",
+             "2 3 0:7 / /dev rw - tmpfs u rw"] + [f"{10 + i} 2 0:9 / /dev/x/{i} rw - tmpfs t rw" for i in range(n)]
+    assert _mount_of_table(tmp_path, "\n".join(lines) + "\n") == ("tmpfs", "/dev")  # not walked: the deepest
+    assert compared < 10 * n, compared
