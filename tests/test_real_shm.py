@@ -234,6 +234,22 @@ def test_another_users_process_is_a_skip_with_the_reason(tmp_path):
         child.wait()
 
 
+def _row_in_namespace(script: str) -> dict:
+    """shm.size's row from `check --pid` for the process `script` ends as (`exec sleep`), in
+    a mount namespace of its own."""
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
+            time.sleep(0.05)
+        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
+                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
+        return _shm_result(json.loads(out.stdout))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("link", ["/dev/realshm", "realshm"])
 def test_a_shm_that_is_a_link_is_judged_where_it_leads_in_the_targets_root(tmp_path, link):
     """helper-107: through /proc/N/root the kernel resolves an absolute link from the
@@ -242,21 +258,11 @@ def test_a_shm_that_is_a_link_is_judged_where_it_leads_in_the_targets_root(tmp_p
     _namespace_or_skip()
     script = ("mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev && mkdir /dev/realshm && "
               f"ln -s {link} /dev/shm && exec sleep 120")
-    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
-            time.sleep(0.05)
-        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
-                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
-        row = _shm_result(json.loads(out.stdout))
-        facts = row["facts"]
-        assert facts["size_bytes"] == 16 * 1024 * 1024, row  # the /dev tmpfs, where the link leads
-        assert facts["fstype"] == "tmpfs" and facts["own_mount"] is False, row
-        assert "does not exist" not in row["summary"], row
-    finally:
-        proc.kill()
-        proc.wait()
+    row = _row_in_namespace(script)
+    facts = row["facts"]
+    assert facts["size_bytes"] == 16 * 1024 * 1024, row  # the /dev tmpfs, where the link leads
+    assert facts["fstype"] == "tmpfs" and facts["own_mount"] is False, row
+    assert "does not exist" not in row["summary"], row
 
 
 def test_a_shm_directory_under_a_tmpfs_mounted_over_dev_is_not_a_mount_of_its_own(tmp_path):
@@ -265,20 +271,10 @@ def test_a_shm_directory_under_a_tmpfs_mounted_over_dev_is_not_a_mount_of_its_ow
     /dev/shm was a mount of its own when it is a plain directory on the new /dev."""
     _namespace_or_skip()
     script = "mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev && mkdir /dev/shm && exec sleep 120"
-    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
-            time.sleep(0.05)
-        assert "/dev/shm" in {line.split()[4] for line in Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()}
-        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
-                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
-        facts = _shm_result(json.loads(out.stdout))["facts"]
-        assert facts["size_bytes"] == 16 * 1024 * 1024 and facts["fstype"] == "tmpfs", facts
-        assert facts["own_mount"] is False, facts
-    finally:
-        proc.kill()
-        proc.wait()
+    row = _row_in_namespace(script)
+    facts = row["facts"]
+    assert facts["size_bytes"] == 16 * 1024 * 1024 and facts["fstype"] == "tmpfs", facts
+    assert facts["own_mount"] is False, facts
 
 
 def test_a_mount_over_the_root_is_not_where_the_processes_shm_is(tmp_path):
@@ -289,19 +285,10 @@ def test_a_mount_over_the_root_is_not_where_the_processes_shm_is(tmp_path):
     (tmp_path / "over" / "dev" / "shm").mkdir(parents=True)
     script = (f"mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev/shm && "
               f"mount --bind {tmp_path / 'over'} / && exec sleep 120")
-    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
-            time.sleep(0.05)
-        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
-                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
-        facts = _shm_result(json.loads(out.stdout))["facts"]
-        assert facts["size_bytes"] == 16 * 1024 * 1024, facts
-        assert facts["fstype"] == "tmpfs" and facts["own_mount"] is True, facts
-    finally:
-        proc.kill()
-        proc.wait()
+    row = _row_in_namespace(script)
+    facts = row["facts"]
+    assert facts["size_bytes"] == 16 * 1024 * 1024, facts
+    assert facts["fstype"] == "tmpfs" and facts["own_mount"] is True, facts
 
 
 def test_a_shm_link_that_loops_is_no_usable_shm(tmp_path):
@@ -310,15 +297,5 @@ def test_a_shm_link_that_loops_is_no_usable_shm(tmp_path):
     _namespace_or_skip()
     script = ("mount --make-rprivate / && mount -t tmpfs -o size=16m tmpfs /dev && ln -s /dev/shm /dev/shm && "
               "exec sleep 120")
-    proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script])  # unshare and sh exec: proc.pid is the sleep
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not os.readlink(f"/proc/{proc.pid}/exe").endswith("sleep"):
-            time.sleep(0.05)
-        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
-                              "--only", "shm.size"], capture_output=True, text=True, timeout=120)
-        row = _shm_result(json.loads(out.stdout))
-        assert row["status"] == "fail" and "loop of symbolic links" in row["summary"], row
-    finally:
-        proc.kill()
-        proc.wait()
+    row = _row_in_namespace(script)
+    assert row["status"] == "fail" and "loop of symbolic links" in row["summary"], row
