@@ -60,7 +60,7 @@ from collections import namedtuple
 
 from envdoctor.cgroup import parse_mountinfo
 from envdoctor.check import Check, Metric
-from envdoctor.paths import read_text
+from envdoctor.paths import read_text, shm_seen_by
 from envdoctor.context import permission_hint
 from envdoctor.errors import ParseError, Unavailable
 from envdoctor.model import Finding, Result, Status, verdict
@@ -203,7 +203,7 @@ def gather(ctx) -> ShmFacts:
     inside = "/dev/shm"
     path = ctx.target_path(inside)
     try:
-        inside = ctx.roots.resolved_in(ctx.target.pid, inside)  # a link to /run/shm is its /run/shm, not ours
+        inside = shm_seen_by(ctx.roots, ctx.target.pid, ctx.host.fact)  # a link to /run/shm is its /run/shm, not ours
         path = ctx.target_path(inside)
         seen = os.stat(path)
         mode = seen.st_mode

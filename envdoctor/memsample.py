@@ -42,7 +42,7 @@ from collections import namedtuple
 from pathlib import Path
 from types import MappingProxyType
 
-from envdoctor.paths import Roots, proc_status, read_text
+from envdoctor.paths import Roots, proc_status, read_text, shm_seen_by
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -322,15 +322,15 @@ class Sampler:
         if "cgroup" in values and tightest is not None:
             limits["cgroup"] = tightest
 
-        self._shm(values, limits, notes)
+        self._shm(values, limits, notes, shared)
         self._gpu(values, limits, notes)
         self._attached(values, limits, counters, notes)
         return Sample(t, values, limits, counters, tuple(notes))
 
-    def _shm(self, values: dict, limits: dict, notes: list[str]) -> None:
+    def _shm(self, values: dict, limits: dict, notes: list[str], shared: Shared | None = None) -> None:
         self.shm_mount = None  # until this sample reads one
         try:
-            path = self.roots.seen_by(self.pid, self.roots.resolved_in(self.pid, "/dev/shm"))
+            path = self.roots.seen_by(self.pid, shm_seen_by(self.roots, self.pid, shared))
             st = os.statvfs(path)
             mount = os.stat(path).st_dev
         except OSError as exc:

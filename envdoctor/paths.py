@@ -170,6 +170,16 @@ def read_text(path: Path | str, limit: int = MAX_READ_BYTES) -> str:
     return read_bytes(path, limit).decode("utf-8", "replace")
 
 
+def shm_seen_by(roots: Roots, pid: int | None, shared: Any = None) -> str:
+    """Where the process's /dev/shm leads in its own root (Roots.resolved_in). `shared`
+    (serve's memo for one run) makes it once a run: the memory sample and shm.size both
+    ask, one after the other."""
+    def resolve() -> str:
+        return roots.resolved_in(pid, "/dev/shm")
+
+    return resolve() if shared is None else shared(f"paths.shm:{pid}", resolve)
+
+
 STATUS_LIMIT = 1 << 20  # /proc/N/status is a few KiB; what a hostile --path.procfs holds is cut off here
 
 

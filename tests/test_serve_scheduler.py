@@ -654,10 +654,17 @@ def hook(event, args):
     if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
         opened.append(os.fsdecode(args[0]))
 sys.addaudithook(hook)
+from envdoctor.paths import Roots
+resolved, real_resolved_in = [], Roots.resolved_in
+def resolved_in(self, pid, path, *args):
+    resolved.append(pid)
+    return real_resolved_in(self, pid, path, *args)
+Roots.resolved_in = resolved_in
 snap = sched.run_once()
 shm = {r["target"]: r["facts"] for r in json.loads(snap.report)["results"] if r["check"] == "shm.size"}
 print(json.dumps({"opened": {p: {name: opened.count(f"/proc/{p}/{name}") for name in ("status", "cgroup", "mountinfo")}
                              for p in pids},
+                  "resolved": {p: resolved.count(p) for p in pids},
                   "shm": {p: shm.get(f"pid:{p}") for p in pids}, "targets": list(snap.targets)}))
 """
 
@@ -680,7 +687,8 @@ def test_a_run_reads_each_targets_status_and_cgroup_once(tmp_path):
     """The memory sample and the live-view lookup (the pid in the process's namespace,
     its uid) both read /proc/N/status, and discovery (the container's labels) and the CPU
     quota lookup /proc/N/cgroup: twice a run per process each, where the run's memo
-    makes it once."""
+    makes it once. Where /dev/shm leads (its links) is worked out once too, for the
+    memory sample and shm.size."""
     tag = f"ENVDOCTOR_STATUS_{os.getpid()}"
     marker = f"{3200 + os.getpid() % 1000}.5"
     out = subprocess.run(["sh", "-c", f"for i in 1 2; do sleep {marker} >/dev/null 2>&1 & echo $!; done"],
@@ -691,6 +699,7 @@ def test_a_run_reads_each_targets_status_and_cgroup_once(tmp_path):
         assert all(f"pid:{p}" in seen["targets"] for p in pids), seen
         assert [seen["opened"][str(p)]["status"] for p in pids] == [1, 1], seen
         assert [seen["opened"][str(p)]["cgroup"] for p in pids] == [1, 1], seen
+        assert [seen["resolved"][str(p)] for p in pids] == [1, 1], seen  # where /dev/shm leads: the sample's, shared
     finally:
         subprocess.run(["pkill", "-f", f"^sleep {marker}$"])
 
