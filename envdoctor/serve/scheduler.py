@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import gc
 import gzip
-import json
 import os
 import random
 import socket
@@ -39,7 +38,7 @@ from envdoctor.memsample import MemoryHistory
 from envdoctor.model import Report, Result
 from envdoctor.record import Record
 from envdoctor.registry import Registry
-from envdoctor.serve import discovery, malloc, metrics
+from envdoctor.serve import discovery, malloc, metrics, report_json
 from envdoctor.serve.bounded_discovery import BLAME_SHARE, BoundedAnnouncements, BoundedDiscovery
 from envdoctor.serve.exposition_cache import ExpositionCache
 from envdoctor.serve.onecpu import OneCpu
@@ -324,7 +323,7 @@ class Scheduler:
                               metrics.ServeCollector(found.targets, serve_stats, self.stats.check_timeouts),
                               self._states, self._lines)
         # level 1: 64 torch processes' 295 KB of metrics in 0.8 ms to 24 KB; level 6 took 2.5 ms for 19.5 KB
-        snap = Snapshot(metrics=body, metrics_gzip=gzip.compress(body, compresslevel=1, mtime=0), report=(json.dumps(report.to_dict(), default=str) + "\n").encode(),
+        snap = Snapshot(metrics=body, metrics_gzip=gzip.compress(body, compresslevel=1, mtime=0), report=report_json.encode(report, per_target),
                         completed_at=time.time(), completed_monotonic=time.monotonic(), run_seconds=seconds,
                         targets=tuple(t.label for t in found.targets))
         self._log_changes(found, seconds)
