@@ -397,6 +397,14 @@ class Scrubber:
         # job, ~7,000 texts a run. Off by default: a log line's or a report's scrubber sees
         # each text once, and the memo would only cost memory. Bounded either way.
         self._memo: dict[str, str] | None = {} if memo else None
+        self._before: dict[str, str] = {}  # the memo of the pass before (next_pass)
+
+    def next_pass(self) -> None:
+        """A new pass over the same kind of texts (serve's next run): what the last pass
+        scrubbed is kept for this one, and forgotten after it unless seen again. On a
+        settled node most texts of a run are the last run's."""
+        if self._memo is not None:
+            self._before, self._memo = self._memo, {}
 
     def text(self, value: str) -> str:
         memo = self._memo
@@ -406,7 +414,8 @@ class Scrubber:
         if done is None:
             if len(memo) >= _MEMO_TEXTS:
                 memo.clear()
-            done = memo[value] = self._scrub(value)
+            done = self._before.get(value)
+            memo[value] = done = self._scrub(value) if done is None else done
         return done
 
     def _scrub(self, value: str) -> str:

@@ -108,6 +108,25 @@ def test_scrubber_memo_gives_the_same_answers_and_stays_bounded():
     assert redact.Scrubber(["abcdefgh12"])._memo is None  # off unless asked for
 
 
+def test_a_scrubbers_next_pass_reuses_the_last_passes_texts_and_then_forgets_them(monkeypatch):
+    """serve keeps a job's scrubber from one run to the next (next_pass): a text the last
+    run scrubbed is not scrubbed again, answers as it did, and a text no run has seen
+    since is forgotten, so the memo follows what the node shows now."""
+    scrub = redact.Scrubber(["abcdefgh12"], memo=True)
+    scrubbed: list[str] = []
+    real = scrub._scrub
+    monkeypatch.setattr(scrub, "_scrub", lambda value: scrubbed.append(value) or real(value))
+    first = [scrub.text(t) for t in ("pid 1 abcdefgh12", "user:pw@host", "gone after this pass")]
+    assert first == ["pid 1 ***", "user:***@host", "gone after this pass"] and len(scrubbed) == 3
+    scrub.next_pass()
+    assert [scrub.text(t) for t in ("pid 1 abcdefgh12", "user:pw@host")] == first[:2]
+    assert len(scrubbed) == 3  # answered from the last pass
+    scrub.next_pass()
+    scrub.next_pass()
+    assert scrub.text("gone after this pass") == "gone after this pass" and len(scrubbed) == 4  # forgotten: scrubbed anew
+    assert redact.Scrubber(["x"]).next_pass() is None  # no memo: nothing to keep
+
+
 @pytest.mark.parametrize("text, masked", [
     ("/etc/passwd: permission denied", "/etc/passwd: permission denied"),  # a path and what happened to it
     ("/run/secrets/db_password: not found", "/run/secrets/db_password: not found"),

@@ -800,3 +800,44 @@ def test_two_chroots_sharing_one_shm_directory_keep_their_own_mount_answers(tmp_
         os.killpg(outer.pid, 9)
         outer.wait()
         subprocess.run(["pkill", "-xf", f"/usr/bin/sleep {marker}"])
+
+
+SCRUB_TWICE = r"""
+import sys, json
+from envdoctor import redact
+from envdoctor.serve import Daemon, Options
+scrubbed = []
+real = redact.Scrubber._scrub
+redact.Scrubber._scrub = lambda self, value: scrubbed.append(value) or real(self, value)
+d = Daemon(Options(once=True, config_file=sys.argv[1]))
+runs = []
+for _ in range(2):
+    scrubbed.clear()
+    snap = d.scheduler.run_once()
+    runs.append({"scrubbed": len(scrubbed), "report": snap.report.decode(), "targets": list(snap.targets)})
+print(json.dumps(runs))
+"""
+
+
+def test_a_jobs_scrubber_carries_what_it_scrubbed_into_the_next_run(tmp_path):
+    """Each job's texts are scrubbed once, not every run: the scrubber of a set of secrets
+    is kept from one run to the next (redact.Scrubber.next_pass). Its answers must stay
+    those of a fresh one: every process's own secret masked, in both runs."""
+    import json
+    import sys
+
+    tag = f"ENVDOCTOR_SCRUB_{os.getpid()}"
+    secrets = [f"hf_{os.getpid()}Qz8vN3xT5mK1pL7wR{n}" for n in range(2)]
+    for secret in secrets:  # orphans, as a job's processes are to the daemon
+        subprocess.run(["sh", "-c", "sleep 30 > /dev/null 2>&1 &"], check=True,
+                       env={**os.environ, tag: "1", "HF_TOKEN": secret, "OMP_NUM_THREADS": f"4{secret}"})
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text(f"[serve]\nselect_env = [\"{tag}\"]\n")
+    out = subprocess.run([sys.executable, "-c", SCRUB_TWICE, str(cfg)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = json.loads(out.stdout)
+    assert len(first["targets"]) == len(second["targets"]) == 3, first["targets"]
+    for run in (first, second):
+        assert all(secret not in run["report"] and secret[:12] not in run["report"] for secret in secrets)
+        assert run["report"].count('"summary": "OMP_NUM_THREADS=\'4***\' is invalid') == 2  # each judged, its own secret masked
+    assert second["scrubbed"] < first["scrubbed"] / 2, (first["scrubbed"], second["scrubbed"])
