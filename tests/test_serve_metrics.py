@@ -45,7 +45,10 @@ def test_the_kept_state_set_gives_the_bytes_one_render_gives():
     for duration in (0.01, 0.02):  # the second render reuses the state set's bytes
         report = _report(SETTLED, duration)
         serve = _serve_families(TARGETS)
-        assert metrics.render(report, catalog, serve, states) == _one_render(report, catalog, serve)
+        body = metrics.render(report, catalog, serve, states)
+        assert body == _one_render(report, catalog, serve)
+        kept = states._last[1]  # a view into the exposition the snapshot holds, not a copy of its own
+        assert isinstance(kept, memoryview) and kept.obj is body and body.startswith(kept)
     assert metrics.render(report, catalog, serve) == _one_render(report, catalog, serve)  # no kept state set
 
 
