@@ -395,7 +395,8 @@ class Scrubber:
         # memo=True where one scrubber sees the same texts again and again: in a serve run,
         # check ids, target labels, fact names and the same summary for every process of a
         # job, ~7,000 texts a run. Off by default: a log line's or a report's scrubber sees
-        # each text once, and the memo would only cost memory. Bounded either way.
+        # each text once, and the memo would only cost memory. Bounded either way: _MEMO_TEXTS
+        # a pass, and the pass before kept beside it (next_pass), so twice that at most.
         self._memo: dict[str, str] | None = {} if memo else None
         self._before: dict[str, str] = {}  # the memo of the pass before (next_pass)
 

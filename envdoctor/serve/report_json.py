@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import json
 
+from envdoctor.model import Report
+
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
     from typing import Sequence
 
-    from envdoctor.model import Report, Result
+    from envdoctor.model import Result
 
 _EMPTY_RESULTS = '"results": []}'  # how the report without rows ends: results is its last key
 
 
 def encode(report: Report, groups: Sequence[Sequence[Result]]) -> bytes:
     """The report's JSON and a newline. `groups`: its results split by target, in order
-    (their concatenation is report.results)."""
-    head = json.dumps(report.replace(results=[]).to_dict(), default=str)
+    (their concatenation is report.results, as the scheduler makes them). A report of
+    another kind than the plain Report (a subclass's to_dict may derive fields from its
+    results, or filter them: helper-109) is written whole."""
+    head = json.dumps(report.replace(results=[]).to_dict(), default=str) if type(report) is Report else ""
     if not head.endswith(_EMPTY_RESULTS):  # a report laid out otherwise: written whole
         return (json.dumps(report.to_dict(), default=str) + "\n").encode()
     rows = (json.dumps([r.to_dict() for r in group], default=str)[1:-1] for group in groups if group)
