@@ -295,8 +295,8 @@ def load(
     load) so that configuring them is not mistaken for a typo. Of those, `left_out`
     (plug-ins not imported at all: ENVDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1) may have any
     setting in the environment too, unread, as in a file. `unimported`: envdoctor's own
-    checks a run did not import (exec's, registry.NOT_IN_EXEC), known and left out too, whose
-    variables stay theirs as a loaded check's do.
+    checks a run did not import (exec's and serve's, registry.NOT_IN), known and left out
+    too, whose variables stay theirs as a loaded check's do.
     """
     config = Config()
     known = set(catalog) | (known_ids or set())

@@ -174,7 +174,7 @@ def _import_ahead() -> None:  # pragma: no cover - in the child
         from envdoctor import config, exec_preflight, pipeline, registry  # noqa: F401
 
         listed = registry.entry_points_of(registry.GROUP)
-        registry.load(autoload_plugins=False, listed=listed, for_exec=True)
+        registry.load(autoload_plugins=False, listed=listed, for_mode="exec")
         _listed = listed  # the pre-flight's own load reads the same list (the plug-ins from it too)
     except Exception:  # noqa: BLE001 - met again, and reported, by the pre-flight itself
         pass

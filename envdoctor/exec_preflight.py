@@ -105,7 +105,7 @@ def select(registry: Any, config: Any, options: ExecOptions) -> list[Any]:
     chosen = [p for p in plans if runs_in_exec(p.check)]
     # asked for, not skipped, and never run here: a loaded check that says so, or one of
     # envdoctor's own that a load for exec does not even import (registry.NOT_IN_EXEC)
-    elsewhere = registry.not_in_exec | {c.id for c in registry.checks.values() if not runs_in_exec(c)}
+    elsewhere = registry.not_imported | {c.id for c in registry.checks.values() if not runs_in_exec(c)}
     refused = sorted((set(asked) - pipeline.skipped(only, skip, config)) & elsewhere)
     if refused:
         # every check exec can run, not only those left of this selection (which is often none)
@@ -532,11 +532,11 @@ def in_child(options: ExecOptions, env: Mapping[str, str], argv: Sequence[str], 
     left = options.timeout - (time.monotonic() - started) if options.timeout else registry_module.PLUGIN_IMPORT_TIMEOUT
     registry = registry_module.load(importing=lambda eps: send({"importing": [f"{ep.name} ({ep.value})" for ep in eps]}),
                                     import_timeout=max(0.1, min(registry_module.PLUGIN_IMPORT_TIMEOUT, left / 2)),
-                                    listed=listed, for_exec=True)
+                                    listed=listed, for_mode="exec")
     try:
         # the settings of a check exec never runs wait unread, as a left-out plug-in's: `check` reads them
         config = load_config(registry.checks, known_ids=registry.unloaded_ids,
-                             left_out=registry.left_out | registry.not_in_exec, unimported=registry.not_in_exec)
+                             left_out=registry.left_out | registry.not_imported, unimported=registry.not_imported)
         workers = launcher_workers(argv, env, gpus=lambda: visible_gpus(env))
         threads = config.checks.setdefault("cpu.threads", {})
         if workers and "LOCAL_WORLD_SIZE" not in env and not threads.get("processes_per_node"):

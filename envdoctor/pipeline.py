@@ -273,5 +273,5 @@ def probe_limit(check_timeout: float) -> float:
     return max(0.05, min(default_timeout(), check_timeout - min(1.0, check_timeout * 0.1)))
 
 
-def load_registry() -> Registry:
-    return registry_module.load()
+def load_registry(for_mode: str | None = None) -> Registry:
+    return registry_module.load(for_mode=for_mode)

@@ -1,9 +1,11 @@
-"""registry.NOT_IN_EXEC (envdoctor's checks that exec's pre-flight does not import) says
-what each check's own `modes` say, and exec treats those ids as it did when it imported
-them: known to the config, refused by --only with the same reason."""
+"""registry.NOT_IN_EXEC and NOT_IN_SERVE (envdoctor's checks that exec's pre-flight and the
+serve daemon do not import) say what each check's own `modes` say, and exec and serve
+treat those ids as they did when they imported them: known to the config, refused by
+--only with the same reason."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,25 +19,27 @@ from envdoctor import registry
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_the_table_is_every_builtin_check_that_does_not_run_in_exec():
+@pytest.mark.parametrize("mode", ["exec", "serve"])
+def test_the_table_is_every_builtin_check_that_does_not_run_in_the_mode(mode):
     builtins = [ep for ep in registry.entry_points_of(registry.GROUP) if ep.value.startswith(registry.BUILTIN_MODULE_PREFIX)]
     assert len(builtins) >= 13
-    not_in_exec = {ep.value: ep.load().id for ep in builtins if not ep.load().runs_in("exec")}
-    assert not_in_exec == registry.NOT_IN_EXEC
+    not_in_mode = {ep.value: ep.load().id for ep in builtins if not ep.load().runs_in(mode)}
+    assert not_in_mode == registry.NOT_IN[mode]
 
 
-def test_a_load_for_exec_imports_none_of_them_and_names_them():
+@pytest.mark.parametrize("mode", ["exec", "serve"])
+def test_a_load_for_the_mode_imports_none_of_them_and_names_them(mode):
     code = ("import sys\nfrom envdoctor import registry\n"
-            "r = registry.load(for_exec=True)\n"
-            "print(sorted(r.not_in_exec))\n"
+            f"r = registry.load(for_mode={mode!r})\n"
+            "print(sorted(r.not_imported))\n"
             "print(sorted(m for m in sys.modules if m.startswith('envdoctor.checks.')))\n"
             "print(sorted(r.checks))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True,
                          timeout=60).stdout.splitlines()
-    assert eval(out[0]) == sorted(registry.NOT_IN_EXEC.values())
+    assert eval(out[0]) == sorted(registry.NOT_IN[mode].values())
     imported = eval(out[1])
-    assert not [m for m in imported if f"{m}:CHECK" in registry.NOT_IN_EXEC], imported
-    assert set(eval(out[2])) == {c.id for c in registry.load().checks.values() if c.runs_in("exec")}
+    assert not [m for m in imported if f"{m}:CHECK" in registry.NOT_IN[mode]], imported
+    assert set(eval(out[2])) == {c.id for c in registry.load().checks.values() if c.runs_in(mode)}
 
 
 def _exec(*args, env=None):
@@ -120,3 +124,36 @@ def test_a_plain_keyboard_interrupt_during_a_builtins_import_stops_the_load(monk
     monkeypatch.setattr(EntryPoint, "load", interrupted)
     with pytest.raises(KeyboardInterrupt):
         registry.load(autoload_plugins=False)
+
+
+SERVE_IMPORTS = r"""
+import json, sys
+from envdoctor.serve import Daemon, Options
+d = Daemon(Options(once=True, config_file=sys.argv[1]))
+d.scheduler.run_once()
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("envdoctor.checks."))))
+"""
+
+
+def test_the_daemon_imports_no_check_that_never_runs_in_serve_and_its_config_may_still_set_them(tmp_path):
+    """serve loads its registry for serve: a check that never runs there is not imported
+    (its code stayed resident on every node), and the config that sets it up, in the file
+    or the environment, is taken as before; a typo is still refused."""
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text('[serve]\nselect_env = ["ENVDOCTOR_NO_SUCH_TARGET"]\n\n[check."onnx.opset"]\ntimeout = 5\n')
+    env = {**os.environ, "ENVDOCTOR_CHECK__TORCH_PIN_MEMORY__TIMEOUT": "5", "PYTHONPATH": REPO}
+    env.pop("ENVDOCTOR_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", SERVE_IMPORTS, str(cfg)], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    imported = json.loads(out.stdout)
+    assert "envdoctor.checks.cpu_threads" in imported  # it does load the ones it runs
+    assert not [m for m in imported if f"{m}:CHECK" in registry.NOT_IN_SERVE], imported
+    textfile = tmp_path / "out.prom"
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(textfile),
+                           "--config", str(cfg)], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and "envdoctor_check_status" in textfile.read_text(), proc.stderr
+    cfg.write_text('[check."onnx.opsett"]\ntimeout = 5\n')
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(textfile),
+                           "--config", str(cfg)], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "onnx.opsett" in proc.stderr, proc.stderr

@@ -164,7 +164,7 @@ class Daemon:
         from envdoctor import deadman
 
         with deadman.Heartbeat():  # a plug-in wedged in C at import ends the start with its stack, not a hang
-            self.registry = pipeline.load_registry()
+            self.registry = pipeline.load_registry(for_mode="serve")  # what never runs in serve is not imported
             config, serve_settings = self._load()
         try:
             self.web = webconfig.load(options.web_config_file)
@@ -206,7 +206,8 @@ class Daemon:
         try:
             config = load_config(self.registry.checks, explicit_file=self.options.config_file,
                                  known_ids=self.registry.unloaded_ids,
-                                 left_out=self.registry.left_out)
+                                 left_out=self.registry.left_out | self.registry.not_imported,
+                                 unimported=self.registry.not_imported)
             pipeline.plan(self.registry, config, pipeline.Selection())
             return config, settings.from_config(config, self.options.interval)
         except (ConfigError, UsageError) as exc:
