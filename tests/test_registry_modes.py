@@ -157,3 +157,44 @@ def test_the_daemon_imports_no_check_that_never_runs_in_serve_and_its_config_may
     proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(textfile),
                            "--config", str(cfg)], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert proc.returncode == 2 and "onnx.opsett" in proc.stderr, proc.stderr
+
+
+RELOAD_ONLY = r"""
+import json, sys
+from pathlib import Path
+from envdoctor.serve import Daemon, Options
+cfg = Path(sys.argv[1])
+cfg.write_text('[serve]\nselect_env = ["ENVDOCTOR_NO_SUCH_TARGET"]\n')
+d = Daemon(Options(once=True, config_file=str(cfg)))
+rows = []
+for only in ('', 'only = ["onnx.opset", "shm.size"]\n'):
+    cfg.write_text(only + '[serve]\nselect_env = ["ENVDOCTOR_NO_SUCH_TARGET"]\n')
+    d.scheduler.apply_reload()
+    report = json.loads(d.scheduler.run_once().report)
+    rows.append({r["check"]: [r["status"], r["summary"]] for r in report["results"]})
+print(json.dumps(rows))
+"""
+
+
+def test_a_config_whose_only_names_one_of_them_gets_its_skip_row_in_serve_at_start_and_on_reload(tmp_path):
+    """A config shared with `check` may name, in `only`, a check that never runs in serve:
+    each target said why in a skip row when the daemon imported every check, and still
+    does, from the start or from a reload (SIGHUP) that brings such an `only`; an `only`
+    of such checks alone still runs (it did: the daemon must not refuse to start)."""
+    cfg = tmp_path / "envdoctor.toml"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("ENVDOCTOR_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", RELOAD_ONLY, str(cfg)], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, after = json.loads(out.stdout)
+    assert "onnx.opset" not in before and "shm.size" in before and "cpu.threads" in before
+    assert set(after) == {"onnx.opset", "shm.size"}, after
+    assert after["onnx.opset"][0] == "skip" and after["onnx.opset"][1].startswith("onnx.opset does not run in serve mode (it runs in: check)")
+    textfile = tmp_path / "out.prom"
+    cfg.write_text('[serve]\nselect_env = ["ENVDOCTOR_NO_SUCH_TARGET"]\n')
+    proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(textfile),
+                           "--config", str(cfg)], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**env, "ENVDOCTOR_ONLY": "torch.pin_memory"})
+    assert proc.returncode == 0, proc.stderr
+    assert 'envdoctor_check_status{check="torch.pin_memory",status="skip",target="node"} 1.0' in textfile.read_text()
