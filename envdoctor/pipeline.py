@@ -77,7 +77,9 @@ def plan(registry: Registry, config: Config, selection: Selection) -> list[runne
         if check_id in skip:
             continue
         plans.append(runner.Plan(check, config.settings_for(check), config.timeout_for(check)))
-    if not plans and (only or skip) and not registry.failures_selected(only, skip, disabled_in(config)):
+    # one of envdoctor's own that this load left out, asked for by name: its row says where it runs (prepare)
+    unimported = (set(only) & registry.not_imported) - skip
+    if not plans and (only or skip) and not unimported and not registry.failures_selected(only, skip, disabled_in(config)):
         raise NothingToRun("--only/--skip (or the config's only/skip) leave no check to run" + left_out_hint(registry, only))
     return plans
 
@@ -157,8 +159,13 @@ def prepare(registry: Registry, config: Config, session: Session, selection: Sel
         planned = plan(registry, config, selection)
     plans = [p for p in planned if p.check.runs_in(mode)]
     only = set(selection.only) | set(config.only)
-    failures = registry.failures_selected(only, skipped(selection.only, selection.skip, config), disabled_in(config))
-    elsewhere = _elsewhere([p.check for p in planned if p.check.id in only and not p.check.runs_in(mode)], mode, session)
+    skip = skipped(selection.only, selection.skip, config)
+    failures = registry.failures_selected(only, skip, disabled_in(config))
+    # asked for by name and never run here: a loaded check that says so, or one of envdoctor's
+    # own that a load for this mode left out (serve's NOT_IN_SERVE), imported for its row alone
+    unimported = [registry_module.unimported_check(i) for i in sorted((only & registry.not_imported) - skip)]
+    elsewhere = _elsewhere([p.check for p in planned if p.check.id in only and not p.check.runs_in(mode)]
+                           + [c for c in unimported if c is not None and not c.runs_in(mode)], mode, session)
     if mode == "check" and elsewhere and not plans and not failures:
         # one skip row and exit 0 read as a pass in CI; exec refuses the same selection
         raise UsageError(f"--only (or the config's only) leaves no check to run: {elsewhere[0].summary}"

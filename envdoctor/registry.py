@@ -120,6 +120,22 @@ def _is_builtin(ep: EntryPoint) -> bool:
     return ep.value.startswith(BUILTIN_MODULE_PREFIX)
 
 
+def unimported_check(check_id: str) -> Check | None:
+    """One of envdoctor's own checks that a load for a mode left out (NOT_IN), imported now,
+    or None for any other id. Not for running: serve gives each target a row saying that
+    it does not run there when a config's `only` names it (a config shared with `check`),
+    as it did when it imported every check."""
+    for table in NOT_IN.values():
+        for value, known_id in table.items():
+            if known_id == check_id:
+                import importlib
+
+                module, _, attr = value.partition(":")
+                obj = getattr(importlib.import_module(module), attr, None)
+                return obj if isinstance(obj, Check) else None
+    return None
+
+
 def _distribution_name(ep: EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
     name = getattr(dist, "name", None)

@@ -203,22 +203,11 @@ class Daemon:
         from envdoctor.errors import ConfigError, UsageError
         from envdoctor.serve import settings
 
-        def read():
-            return load_config(self.registry.checks, explicit_file=self.options.config_file,
-                               known_ids=self.registry.unloaded_ids,
-                               left_out=self.registry.left_out | self.registry.not_imported,
-                               unimported=self.registry.not_imported)
-
         try:
-            config = read()
-            if set(config.only) & self.registry.not_imported:
-                # `only` names a check that never runs in serve (a config shared with `check`):
-                # each target's row says so, as before the daemon left those checks out, so
-                # this daemon has them all (the checks it runs are the same either way)
-                self.registry = pipeline.load_registry()
-                if getattr(self, "scheduler", None) is not None:  # a reload: the loop's thread, between runs
-                    self.scheduler.registry = self.registry
-                config = read()
+            config = load_config(self.registry.checks, explicit_file=self.options.config_file,
+                                 known_ids=self.registry.unloaded_ids,
+                                 left_out=self.registry.left_out | self.registry.not_imported,
+                                 unimported=self.registry.not_imported)
             pipeline.plan(self.registry, config, pipeline.Selection())
             return config, settings.from_config(config, self.options.interval)
         except (ConfigError, UsageError) as exc:
