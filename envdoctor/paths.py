@@ -72,6 +72,22 @@ class Roots(Value):
             todo[:0] = [p for p in link.split("/") if p]
         return "/" + "/".join(done)
 
+    def file_view(self, pid: int) -> tuple[str, int, int] | None:
+        """What decides which file a path names for process `pid`: its mount namespace and
+        its root directory (chroot). Processes with the same view find the same file at the
+        same path (serve stats a path once a run for all of them); None where either cannot
+        be read (another user's process, a fixture tree). Two bind mounts of one directory,
+        each with mounts of its own below and each some process's root, would share a view
+        wrongly: serve's memory of maps is checked against them again within 120 s anyway."""
+        import os
+
+        try:
+            namespace = os.readlink(self.proc(pid, "ns", "mnt"))
+            root = os.stat(self.proc(pid, "root"))
+        except (OSError, ValueError):
+            return None
+        return namespace, root.st_dev, root.st_ino
+
     def seen_by(self, pid: int | None, path: str) -> Path:
         """`path` as process `pid` sees it: another process's through /proc/N/root
         (its own mount namespace, a container's too), our own under the rootfs."""

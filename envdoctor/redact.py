@@ -329,6 +329,13 @@ def _host_public() -> frozenset[str]:
     return names
 
 
+def public_host_names() -> frozenset[str]:
+    """What `secret_values` leaves unmasked as the host's own: its name, its network
+    interfaces and this interpreter. The same object while they are asked for again
+    within 10 s; a new one after, equal if nothing changed."""
+    return _host_public()
+
+
 def _spellings(secret: str) -> set[str]:
     """The ways a program may print a value: as is, repr-escaped, JSON-escaped, URL-quoted.
     A value holding a byte that is not UTF-8 (an environment in Latin-1) comes from

@@ -401,3 +401,108 @@ def test_serve_searches_a_process_without_torch_once_and_sees_a_torch_installed_
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def _remember(memo: TorchMaps, pid: int, libs: list[Path]) -> str:
+    return memo.lines(pid, (b"1", str(pid).encode()), lambda: "\n".join(lines_naming(lib) for lib in libs))
+
+
+def test_processes_with_one_view_share_a_runs_stat_of_each_torch_file(tmp_path, monkeypatch):
+    """A CUDA build maps ~30 torch files: each was stat'ed for every process of a job every
+    run. Processes that see the same files (the same view) share one stat of each a run;
+    another view, and each new run, stats again, so a replaced file is still caught."""
+    import envdoctor.serve.torchmaps as torchmaps
+
+    libs = []
+    for name in ("libtorch_python.so", "libtorch_cpu.so", "libc10.so", "libtorch.so"):
+        lib = tmp_path / "torch" / "lib" / name
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_bytes(name.encode())
+        libs.append(lib)
+    stats: list[str] = []
+    inode = torchmaps._inode
+    monkeypatch.setattr(torchmaps, "_inode", lambda path: stats.append(str(path)) or inode(path))
+    memo = TorchMaps()
+    views = {5: "job-a", 6: "job-a", 7: "job-a", 8: "job-b", 9: None}  # 9: a view that could not be read
+    lines = {pid: _remember(memo, pid, libs) for pid in views}
+
+    def one_run() -> list[bool]:
+        memo.new_run()
+        stats.clear()
+        return [memo.confirmed(pid, lines[pid], Path, lambda pid=pid: views[pid]) for pid in views]
+
+    assert one_run() == [True] * 5
+    assert sorted(stats) == sorted(str(lib) for lib in libs * 3)  # job-a once, job-b once, 9 on its own
+    assert one_run() == [True] * 5 and len(stats) == 12  # a new run looks again
+    new = tmp_path / "new.so"
+    new.write_bytes(b"new")
+    os.replace(new, libs[2])  # pip installs over the running jobs
+    assert one_run() == [False] * 5  # every process's lines are forgotten, whatever its view
+
+
+def test_a_view_is_only_worth_two_syscalls_for_more_than_two_files(tmp_path):
+    lib = tmp_path / "torch" / "lib" / "libtorch_python.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"x")
+    memo = TorchMaps()
+    lines = _remember(memo, 5, [lib])
+    asked: list[int] = []
+    assert memo.confirmed(5, lines, Path, lambda: asked.append(1) or "job-a")
+    assert asked == [] and memo.stats == 1
+
+
+def _holder_mapping(libs: list[Path], prefix: list[str] | None = None) -> "subprocess.Popen[str]":
+    """A python process that maps each of `libs` (as a loaded library is mapped), then waits."""
+    import subprocess
+
+    code = ("import mmap, sys, time\nkeep = []\n"
+            f"for p in {[str(lib) for lib in libs]!r}:\n"
+            "    f = open(p, 'rb'); keep.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))\n"
+            "print('ready', flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen([*(prefix or []), sys.executable, "-S", "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        raise AssertionError(f"holder did not start: {line!r} {proc.stderr.read()[-2000:]}")
+    return proc
+
+
+def test_serve_stats_a_jobs_torch_files_once_a_run_and_a_private_namespaces_apart(tmp_path, monkeypatch):
+    """Real processes: three in this mount namespace share one stat of each torch file a run;
+    one in a private mount namespace (a container) has its own view, stat'ed apart."""
+    import shutil
+
+    import envdoctor.serve.torchmaps as torchmaps
+
+    site = tmp_path / "site"
+    pkg = stub_torch(site)
+    libs = [Path(shutil.copy(arch_lib(tmp_path), pkg / "lib" / name))
+            for name in ("libtorch_python.so", "libtorch_cpu.so", "libc10.so")]
+    private = os.geteuid() == 0 and shutil.which("unshare") is not None
+    holders = [_holder_mapping(libs) for _ in range(3)]
+    if private:
+        holders.append(_holder_mapping(libs, prefix=["unshare", "-m", "--propagation", "private"]))
+    stats: list[str] = []
+    inode = torchmaps._inode
+    monkeypatch.setattr(torchmaps, "_inode", lambda path: stats.append(str(path)) or inode(path))
+    memo = TorchMaps()
+    roots = Roots()
+    try:
+        views = {roots.file_view(h.pid) for h in holders}
+        assert len(views) == (2 if private else 1) and None not in views
+        for _ in range(2):
+            memo.new_run()
+            stats.clear()
+            found = discovery.discover(roots, max_targets=1000, announce_dirs=[], nvml_pids=lambda: [],
+                                       torch_maps_memo=memo)
+            mine = {t.pid: t for t in found.targets if t.pid in {h.pid for h in holders}}
+            assert len(mine) == len(holders) and all(t.source == "torch" for t in mine.values())
+            for pid, target in mine.items():
+                facts = _torch_from_files(Session(target=Target(pid)), target.torch_maps, memo)
+                assert facts["torch_files_replaced"] == []
+            assert len(stats) == len(libs) * len(views), stats  # was len(libs) * len(holders)
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()

@@ -44,6 +44,7 @@ from envdoctor.serve.exposition_cache import ExpositionCache
 from envdoctor.serve.onecpu import OneCpu
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
+from envdoctor.serve.secrets_memo import SecretsMemo
 from envdoctor.serve.torchmaps import TorchMaps
 from envdoctor.watchdog import Watchdog
 
@@ -122,10 +123,11 @@ class _Examination(Record):
 
     def __init__(self, session: Session, prepared: pipeline.Prepared, own_env: Mapping[str, str],
                  before: Callable[[], None] | None = None,  # its memory sample, for a process
-                 sample_timeout: float = 0.0) -> None:
+                 sample_timeout: float = 0.0, secrets_memo: SecretsMemo | None = None) -> None:
         self.session = session
         self.prepared = prepared
         self.own_env = own_env
+        self.secrets_memo = secrets_memo
         self.before = before
         self.sample_timeout = sample_timeout
         self._secrets: list[str] | None = None  # taken by let_go, or by secrets() if that comes first
@@ -162,6 +164,8 @@ class _Examination(Record):
         env = self.session.env_if_read()
         if env is not None:
             envs.append(env)
+        if self.secrets_memo is not None:
+            return self.secrets_memo.secret_values(envs)
         return redact.secret_values(envs)
 
 
@@ -194,7 +198,8 @@ def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | N
     pid = session.target.pid
     assert pid is not None
     if maps_hint and memo is not None and not memo.confirmed(pid, maps_hint,
-                                                             lambda path: session.roots.seen_by(pid, path)):
+                                                             lambda path: session.roots.seen_by(pid, path),
+                                                             lambda: session.roots.file_view(pid)):
         maps_hint = ""
 
     def work_out() -> Any:
@@ -269,6 +274,7 @@ class Scheduler:
         self._own_env: Mapping[str, str] = os.environ
         self._scrubbers: dict[tuple[str, ...], redact.Scrubber] = {}
         self._last_scrubbers: dict[tuple[str, ...], redact.Scrubber] = {}  # the last run's, taken over by this one
+        self.secrets_memo = SecretsMemo()  # each target's secrets, worked out again only for a new environment
         self._run_lock = threading.Lock()
         self._states = metrics.StateRendering()  # the check state set's bytes, redone when a status changes
         self._lines = ExpositionCache()  # every other series' name and labels, rendered when it first appears
@@ -298,6 +304,8 @@ class Scheduler:
         # again (measured over 64 sleepers: 230 texts a run scrubbed anew, 3 now)
         self._own_env = dict(os.environ)
         self._last_scrubbers, self._scrubbers = self._scrubbers, {}
+        self.secrets_memo.next_pass()
+        self.torch_maps.new_run()
         found = self._discover(host)
         self.stats.targets_overflow_total += found.overflow
         for pid, text in found.cgroups.items():  # read by discovery: the CPU quota lookups take them from here
@@ -431,7 +439,7 @@ class Scheduler:
                 return None  # the config switched memory.cache_growth off: nothing runs on a worker
             log.event("error", "target not examined", target=target.label, reason=str(exc))
             return None
-        return _Examination(session, prepared, self._own_env, before, self.config.timeout)
+        return _Examination(session, prepared, self._own_env, before, self.config.timeout, self.secrets_memo)
 
     def _finish(self, examination: _Examination, ran: list[Result]) -> list[Result]:
         """A target's rows, redacted with its environment and ours."""

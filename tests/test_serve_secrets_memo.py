@@ -1,0 +1,141 @@
+"""serve works out each target's secrets once, not every run (envdoctor.serve.secrets_memo),
+and its answer is always the one redact.secret_values gives for the same environments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envdoctor import redact
+from envdoctor.serve.secrets_memo import SecretsMemo, digest
+
+OWN = {"PATH": "/usr/bin:/bin", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMIK7MDENGbPxRfiCY"}
+
+
+def test_an_environment_seen_again_is_answered_from_memory_and_a_changed_one_is_not():
+    memo = SecretsMemo()
+    job = {"HF_TOKEN": "hf_Qz8vN3xT5mK1pL7wR", "OMP_NUM_THREADS": "4", "MY_SETTING": "some-long-value-1"}
+    first = memo.secret_values([OWN, job])
+    assert first == redact.secret_values([OWN, job]) and memo.worked_out == 1
+    memo.next_pass()
+    assert memo.secret_values([OWN, dict(job)]) == first and memo.worked_out == 1  # an equal env read again
+    changed = {**job, "HF_TOKEN": "hf_another_token_0000"}
+    assert memo.secret_values([OWN, changed]) == redact.secret_values([OWN, changed]) and memo.worked_out == 2
+    assert "hf_another_token_0000" in memo.secret_values([OWN, changed])
+    # the order of the environments matters (a credential is judged against the others' shown values)
+    memo.secret_values([job, OWN])
+    assert memo.worked_out == 3
+
+
+def test_an_answer_not_asked_for_in_a_whole_run_is_forgotten():
+    memo = SecretsMemo()
+    job = {"HF_TOKEN": "hf_Qz8vN3xT5mK1pL7wR"}
+    memo.secret_values([OWN, job])
+    memo.next_pass()  # the job is still there, but not asked for in this run
+    memo.next_pass()
+    memo.secret_values([OWN, job])
+    assert memo.worked_out == 2
+
+
+def test_a_callers_list_is_its_own():
+    memo = SecretsMemo()
+    job = {"HF_TOKEN": "hf_Qz8vN3xT5mK1pL7wR"}
+    memo.secret_values([OWN, job]).clear()
+    assert "hf_Qz8vN3xT5mK1pL7wR" in memo.secret_values([OWN, job]) and memo.worked_out == 1
+
+
+def test_answers_are_forgotten_when_the_hosts_public_names_change(monkeypatch):
+    """A value equal to the host name is public, not a secret: when the host is renamed (or an
+    interface appears) the answers worked out before it may be wrong, and are worked out again."""
+    name = f"gpu-node-{os.getpid()}-renamed"
+    job = {"MY_SETTING": name}  # an unknown variable's value: a secret, unless it is public anyway
+    memo = SecretsMemo()
+    assert memo.secret_values([job]) == [name]
+    monkeypatch.setattr(redact, "_HOST_PUBLIC", (time.monotonic(), redact.public_host_names() | {name}))
+    assert memo.secret_values([job]) == [] == redact.secret_values([job])
+    assert memo.worked_out == 2
+    # the same names again, as a new object (they are asked of the kernel every 10 s): kept
+    monkeypatch.setattr(redact, "_HOST_PUBLIC", (time.monotonic(), frozenset(redact.public_host_names())))
+    assert memo.secret_values([job]) == [] and memo.worked_out == 2
+
+
+def test_digests_tell_apart_environments_that_join_alike():
+    pairs = [({"A": "b", "C": "d"}, {"C": "d", "A": "b"}),  # order: a process's environ is a list
+             ({"A": "bC"}, {"AbC": ""}), ({"A": "\udcff"}, {"A": "\udcfe"}), ({"A": "é"}, {"A": "e\u0301"}),
+             ({}, {"": ""})]
+    for one, other in pairs:
+        assert digest(one) != digest(other), (one, other)
+    assert digest({"A": "b"}) == digest(dict([("A", "b")]))
+
+
+NAMES = st.sampled_from(["HF_TOKEN", "OMP_NUM_THREADS", "MY_SETTING", "PATH", "DB_PASSWORD", "LOCAL_RANK", "X"])
+VALUES = st.sampled_from(["", "1", "4", "hf_Qz8vN3xT5mK1pL7wR", "some-long-value-1", "/usr/bin", "\udcff\udcfe-long-x",
+                          "--strict-mode", "hf_Qz8v", "wJalrXUtnFEMIK7MDENGbPxRfiCY"])
+ENVS = st.dictionaries(NAMES, VALUES, max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(ENVS, min_size=1, max_size=2), st.booleans()), max_size=12))
+def test_every_answer_is_what_secret_values_gives(asks):
+    """Whatever the environments and the runs between the questions: never a stale answer."""
+    memo = SecretsMemo()
+    for envs, new_run in asks:
+        if new_run:
+            memo.next_pass()
+        assert memo.secret_values(envs) == redact.secret_values(envs), envs
+
+
+COUNT_TWICE = r"""
+import sys, json
+from envdoctor import redact
+from envdoctor.serve import Daemon, Options
+secrets = json.loads(sys.argv[2])
+asked = []  # for our jobs only: other processes on the node come and go
+real = redact.secret_values
+def counted(envs, **kwargs):
+    envs = list(envs)
+    if any(env.get("HF_TOKEN") in secrets for env in envs):
+        asked.append(1)
+    return real(envs, **kwargs)
+redact.secret_values = counted
+d = Daemon(Options(once=True, config_file=sys.argv[1]))
+runs = []
+for _ in range(3):
+    asked.clear()
+    snap = d.scheduler.run_once()
+    runs.append({"asked": len(asked), "report": snap.report.decode(), "targets": list(snap.targets)})
+print(json.dumps(runs))
+"""
+
+
+def test_serve_works_out_a_jobs_secrets_in_its_first_run_only_and_masks_them_in_every_run(tmp_path):
+    tag = f"ENVDOCTOR_SECRETS_{os.getpid()}"
+    secrets = [f"hf_{os.getpid()}Qz8vN3xT5mK1pL7wR{n}" for n in range(2)]
+    pids = []
+    for secret in secrets:  # orphans, as a job's processes are to the daemon
+        out = subprocess.run(["sh", "-c", "sleep 30 > /dev/null 2>&1 & echo $!"], check=True, capture_output=True,
+                             text=True, env={**os.environ, tag: "1", "HF_TOKEN": secret, "OMP_NUM_THREADS": f"4{secret}"})
+        pids.append(int(out.stdout))
+    cfg = tmp_path / "envdoctor.toml"
+    cfg.write_text(f"[serve]\nselect_env = [\"{tag}\"]\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", COUNT_TWICE, str(cfg), json.dumps(secrets)], capture_output=True,
+                             text=True, timeout=120)
+    finally:
+        for pid in pids:
+            os.kill(pid, 9)
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)
+    assert [run["asked"] for run in runs] == [2, 0, 0]  # was 2 every run
+    for run in runs:
+        assert {f"pid:{pid}" for pid in pids} <= set(run["targets"]), run["targets"]
+        assert all(secret not in run["report"] and secret[:12] not in run["report"] for secret in secrets)
+        rows = [r for r in json.loads(run["report"])["results"]
+                if r["target"] in {f"pid:{pid}" for pid in pids} and r["check"] == "cpu.threads"]
+        assert [r["summary"].split(" is invalid")[0] for r in rows] == ["OMP_NUM_THREADS='4***'"] * 2
