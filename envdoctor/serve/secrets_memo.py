@@ -47,7 +47,7 @@ class SecretsMemo:
         self._now: dict[bytes, list[str]] = {}
         self._before: dict[bytes, list[str]] = {}  # the last run's (next_pass)
         self._host: frozenset[str] | None = None  # the public names the answers were worked out with
-        self._last: tuple[Mapping[str, str], bytes] | None = None  # the daemon's own env is the same object all run
+        self._first: tuple[Mapping[str, str], bytes] | None = None  # (envs[0], its digest): see _digest
         self._max = max_answers
         self.worked_out = 0  # answers not found in memory, for tests and benchmarks
 
@@ -56,18 +56,20 @@ class SecretsMemo:
         with self._lock:
             self._before, self._now = self._now, {}
 
-    def _digest(self, env: Mapping[str, str]) -> bytes:
-        last = self._last
-        if last is not None and last[0] is env:
-            return last[1]
+    def _digest_first(self, env: Mapping[str, str]) -> bytes:
+        """The first environment's digest: serve passes its own there, one object for a
+        whole run, so it is digested once a run, not once a target."""
+        first = self._first
+        if first is not None and first[0] is env:
+            return first[1]
         found = digest(env)
-        self._last = (env, found)
+        self._first = (env, found)
         return found
 
     def secret_values(self, envs: Sequence[Mapping[str, str]]) -> list[str]:
         """What `redact.secret_values(envs)` answers, longest first; a list of the caller's own."""
         host = redact.public_host_names()
-        key = b"".join(self._digest(env) for env in envs)
+        key = b"".join(self._digest_first(env) if i == 0 else digest(env) for i, env in enumerate(envs))
         with self._lock:
             if host is not self._host:
                 if self._host is not None and host != self._host:
