@@ -42,9 +42,9 @@ from envdoctor.serve import discovery, malloc, metrics, report_json
 from envdoctor.serve.bounded_discovery import BLAME_SHARE, BoundedAnnouncements, BoundedDiscovery
 from envdoctor.serve.exposition_cache import ExpositionCache
 from envdoctor.serve.onecpu import OneCpu
+from envdoctor.serve.secrets_memo import SecretsMemo
 from envdoctor.serve.settings import Settings
 from envdoctor.serve.snapshot import Snapshot, empty
-from envdoctor.serve.secrets_memo import SecretsMemo
 from envdoctor.serve.torchmaps import TorchMaps
 from envdoctor.watchdog import Watchdog
 

@@ -47,7 +47,7 @@ class SecretsMemo:
         self._now: dict[bytes, list[str]] = {}
         self._before: dict[bytes, list[str]] = {}  # the last run's (next_pass)
         self._host: frozenset[str] | None = None  # the public names the answers were worked out with
-        self._first: tuple[Mapping[str, str], bytes] | None = None  # (envs[0], its digest): see _digest
+        self._first: tuple[Mapping[str, str], bytes] | None = None  # (envs[0], its digest): see _digest_first
         self._max = max_answers
         self.worked_out = 0  # answers not found in memory, for tests and benchmarks
 
