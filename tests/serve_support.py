@@ -172,3 +172,61 @@ class NodeExporter:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+RUNS_COUNTING = r"""
+import json, sys
+from envdoctor import redact
+from envdoctor.serve import Daemon, Options
+secrets = json.loads(sys.argv[2])
+counted = []  # what `patch` counts, for our jobs only: other processes on the node come and go
+exec(sys.argv[4])
+d = Daemon(Options(once=True, config_file=sys.argv[1]))
+runs = []
+for _ in range(int(sys.argv[3])):
+    counted.clear()
+    snap = d.scheduler.run_once()
+    runs.append({"counted": len(counted), "report": snap.report.decode(), "targets": list(snap.targets)})
+print(json.dumps(runs))
+"""
+
+
+def runs_over_jobs_with_secrets(patch: str, tmp_path: Path, name: str, runs: int = 2,
+                                jobs: int = 2) -> tuple[list[dict], list[int], list[str]]:
+    """`runs` serve runs in one process over `jobs` orphaned sleepers, as a job's processes
+    are to the daemon. Each holds its own secret in HF_TOKEN and, quoted by cpu.threads'
+    finding, in OMP_NUM_THREADS=4<secret>. `patch` (Python, run before the daemon is made,
+    with `redact`, the jobs' `secrets` and a list `counted` at hand) appends to `counted`
+    what a run should do less. Returns (each run's "counted", "report" and "targets", the
+    sleepers' pids, their secrets); the sleepers are gone by then."""
+    import json
+
+    tag = f"ENVDOCTOR_{name}_{os.getpid()}"
+    secrets = [f"hf_{os.getpid()}Qz8vN3xT5mK1pL7wR{n}" for n in range(jobs)]
+    pids = []
+    try:
+        for secret in secrets:
+            out = subprocess.run(["sh", "-c", "sleep 30 > /dev/null 2>&1 & echo $!"], check=True, capture_output=True,
+                                 text=True, env={**os.environ, tag: "1", "HF_TOKEN": secret, "OMP_NUM_THREADS": f"4{secret}"})
+            pids.append(int(out.stdout))
+        cfg = tmp_path / "envdoctor.toml"
+        cfg.write_text(f"[serve]\nselect_env = [\"{tag}\"]\n")
+        out = subprocess.run([sys.executable, "-c", RUNS_COUNTING, str(cfg), json.dumps(secrets), str(runs), patch],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        for pid in pids:
+            os.kill(pid, 9)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout), pids, secrets
+
+
+def assert_each_jobs_secret_masked(run: dict, pids: list[int], secrets: list[str]) -> None:
+    """The run examined every job, and its report shows no secret, whole or cut, while each
+    job's cpu.threads row still says which variable was wrong."""
+    import json
+
+    labels = {f"pid:{pid}" for pid in pids}
+    assert labels <= set(run["targets"]), run["targets"]
+    assert all(secret not in run["report"] and secret[:12] not in run["report"] for secret in secrets)
+    rows = [r for r in json.loads(run["report"])["results"] if r["target"] in labels and r["check"] == "cpu.threads"]
+    assert [r["summary"].split(" is invalid")[0] for r in rows] == ["OMP_NUM_THREADS='4***'"] * len(pids)

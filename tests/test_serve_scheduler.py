@@ -802,22 +802,10 @@ def test_two_chroots_sharing_one_shm_directory_keep_their_own_mount_answers(tmp_
         subprocess.run(["pkill", "-xf", f"/usr/bin/sleep {marker}"])
 
 
-SCRUB_TWICE = r"""
-import sys, json
-from envdoctor import redact
-from envdoctor.serve import Daemon, Options
-secrets = json.loads(sys.argv[2])
-scrubbed = []  # by the scrubbers of our jobs only: other processes on the node (torch ones) come and go
+COUNT_SCRUBBED = """
 real = redact.Scrubber._scrub
-redact.Scrubber._scrub = lambda self, value: (scrubbed.append(value) if any(self.spans(s) for s in secrets)
+redact.Scrubber._scrub = lambda self, value: (counted.append(value) if any(self.spans(s) for s in secrets)
                                               else None) or real(self, value)
-d = Daemon(Options(once=True, config_file=sys.argv[1]))
-runs = []
-for _ in range(2):
-    scrubbed.clear()
-    snap = d.scheduler.run_once()
-    runs.append({"scrubbed": len(scrubbed), "report": snap.report.decode(), "targets": list(snap.targets)})
-print(json.dumps(runs))
 """
 
 
@@ -825,30 +813,9 @@ def test_a_jobs_scrubber_carries_what_it_scrubbed_into_the_next_run(tmp_path):
     """Each job's texts are scrubbed once, not every run: the scrubber of a set of secrets
     is kept from one run to the next (redact.Scrubber.next_pass). Its answers must stay
     those of a fresh one: every process's own secret masked, in both runs."""
-    import json
-    import sys
+    from serve_support import assert_each_jobs_secret_masked, runs_over_jobs_with_secrets
 
-    tag = f"ENVDOCTOR_SCRUB_{os.getpid()}"
-    secrets = [f"hf_{os.getpid()}Qz8vN3xT5mK1pL7wR{n}" for n in range(2)]
-    pids = []
-    for secret in secrets:  # orphans, as a job's processes are to the daemon
-        out = subprocess.run(["sh", "-c", "sleep 30 > /dev/null 2>&1 & echo $!"], check=True, capture_output=True,
-                             text=True, env={**os.environ, tag: "1", "HF_TOKEN": secret, "OMP_NUM_THREADS": f"4{secret}"})
-        pids.append(int(out.stdout))
-    cfg = tmp_path / "envdoctor.toml"
-    cfg.write_text(f"[serve]\nselect_env = [\"{tag}\"]\n")
-    try:
-        out = subprocess.run([sys.executable, "-c", SCRUB_TWICE, str(cfg), json.dumps(secrets)], capture_output=True,
-                             text=True, timeout=120)
-    finally:
-        for pid in pids:
-            os.kill(pid, 9)
-    assert out.returncode == 0, out.stderr
-    first, second = json.loads(out.stdout)
+    (first, second), pids, secrets = runs_over_jobs_with_secrets(COUNT_SCRUBBED, tmp_path, "SCRUB")
     for run in (first, second):
-        assert {f"pid:{pid}" for pid in pids} <= set(run["targets"]), run["targets"]
-        assert all(secret not in run["report"] and secret[:12] not in run["report"] for secret in secrets)
-        rows = [r for r in json.loads(run["report"])["results"]
-                if r["target"] in {f"pid:{pid}" for pid in pids} and r["check"] == "cpu.threads"]
-        assert [r["summary"].split(" is invalid")[0] for r in rows] == ["OMP_NUM_THREADS='4***'"] * 2  # its own secret masked
-    assert second["scrubbed"] < first["scrubbed"] / 2, (first["scrubbed"], second["scrubbed"])
+        assert_each_jobs_secret_masked(run, pids, secrets)  # its own secret masked, in both runs
+    assert second["counted"] < first["counted"] / 2, (first["counted"], second["counted"])  # texts scrubbed

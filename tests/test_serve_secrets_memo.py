@@ -3,10 +3,7 @@ and its answer is always the one redact.secret_values gives for the same environ
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 from hypothesis import given, settings
@@ -14,6 +11,7 @@ from hypothesis import strategies as st
 
 from envdoctor import redact
 from envdoctor.serve.secrets_memo import SecretsMemo, digest
+from serve_support import assert_each_jobs_secret_masked, runs_over_jobs_with_secrets
 
 OWN = {"PATH": "/usr/bin:/bin", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMIK7MDENGbPxRfiCY"}
 
@@ -91,70 +89,19 @@ def test_every_answer_is_what_secret_values_gives(asks):
         assert memo.secret_values(envs) == redact.secret_values(envs), envs
 
 
-COUNT_TWICE = r"""
-import sys, json
-from envdoctor import redact
-from envdoctor.serve import Daemon, Options
-secrets = json.loads(sys.argv[2])
-asked = []  # for our jobs only: other processes on the node come and go
+COUNT_ASKED = """
 real = redact.secret_values
-def counted(envs, **kwargs):
+def counted_call(envs, **kwargs):
     envs = list(envs)
     if any(env.get("HF_TOKEN") in secrets for env in envs):
-        asked.append(1)
+        counted.append(1)
     return real(envs, **kwargs)
-redact.secret_values = counted
-d = Daemon(Options(once=True, config_file=sys.argv[1]))
-runs = []
-for _ in range(3):
-    asked.clear()
-    snap = d.scheduler.run_once()
-    runs.append({"asked": len(asked), "report": snap.report.decode(), "targets": list(snap.targets)})
-print(json.dumps(runs))
+redact.secret_values = counted_call
 """
 
 
 def test_serve_works_out_a_jobs_secrets_in_its_first_run_only_and_masks_them_in_every_run(tmp_path):
-    tag = f"ENVDOCTOR_SECRETS_{os.getpid()}"
-    secrets = [f"hf_{os.getpid()}Qz8vN3xT5mK1pL7wR{n}" for n in range(2)]
-    pids = []
-    for secret in secrets:  # orphans, as a job's processes are to the daemon
-        out = subprocess.run(["sh", "-c", "sleep 30 > /dev/null 2>&1 & echo $!"], check=True, capture_output=True,
-                             text=True, env={**os.environ, tag: "1", "HF_TOKEN": secret, "OMP_NUM_THREADS": f"4{secret}"})
-        pids.append(int(out.stdout))
-    cfg = tmp_path / "envdoctor.toml"
-    cfg.write_text(f"[serve]\nselect_env = [\"{tag}\"]\n")
-    try:
-        out = subprocess.run([sys.executable, "-c", COUNT_TWICE, str(cfg), json.dumps(secrets)], capture_output=True,
-                             text=True, timeout=120)
-    finally:
-        for pid in pids:
-            os.kill(pid, 9)
-    assert out.returncode == 0, out.stderr
-    runs = json.loads(out.stdout)
-    assert [run["asked"] for run in runs] == [2, 0, 0]  # was 2 every run
+    runs, pids, secrets = runs_over_jobs_with_secrets(COUNT_ASKED, tmp_path, "SECRETS", runs=3)
+    assert [run["counted"] for run in runs] == [2, 0, 0]  # secret_values asked: was 2 every run
     for run in runs:
-        assert {f"pid:{pid}" for pid in pids} <= set(run["targets"]), run["targets"]
-        assert all(secret not in run["report"] and secret[:12] not in run["report"] for secret in secrets)
-        rows = [r for r in json.loads(run["report"])["results"]
-                if r["target"] in {f"pid:{pid}" for pid in pids} and r["check"] == "cpu.threads"]
-        assert [r["summary"].split(" is invalid")[0] for r in rows] == ["OMP_NUM_THREADS='4***'"] * 2
-
-
-def test_the_first_environment_is_digested_once_while_it_is_the_same_object(monkeypatch):
-    """serve passes its own environment first, one dict for a whole run: digested once, not
-    once a target; an equal dict made for the next run is digested again (it may differ)."""
-    import envdoctor.serve.secrets_memo as secrets_memo
-
-    digested: list[int] = []
-    real = secrets_memo.digest
-    monkeypatch.setattr(secrets_memo, "digest", lambda env: digested.append(id(env)) or real(env))
-    memo = SecretsMemo()
-    own = dict(OWN)
-    jobs = [{"HF_TOKEN": f"hf_Qz8vN3xT5mK1pL7wR{n}"} for n in range(5)]
-    for job in jobs:
-        memo.secret_values([own, job])
-    assert digested.count(id(own)) == 1 and len(digested) == 6
-    own_next_run = dict(OWN)
-    memo.secret_values([own_next_run, jobs[0]])
-    assert digested.count(id(own_next_run)) == 1 and memo.worked_out == 5
+        assert_each_jobs_secret_masked(run, pids, secrets)
