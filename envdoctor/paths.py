@@ -72,21 +72,29 @@ class Roots(Value):
             todo[:0] = [p for p in link.split("/") if p]
         return "/" + "/".join(done)
 
-    def file_view(self, pid: int) -> tuple[str, int, int] | None:
-        """What decides which file a path names for process `pid`: its mount namespace and
-        its root directory (chroot). Processes with the same view find the same file at the
-        same path (serve stats a path once a run for all of them); None where either cannot
-        be read (another user's process, a fixture tree). Two bind mounts of one directory,
-        each with mounts of its own below and each some process's root, would share a view
-        wrongly: serve's memory of maps is checked against them again within 120 s anyway."""
+    def file_view(self, pid: int) -> tuple[str, int, int, int] | None:
+        """What decides which file a path names for process `pid`: its mount namespace, and
+        the mount and directory that are its root (a chroot's too). Processes with the same
+        view find the same file at the same path (serve stats a path once a run for all of
+        them). The mount is told by its id, not by the root's device and inode: two bind
+        mounts of one directory, each some jail's root with its own mounts below, have the
+        same root inode and different files at one path (helper-111). None where any part
+        cannot be read (another user's process, a fixture tree, a kernel before 3.15)."""
         import os
 
         try:
             namespace = os.readlink(self.proc(pid, "ns", "mnt"))
-            root = os.stat(self.proc(pid, "root"))
+            fd = os.open(self.proc(pid, "root"), os.O_PATH | os.O_CLOEXEC)
         except (OSError, ValueError):
             return None
-        return namespace, root.st_dev, root.st_ino
+        try:
+            root = os.fstat(fd)
+            mount = _mount_id(self.proc(None, "fdinfo", str(fd)))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return None if mount is None else (namespace, mount, root.st_dev, root.st_ino)
 
     def seen_by(self, pid: int | None, path: str) -> Path:
         """`path` as process `pid` sees it: another process's through /proc/N/root
@@ -95,6 +103,15 @@ class Roots(Value):
         if pid is None:
             return self.rootfs / relative
         return self.proc(pid, "root", relative)
+
+
+def _mount_id(fdinfo: Path) -> int | None:
+    """The `mnt_id:` of an open descriptor's /proc/self/fdinfo/FD: the mount it lies on."""
+    for line in read_text(fdinfo, 4096).splitlines():
+        if line.startswith("mnt_id:"):
+            value = line[len("mnt_id:"):].strip()
+            return int(value) if value.isdigit() else None
+    return None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -440,7 +440,7 @@ def test_processes_with_one_view_share_a_runs_stat_of_each_torch_file(tmp_path, 
     assert one_run() == [False] * 5  # every process's lines are forgotten, whatever its view
 
 
-def test_a_view_is_only_worth_two_syscalls_for_more_than_two_files(tmp_path):
+def test_a_view_is_asked_for_only_where_more_than_two_files_are_mapped(tmp_path):
     lib = tmp_path / "torch" / "lib" / "libtorch_python.so"
     lib.parent.mkdir(parents=True)
     lib.write_bytes(b"x")
@@ -506,3 +506,34 @@ def test_serve_stats_a_jobs_torch_files_once_a_run_and_a_private_namespaces_apar
         for h in holders:
             h.kill()
             h.wait()
+
+
+def test_jails_whose_roots_are_bind_mounts_of_one_directory_have_views_of_their_own(tmp_path):
+    """helper-111: two chroot jails in one mount namespace, each root a bind mount of /, have
+    the same root inode. With its own mount at the torch path in each, one path named two
+    files, and the stat shared with one jail confirmed the other's replaced file for 120 s.
+    The root's mount id tells them apart; processes of one jail still share."""
+    import shutil
+    import signal
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("chroot") is None:
+        pytest.skip("needs root, unshare(1) and chroot(8) for jails in a private mount namespace")
+    script = (f"for j in a b; do mkdir -p {tmp_path}/$j && mount --rbind / {tmp_path}/$j || exit 9; done\n"
+              f"for j in a a b; do chroot {tmp_path}/$j sleep 60 & echo $!; done\nwait\n")
+    jails = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = [int(jails.stdout.readline()) for _ in range(3)]
+        deadline = time.monotonic() + 10  # until each has chroot'ed and exec'd sleep
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}/comm").read_text().strip() != "sleep" for pid in pids):
+            time.sleep(0.05)
+        roots = Roots()
+        same_root = {(s.st_dev, s.st_ino) for s in (os.stat(f"/proc/{pid}/root") for pid in pids)}
+        assert len(same_root) == 1  # the case is real only while their roots are one inode
+        a1, a2, b = (roots.file_view(pid) for pid in pids)
+        assert a1 is not None and a1 == a2 != b, (a1, a2, b)
+        assert a1[0] == b[0]  # one mount namespace
+    finally:
+        os.killpg(jails.pid, signal.SIGKILL)
+        jails.wait()

@@ -166,7 +166,7 @@ class TorchMaps:
                 return True  # not ours to judge: read by the caller this run
         if entry.inodes is None:
             entry.inodes = mapped_inodes(lines)
-        where = view() if len(entry.inodes) > 2 else None  # two syscalls: worth it only over more
+        where = view() if len(entry.inodes) > 2 else None  # a few syscalls: worth it only over more files
         seen = self._seen
 
         def inode_now(path: str) -> int | None:
