@@ -66,7 +66,10 @@ def test_answers_are_forgotten_when_the_hosts_public_names_change(monkeypatch):
 def test_digests_tell_apart_environments_that_join_alike():
     pairs = [({"A": "b", "C": "d"}, {"C": "d", "A": "b"}),  # order: a process's environ is a list
              ({"A": "bC"}, {"AbC": ""}), ({"A": "\udcff"}, {"A": "\udcfe"}), ({"A": "é"}, {"A": "e\u0301"}),
-             ({}, {"": ""})]
+             ({}, {"": ""}),
+             # helper-111: a NUL inside a name or value (no real environment has one) joined alike
+             ({"NOTE": "a\0X", "PATH": "correcthorsebatterystaple"}, {"NOTE": "a", "X\0PATH": "correcthorsebatterystaple"}),
+             ({"A\0b": "c"}, {"A": "b\0c"}), ({"A": "b\0c"}, {"A": "b", "c": ""})]
     for one, other in pairs:
         assert digest(one) != digest(other), (one, other)
     assert digest({"A": "b"}) == digest(dict([("A", "b")]))

@@ -10,7 +10,8 @@ of a run under the profiler, more than any other function's own time.
 An answer is found again by a digest (BLAKE2b, 16 bytes) of the environments'
 text, so only digests and answers are held between runs, never an environment.
 The text is each variable's name and value joined by NUL, which neither can hold
-(an environment is a list of NUL-terminated strings), encoded losslessly. Answers
+(an environment is a list of NUL-terminated strings), encoded losslessly; a mapping
+that holds one anyway is spelled another way. Answers
 hold while the host's public names (host name, interfaces, interpreter: what
 `secret_values` leaves unmasked) are the same set; when they change, all are
 forgotten. Like the scrubbers, the memo keeps the answers of this run and the last
@@ -35,6 +36,10 @@ MAX_ANSWERS = 4096  # per run: serve's max_targets is far below; beyond it answe
 def digest(env: Mapping[str, str]) -> bytes:
     """16 bytes that differ for any two different environments (names, values, order)."""
     text = "\0".join(itertools.chain.from_iterable(env.items()))
+    if text.count("\0") != max(0, 2 * len(env) - 1):
+        # a NUL inside a name or value, which no real environment holds, would make two
+        # mappings join alike (helper-111): such a mapping is spelled by repr, which has none
+        text = "\1" + repr(list(env.items()))
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
@@ -58,7 +63,8 @@ class SecretsMemo:
 
     def _digest_first(self, env: Mapping[str, str]) -> bytes:
         """The first environment's digest: serve passes its own there, one object for a
-        whole run, so it is digested once a run, not once a target."""
+        whole run, so it is digested once a run, not once a target. Known by identity, so
+        that mapping must not change while it is passed (serve copies os.environ each run)."""
         first = self._first
         if first is not None and first[0] is env:
             return first[1]
