@@ -96,6 +96,29 @@ class Roots(Value):
             os.close(fd)
         return None if mount is None else (namespace, mount, root.st_dev, root.st_ino)
 
+    def printed_root(self, pid: int) -> str:
+        """Where process `pid`'s root is, as the kernel prints its paths to us: "" for a root
+        it shares with us or cannot be read, else that directory (a chroot jail: /jail).
+        Paths the kernel prints of a process (its maps, exe, cwd) are the reader's where the
+        reader can reach the file: a jailed process in our mount namespace maps
+        /jail/usr/lib/..., which through /proc/N/root (the jail) names nothing (helper-111:
+        a chrooted job's torch was called a broken install). `in_own_view` takes it off."""
+        import os
+
+        try:
+            root = os.readlink(self.proc(pid, "root"))
+        except (OSError, ValueError):
+            return ""
+        return "" if root == "/" or not root.startswith("/") else root.rstrip("/")
+
+    @staticmethod
+    def in_own_view(printed_root: str, path: str) -> str:
+        """A path the kernel printed of a process whose `printed_root` that is, as the
+        process itself names it (as seen_by wants it). One outside its root is left as is."""
+        if printed_root and path.startswith(printed_root + "/"):
+            return path[len(printed_root):]
+        return path
+
     def seen_by(self, pid: int | None, path: str) -> Path:
         """`path` as process `pid` sees it: another process's through /proc/N/root
         (its own mount namespace, a container's too), our own under the rootfs."""

@@ -537,3 +537,69 @@ def test_jails_whose_roots_are_bind_mounts_of_one_directory_have_views_of_their_
     finally:
         os.killpg(jails.pid, signal.SIGKILL)
         jails.wait()
+
+
+JAILED_READER = r"""
+import json, os, subprocess, sys
+from envdoctor.context import Session, Target
+from envdoctor.paths import Roots
+from envdoctor.serve import discovery
+from envdoctor.serve.scheduler import _torch_from_files
+from envdoctor.serve.torchmaps import TorchMaps
+pid, lib = int(sys.argv[1]), sys.argv[2]
+memo, roots, runs, lines = TorchMaps(), Roots(), [], [None]
+def run():
+    memo.new_run()
+    found = discovery.discover(roots, max_targets=1000, announce_dirs=[], nvml_pids=lambda: [], torch_maps_memo=memo)
+    target = next(t for t in found.targets if t.pid == pid)
+    facts = _torch_from_files(Session(target=Target(pid)), target.torch_maps, memo)
+    runs.append({"version": facts["torch_version"], "replaced": facts["torch_files_replaced"],
+                 "kept": target.torch_maps is lines[0]})  # the lines of the run before: maps not read again
+    lines[0] = target.torch_maps
+check = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(pid), "--only", "cuda.runtime",
+                        "-f", "json"], capture_output=True, text=True, timeout=120)
+run(); run()
+new = lib + ".new"  # pip installs over the jailed job
+with open(lib, "rb") as old, open(new, "wb") as out:
+    out.write(old.read())
+os.replace(new, lib)
+run(); run()
+print(json.dumps({"runs": runs, "check": json.loads(check.stdout)["results"][0], "jail": roots.printed_root(pid)}))
+"""
+
+
+def test_a_job_chrooted_in_our_mount_namespace_has_its_torch_read_where_it_is(tmp_path):
+    """helper-111: the kernel prints a jailed process's maps with the jail in front
+    (/jail/usr/lib/...), which through /proc/N/root (the jail) names nothing: `check --pid`
+    called its torch a broken install ("no readable version.py") and serve read its maps
+    every run. Taken off, its torch is read, remembered, and a replaced file is caught."""
+    import shutil
+    import signal
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("chroot") is None:
+        pytest.skip("needs root, unshare(1) and chroot(8) for a jail in a private mount namespace")
+    pkg = stub_torch(tmp_path / "site")
+    libs = [Path(shutil.copy(arch_lib(tmp_path), pkg / "lib" / name))
+            for name in ("libtorch_python.so", "libtorch_cpu.so", "libc10.so")]
+    ready = tmp_path / "ready"
+    holder = ("import mmap, sys, time\nkeep = []\n"
+              f"for p in {[str(lib) for lib in libs]!r}:\n"
+              "    f = open(p, 'rb'); keep.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))\n"
+              f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)\n")
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    script = (f'mount --rbind / {jail} || exit 9\nchroot {jail} {sys.executable} -S -c "$0" & H=$!\n'
+              f'for i in $(seq 200); do [ -e {ready} ] && break; sleep 0.05; done\n'
+              f'cd {Path(__file__).parent.parent} && {sys.executable} -c "$1" $H {libs[1]}\nkill $H\n')
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, holder, JAILED_READER],
+                         capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    seen = json.loads(out.stdout)
+    assert seen["jail"] == str(jail)  # the case is real only while the kernel prints the jail in front
+    first, second, replaced, after = seen["runs"]
+    assert first["version"] == second["version"] == "2.99.0+cu128"
+    assert first["replaced"] == second["replaced"] == [] and second["kept"]  # its maps remembered
+    assert replaced["replaced"] == after["replaced"] == [str(libs[1])]  # named as the job names it
+    row = seen["check"]
+    assert row["status"] != "error" and "2.99.0+cu128" in row["summary"], row

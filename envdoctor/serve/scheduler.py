@@ -50,6 +50,7 @@ from envdoctor.watchdog import Watchdog
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, Callable, Mapping
 
 # Node-wide checks: run once on the node target, not repeated per process. (onnx.opset
@@ -197,9 +198,17 @@ def _torch_from_files(session: Session, maps_hint: str = "", memo: TorchMaps | N
 
     pid = session.target.pid
     assert pid is not None
-    if maps_hint and memo is not None and not memo.confirmed(pid, maps_hint,
-                                                             lambda path: session.roots.seen_by(pid, path),
-                                                             lambda: session.roots.file_view(pid)):
+    roots = session.roots
+    jail: list[str] = []  # Roots.printed_root, read once, when a mapped file is first stat'ed
+
+    def mapped_file(path: str) -> Path:
+        """A file as maps prints it, as the process sees it (a chroot jail's in front taken off)."""
+        if not jail:
+            jail.append(roots.printed_root(pid))
+        return roots.seen_by(pid, roots.in_own_view(jail[0], path))
+
+    if maps_hint and memo is not None and not memo.confirmed(pid, maps_hint, mapped_file,
+                                                             lambda: roots.file_view(pid)):
         maps_hint = ""
 
     def work_out() -> Any:

@@ -314,14 +314,15 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None, maps_hi
     every line under that folder, so replaced files are seen as in the whole maps."""
     from envdoctor.context import Target, unavailable_from_oserror
 
-    mapped = locate.mapped(maps_hint)  # parsed once: the files and which were replaced
+    jail = roots.printed_root(pid)  # the kernel prints a jailed process's paths with its jail in front
+    mapped = _in_own_view(jail, locate.mapped(maps_hint))  # parsed once: the files and which were replaced
     maps = roots.proc(pid, "maps")
     if not locate.torch_dirs_from_maps(mapped):
         try:
             maps_text = _read_bounded(maps, locate.MAX_MAPS)
         except OSError as exc:
             raise unavailable_from_oserror(exc, Target(pid), maps) from None
-        mapped = locate.mapped(maps_text)
+        mapped = _in_own_view(jail, locate.mapped(maps_text))
     files = list(mapped)
 
     root = roots.proc(pid, "root")
@@ -333,14 +334,14 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None, maps_hi
         return root / path.lstrip("/")
 
     try:
-        exe: str | None = os.readlink(roots.proc(pid, "exe")).removesuffix(" (deleted)")
+        exe: str | None = roots.in_own_view(jail, os.readlink(roots.proc(pid, "exe")).removesuffix(" (deleted)"))
     except OSError:
         exe = None
     dirs = locate.torch_dirs_from_maps(files)
     imported = bool(dirs)
     torch_dir = dirs[0] if dirs else None
     if torch_dir is None:
-        searched = _process_site_dirs(roots, pid, files, exe, env or {}, host)
+        searched = _process_site_dirs(roots, pid, files, exe, env or {}, host, jail)
         torch_dir = locate.find_torch(searched, host)
         if torch_dir is None:
             raise NoTorch(f"no torch in pid:{pid}: no libtorch is mapped in {maps} and none is in its "
@@ -360,8 +361,17 @@ def for_process(roots: Any, pid: int, env: dict[str, str] | None = None, maps_hi
     return facts
 
 
+def _in_own_view(jail: str, mapped: dict[str, bool]) -> dict[str, bool]:
+    """maps' files as a process in `jail` (Roots.printed_root) names them."""
+    if not jail:
+        return mapped
+    from envdoctor.paths import Roots
+
+    return {Roots.in_own_view(jail, path): deleted for path, deleted in mapped.items()}
+
+
 def _process_site_dirs(roots: Any, pid: int, files: list[str], exe: str | None, env: dict[str, str],
-                       host: Callable[[str], Path]) -> list[str]:
+                       host: Callable[[str], Path], jail: str = "") -> list[str]:
     """Where `import torch` in process `pid` would look: PYTHONPATH, the site directories
     of what it has mapped, its venv (VIRTUAL_ENV, argv[0]) and its interpreter's prefix."""
     dirs = [p for p in env.get("PYTHONPATH", "").split(":") if p.startswith("/")]
@@ -373,7 +383,7 @@ def _process_site_dirs(roots: Any, pid: int, files: list[str], exe: str | None, 
         head = metadata.read_head(roots.proc(pid, "cmdline"), 4096) or b""  # argv[0] is at the start
         argv0 = head.decode("utf-8", "surrogateescape").split("\0", 1)[0]
         if "/" in argv0:
-            cwd = os.readlink(roots.proc(pid, "cwd")) if not argv0.startswith("/") else "/"
+            cwd = roots.in_own_view(jail, os.readlink(roots.proc(pid, "cwd"))) if not argv0.startswith("/") else "/"
             pythons.append(os.path.normpath(os.path.join(cwd, argv0)))
         elif argv0 and exe:
             pythons += _found_on_path(argv0, env.get("PATH", ""), exe, host)
