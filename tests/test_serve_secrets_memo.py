@@ -108,3 +108,22 @@ def test_serve_works_out_a_jobs_secrets_in_its_first_run_only_and_masks_them_in_
     assert [run["counted"] for run in runs] == [2, 0, 0]  # secret_values asked: was 2 every run
     for run in runs:
         assert_each_jobs_secret_masked(run, pids, secrets)
+
+
+def test_the_first_environment_is_digested_once_while_it_is_the_same_object(monkeypatch):
+    """serve passes its own environment first, one dict for a whole run: digested once, not
+    once a target; an equal dict made for the next run is digested again (it may differ)."""
+    import envdoctor.serve.secrets_memo as secrets_memo
+
+    digested: list[int] = []
+    real = secrets_memo.digest
+    monkeypatch.setattr(secrets_memo, "digest", lambda env: digested.append(id(env)) or real(env))
+    memo = SecretsMemo()
+    own = dict(OWN)
+    jobs = [{"HF_TOKEN": f"hf_Qz8vN3xT5mK1pL7wR{n}"} for n in range(5)]
+    for job in jobs:
+        memo.secret_values([own, job])
+    assert digested.count(id(own)) == 1 and len(digested) == 6
+    own_next_run = dict(OWN)
+    memo.secret_values([own_next_run, jobs[0]])
+    assert digested.count(id(own_next_run)) == 1 and memo.worked_out == 5
