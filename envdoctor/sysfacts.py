@@ -120,8 +120,9 @@ def _target_interpreter(session: Session) -> tuple[str | None, str | None]:
     """(executable, version) of a --pid target: its /proc/N/exe and, unknown until its torch
     facts say, no version. envdoctor's own were shown for another process (helper-54: the
     header said `Interpreter <envdoctor's venv>` for a /usr/bin/python3 target)."""
-    try:
-        exe = os.readlink(session.roots.proc(session.target.pid, "exe"))
+    pid, roots = session.target.pid, session.roots
+    try:  # as the process names it: a chroot jail's path taken off (Roots.printed_root), as its torch facts do
+        exe = roots.in_own_view(roots.printed_root(pid), os.readlink(roots.proc(pid, "exe")))
     except OSError:
         return None, None
     named = re.fullmatch(r"python(\d+\.\d+)", os.path.basename(exe))  # /usr/bin/python3.11 says its X.Y

@@ -564,7 +564,9 @@ with open(lib, "rb") as old, open(new, "wb") as out:
     out.write(old.read())
 os.replace(new, lib)
 run(); run()
-print(json.dumps({"runs": runs, "check": json.loads(check.stdout)["results"][0], "jail": roots.printed_root(pid)}))
+from envdoctor.sysfacts import _target_interpreter  # the header's interpreter where no torch facts name it
+print(json.dumps({"runs": runs, "check": json.loads(check.stdout)["results"][0],
+                  "python": _target_interpreter(Session(target=Target(pid)))[0], "jail": roots.printed_root(pid)}))
 """
 
 
@@ -603,3 +605,4 @@ def test_a_job_chrooted_in_our_mount_namespace_has_its_torch_read_where_it_is(tm
     assert replaced["replaced"] == after["replaced"] == [str(libs[1])]  # named as the job names it
     row = seen["check"]
     assert row["status"] != "error" and "2.99.0+cu128" in row["summary"], row
+    assert seen["python"] == os.path.realpath(sys.executable)  # its interpreter as it names it, no jail in front
