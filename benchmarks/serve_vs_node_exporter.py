@@ -12,7 +12,10 @@ same read of /proc/N/maps either way). Measured, per server:
 - CPU per scrape: the server's own CPU time (utime+stime from /proc/PID/stat) over
   `--scrapes` sequential scrapes, divided by their number;
 - scrape latency with 8 concurrent clients, `--requests` each: p50, p99, max;
-- RSS after the scrapes (VmRSS);
+- RSS (VmRSS) right after the scrapes, when serve has made only a run or two, and again
+  after the idle window: the second is the steady figure. Each process's memory history
+  fills in 720 runs, so `--interval 1 --idle-seconds 780` gives serve's RSS with full
+  histories (three hours at 15 s), which the issue's steady-RSS line is about;
 - idle CPU and thread wakeups (voluntary context switches of every thread, per
   second): over `--idle-seconds` with no scrapes, serve at
   `--interval` (15 s by default) over the targets.
@@ -245,7 +248,9 @@ def main() -> None:
         for name, (pid, _) in servers.items():
             rows[name]["idle_pct"] = (cpu_seconds(pid) - before[name]) / args.idle_seconds * 100
             rows[name]["wakeups"] = (wakeups(pid) - slept[name]) / args.idle_seconds
-        runs = runs_total(servers["envdoctor serve"][1]) - runs_before
+            rows[name]["rss_idle"] = rss_mib(pid)
+        runs_in_all = runs_total(servers["envdoctor serve"][1])
+        runs = runs_in_all - runs_before
         spent = rows["envdoctor serve"]["idle_pct"] * args.idle_seconds / 100
         per_run = spent / runs if runs else float("nan")
         if args.soak_seconds > 0:
@@ -274,10 +279,11 @@ def main() -> None:
     line("p99 latency, 8 clients (ms)", "p99_ms")
     line("max latency, 8 clients (ms)", "max_ms")
     line("failed requests", "failed", "{:.0f}")
-    line("RSS (MiB)", "rss", "{:.1f}")
+    line("RSS after the scrapes (MiB)", "rss", "{:.1f}")
+    line("RSS after the idle (MiB)", "rss_idle", "{:.1f}")
     line("idle CPU (% of one core)", "idle_pct", "{:.3f}")
     line("idle thread wakeups per s", "wakeups", "{:.2f}")
-    print(f"serve: {runs:.0f} runs in the idle window, {per_run * 1000:.0f} ms CPU per run over {args.targets + 1} targets; "
+    print(f"serve: {runs:.0f} runs in the idle window ({runs_in_all:.0f} in all: histories are full after {HISTORY_POINTS}), {per_run * 1000:.0f} ms CPU per run over {args.targets + 1} targets; "
           f"at a {args.interval:g} s interval that is {per_run / args.interval * 100:.2f}% of one core")
 
 
