@@ -253,6 +253,22 @@ def test_once_makes_a_new_textfile_readable_and_keeps_an_existing_ones_mode(tmp_
     assert (new.stat().st_mode & 0o777, private.stat().st_mode & 0o777) == (0o644, 0o600)
 
 
+@pytest.mark.parametrize("link", ["/dev/stdout", "/proc/self/fd/1"])
+def test_once_with_a_textfile_linked_to_stdout_writes_the_metrics_on_stdout(tmp_path, link):
+    """helper-112: the run wrote the textfile while plug-ins' prints were pointed at stderr
+    (descriptor 1 was stderr's), so a link to /dev/stdout put the exposition on stderr, or
+    was refused as a FIFO (exit 74) when stderr was a pipe and stdout a file."""
+    path = tmp_path / "out.prom"
+    path.symlink_to(link)
+    with open(tmp_path / "stdout.txt", "wb") as stdout:
+        proc = subprocess.run([sys.executable, "-m", "envdoctor", "serve", "--once", "--textfile", str(path)],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    written = (tmp_path / "stdout.txt").read_text()
+    assert "# TYPE envdoctor_check_status gauge" in written and "envdoctor_build_info{" in written
+    assert "envdoctor_check_status" not in proc.stderr and "one run complete" in proc.stderr
+
+
 @pytest.mark.parametrize("header, gzip", [("gzip", True), ("gzip, deflate", True), ("deflate, gzip;q=0.5", True),
                                           ("gzip;q=0", False), ("*", True), ("*, gzip;q=0", False),
                                           ("identity", False), ("", False), ("gzip;q=abc", False)])

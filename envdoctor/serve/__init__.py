@@ -173,7 +173,8 @@ class Daemon:
         self.scheduler = Scheduler(self.registry, config, serve_settings,
                                    Roots(procfs=options.procfs, sysfs=options.sysfs, rootfs=options.rootfs),
                                    default_watchdog(), nvml_factory=nvml_factory, reload=self._load,
-                                   publish=self._write_textfile if options.textfile is not None else None)
+                                   # --once writes it after the run, once stdout is its own again (run())
+                                   publish=self._write_textfile if options.textfile is not None and not options.once else None)
         self.server = None
         if not options.once:
             try:
@@ -248,6 +249,8 @@ class Daemon:
             except DiscoveryFailed as exc:  # nothing was examined: no exposition that says all is well
                 log.event("error", "run failed", error=str(exc))
                 return EXIT_IO
+            if self.options.textfile is not None:  # here, not in the run: a link to /dev/stdout is
+                self._write_textfile(snap)  # written through descriptor 1, stderr's while plug-ins ran (helper-112)
             if self.textfile_error:  # the run's last word must not read as success (exit 74)
                 log.event("error", "one run complete, but the textfile was not written", targets=len(snap.targets),
                           seconds=f"{snap.run_seconds:.3f}", textfile=str(self.options.textfile or ""))
