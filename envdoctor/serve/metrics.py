@@ -65,7 +65,7 @@ class ServeCollector:
             yield _gauge("start_time_seconds", "When this daemon started, in seconds since the epoch: a change is a restart.",
                          s["start_time_seconds"])
         yield _gauge("last_run_duration_seconds", "How long the last completed run took.", s["last_run_duration_seconds"])
-        yield _counter("call_timeouts", "Bounded calls (checks, NVML reads, probes) that ran past their deadline.",
+        yield _counter("call_timeouts", "Bounded calls (checks, NVML reads, memory samples) that ran past their deadline.",
                        s["call_timeouts_total"])
         yield _gauge("stuck_calls", "Calls still running past their deadline now; each keeps one thread.", s["stuck_calls"])
         timeouts = CounterMetricFamily(PREFIX + "check_timeouts", "Runs of a check that timed out or found it still stuck.",
