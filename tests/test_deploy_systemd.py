@@ -78,3 +78,36 @@ def test_the_units_command_line_runs_the_real_serve_to_a_healthy_healthz():
     code, body, log = fleet.serve_answers_healthz(argv[2:])
     assert body.startswith("ok"), log
     assert code == 0, log
+
+
+def test_reload_sends_sighup_to_the_daemon_and_the_config_is_optional_in_etc():
+    """helper-112: README says SIGHUP re-reads the config, but the unit had no ExecReload
+    (`systemctl reload` failed), and no word of where its config lives (its working
+    directory was /, where serve looked for /envdoctor.toml)."""
+    service = _service()
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert service["WorkingDirectory"] == "-/etc/envdoctor"  # "-": a node without a config starts
+
+
+@pytest.mark.real
+def test_the_units_config_place_and_reload_work_for_the_real_serve(tmp_path):
+    """The unit's command line, started where the unit starts it (its WorkingDirectory,
+    here a stand-in for /etc/envdoctor), reads envdoctor.toml there; the unit's reload
+    (kill -HUP $MAINPID, run as written) makes it read the file again."""
+    import shlex
+
+    from serve_support import Serve
+
+    (tmp_path / "envdoctor.toml").write_text("[serve]\ninterval = 7\n")
+    argv = shlex.split(_service()["ExecStart"])
+    assert argv[:2] == [INSTALLED_AT, "serve"]
+    args = [a for a in argv[2:] if not a.startswith("--web.listen-address")]
+    s = Serve(*args, cwd=tmp_path)
+    try:
+        assert "interval=7.0" in s.wait_for("listening")
+        (tmp_path / "envdoctor.toml").write_text("[serve]\ninterval = 9\n")
+        reload = shlex.split(_service()["ExecReload"].replace("$MAINPID", str(s.proc.pid)))
+        assert subprocess.run(reload, timeout=30).returncode == 0
+        assert "interval=9.0" in s.wait_for("config reloaded", timeout=30)
+    finally:
+        assert s.stop() == 0
