@@ -120,7 +120,9 @@ def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) 
                 continue
             match = re.match(r"[0-9]+", text)
             text = (match.group(0).lstrip("0") or "0") if match else ""  # '00' is 0, as CUDA reads it (helper-53)
-            if text and gpus is not None and (len(text) > 18 or int(text) >= len(gpus)):  # int() refuses 4300 digits
+            if len(text) > vd.MAX_INDEX_DIGITS:  # no GPU has it, NVML or not; CUDA stops there (helper-114)
+                text = ""
+            elif text and gpus is not None and int(text) >= len(gpus):
                 text = ""
         elif not text.startswith("MIG-" if mig else "GPU-"):
             text = ""  # a list is of one kind, the first entry's: CUDA stops at a GPU- in a MIG- list
@@ -215,6 +217,8 @@ def _view(facts: VisibleFacts) -> View:
                   and all(gpus[o].mig_devices for o in res.ordinals if o < len(gpus))):
                 count, visible_list = 1, visible_list[:1]  # indices of GPUs in MIG mode: one MIG device too (helper-98)
         return View(parsed, res, None, None, physical, visible_list, count)
+    if parsed.mode == vd.MIG_UUID and count > 1:  # no NVML to ask, and still the first only (helper-114)
+        count, visible_list = 1, visible_list[:1]
     nvd_count, nvd_uuids = _nvd_view(facts.nvidia_visible_devices)
     nvd_res = None
     if nvd_count is not None and parsed.visible:
@@ -254,9 +258,21 @@ def _serving_entries(p: vd.VisibleDevices, facts: VisibleFacts) -> list[str]:
     return clean
 
 
+# Values a scheduler or runtime sets to mean "this job got no GPU": Slurm's NoDevFiles (a job
+# given no GPU on a node with GPU gres), and the NVIDIA container runtime's none and void
+# (meant for NVIDIA_VISIBLE_DEVICES). Unsetting the variable, the fix for a typo, would give
+# such a job every GPU of a shared node (helper-114).
+_SET_FOR_NO_GPU = ("nodevfiles", "none", "void")
+_NO_GPU_GIVEN_FIX = ("ask the scheduler for the GPUs the job needs (Slurm: --gpus=N or --gres=gpu:N; Kubernetes: "
+                     "nvidia.com/gpu in the pod's limits); this value means it was given none, and unsetting it on a "
+                     "shared node would hand the job every GPU")
+
+
 def _clean_fix(p: vd.VisibleDevices, status: Status, message: str, facts: VisibleFacts) -> Finding:
     """A finding fixed by writing the readable entries once each, as a command and as env."""
     clean = _serving_entries(p, facts)
+    if not clean and p.bad_token is not None and p.bad_token.strip(_QUIET).lower() in _SET_FOR_NO_GPU:
+        return Finding(status, message, _NO_GPU_GIVEN_FIX)
     if not clean:
         return Finding(status, message, "unset CUDA_VISIBLE_DEVICES  # all GPUs; or list the ones the job should use")
     return Finding(status, message, _export(clean), env={"CUDA_VISIBLE_DEVICES": ",".join(clean)})
@@ -387,9 +403,12 @@ def _rule_mig_devices_beyond_the_first(facts: VisibleFacts, view: View) -> list[
     """A list of several MIG devices: a CUDA process enumerates only the first
     (MIG_ONE_PER_PROCESS); the rest are idle unless each process gets its own."""
     p, res = view.parsed, view.res
-    if p is None or res is None or p.mode != vd.MIG_UUID or res.duplicate is not None or len(res.ordinals) < 2:
+    if p is None or p.mode != vd.MIG_UUID or p.duplicate is not None or (res is not None and res.duplicate is not None):
         return []
-    return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)} lists {len(res.ordinals)} MIG devices, but a "
+    listed = len(res.ordinals) if res is not None else len(p.visible)  # without NVML: as written
+    if listed < 2:
+        return []
+    return [Finding(Status.WARN, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)} lists {listed} MIG devices, but a "
                     f"CUDA process enumerates only one: this one uses {view.visible_list[0]}, and the others stay idle",
                     "give each process one MIG device (torchrun's ranks: CUDA_VISIBLE_DEVICES set per rank, as the "
                     "NVIDIA device plugin does for a pod); MIG devices cannot be used together by one process")]

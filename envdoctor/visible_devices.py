@@ -32,7 +32,7 @@ from envdoctor.errors import ParseError
 
 _BLANKS = " \t\n\r\f\v"
 _NUMBER = re.compile(r"([+-]?)([0-9]+)")
-_MAX_INDEX_DIGITS = 18  # an index with more digits is beyond any GPU count (and int() refuses > 4300 digits)
+MAX_INDEX_DIGITS = 18  # an index with more digits is beyond any GPU count (and int() refuses > 4300 digits)
 
 INDEX, GPU_UUID, MIG_UUID = "index", "gpu_uuid", "mig_uuid"
 
@@ -104,7 +104,7 @@ def _parse_indices(value: str, tokens: tuple[str, ...], quoted: bool) -> Visible
             return VisibleDevices(value, INDEX, tokens, tuple(seen), stop=i, stop_reason=reason,
                                   lenient=tuple(lenient), quoted=quoted)
         digits = match.group(2).lstrip("0") or "0"
-        if len(digits) > _MAX_INDEX_DIGITS:  # strtoul saturates: no GPU has such an index, and CUDA stops here
+        if len(digits) > MAX_INDEX_DIGITS:  # strtoul saturates: no GPU has such an index, and CUDA stops here
             return VisibleDevices(value, INDEX, tokens, tuple(seen), stop=i, stop_reason="not a GPU index (far too large)",
                                   lenient=tuple(lenient), quoted=quoted)
         number = int(digits)

@@ -394,3 +394,34 @@ def test_a_range_with_local_rank_gives_one_export(value, fix):
     r = judge(facts(value, gpus(8), local_rank="3"), {})
     assert r.status is Status.FAIL and r.remediation.count("export CUDA_VISIBLE_DEVICES=") == 1, r.remediation
     assert f"export CUDA_VISIBLE_DEVICES={fix}" in r.remediation and r.fix_env == {"CUDA_VISIBLE_DEVICES": fix}
+
+
+@pytest.mark.parametrize("value, fix_env", [("99999999999999999999", None), ("7,99999999999999999999,1", "7,1"),
+                                             ("0," + "9" * 40 + ",1", "0,1")])
+def test_an_index_too_large_for_any_gpu_is_dropped_by_the_fix_without_nvml(value, fix_env):
+    """helper-114: without NVML the fix kept the entry the row calls invalid, so `exec --fix`
+    started the job with the same bad value."""
+    r = judge(facts(value), {})
+    assert r.status is Status.FAIL and "far too large" in r.summary, r.summary
+    assert "9" * 19 not in r.remediation, r.remediation
+    assert r.fix_env == ({"CUDA_VISIBLE_DEVICES": fix_env} if fix_env else {}), r.fix_env
+
+
+@pytest.mark.parametrize("value", ["NoDevFiles", "none", "void", "'NoDevFiles'"])
+def test_a_value_that_means_no_gpu_was_given_is_not_fixed_by_unsetting_it(value):
+    """helper-114: Slurm's NoDevFiles (a job given no GPU) was fixed with `unset
+    CUDA_VISIBLE_DEVICES  # all GPUs`, which hands the job every GPU of a shared node."""
+    for node in (None, gpus(4)):
+        r = judge(facts(value, node), {})
+        assert r.status is Status.FAIL and "sees no GPU" in r.summary, r.summary
+        assert "unset" not in r.remediation.split(";")[0] and "ask the scheduler" in r.remediation, r.remediation
+        assert not r.fix_env
+
+
+def test_several_mig_devices_warn_without_nvml_too():
+    """helper-114: without NVML 'MIG-a,MIG-b' was ok, "CUDA will use 2 MIG devices"; a CUDA
+    process enumerates only the first, which needs no NVML to know."""
+    r = judge(facts("MIG-a,MIG-b"), {})
+    assert r.status is Status.WARN and "lists 2 MIG devices" in r.summary and "uses MIG-a" in r.summary, r.summary
+    assert r.facts["visible_count"] == 1
+    assert judge(facts("MIG-a"), {}).status is Status.OK
