@@ -327,7 +327,7 @@ def _differs(what: str, values: Mapping[int, Any], hosts: Mapping[int, str], sho
 
 
 def rule_missing(present: Iterable[int], world: int, hosts: Mapping[int, str], lws: int | None,
-                 waited: Any, master: str) -> list[Finding]:
+                 waited: Any, master: str, claimed_twice: bool = False) -> list[Finding]:
     missing = [r for r in range(world) if r not in set(present)]
     if not missing:
         return []
@@ -343,6 +343,10 @@ def rule_missing(present: Iterable[int], world: int, hosts: Mapping[int, str], l
 
     shown = ", ".join(f"rank {r} ({expected(r)})" for r in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
     waited_text = f" within {waited:g} s" if isinstance(waited, (int, float)) else ""
+    if claimed_twice:  # the RANK the missing process should have had was given to another one (helper-114)
+        return [Finding(Status.FAIL, f"{len(missing)} of {world} ranks did not arrive{waited_text}: {shown}; a "
+                        "RANK was given to two processes (below), so the rank nobody took is missing",
+                        "give every process its own RANK; the missing ranks come with it")]
     return [Finding(Status.FAIL, f"{len(missing)} of {world} ranks did not arrive{waited_text}: {shown}; they did not "
                     f"start the check, died, or cannot reach the store at {master}",
                     "start every rank (check the missing ranks' logs and nodes); when nodes start slowly, raise "
@@ -492,10 +496,12 @@ def compare(ranks: Mapping[int, dict], claims: Mapping[int, int], base: Mapping[
     hosts = {r: str(f.get("host")) for r, f in readable.items()}
     lws = Counter(f.get("local_world_size") for f in readable.values() if f.get("local_world_size")).most_common(1)
     findings: list[Finding] = []
-    findings += rule_missing(ranks, world, hosts, lws[0][0] if lws else None, base.get("waited_seconds"), base["master"])
+    claimed_twice = rule_claims(claims)
+    findings += rule_missing(ranks, world, hosts, lws[0][0] if lws else None, base.get("waited_seconds"), base["master"],
+                             claimed_twice=bool(claimed_twice))
     findings += [Finding(Status.ERROR, f"rank {r}'s facts could not be read: {f['unreadable']}") for r, f in
                  sorted(ranks.items()) if "unreadable" in f]
-    findings += rule_claims(claims)
+    findings += claimed_twice
     findings += rule_versions(readable, hosts)
     findings += rule_env(readable, hosts, settings.get("may_differ_across_nodes", MAY_DIFFER_ACROSS_NODES))
     on_gpu, why_not = gpu_ranks(readable, settings.get("compare_gpus", "auto"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -351,3 +352,24 @@ def test_the_torchrun_line_dist_env_tells_users_to_run_launches_two_nodes(tmp_pa
     assert [n.returncode for n in nodes] == [0, 0], [err[-800:] for _, err in seen]
     ranks = sorted(out.split() for out, _ in seen)
     assert ranks == [["0", "0", "2"], ["1", "1", "2"]], ranks
+
+
+def test_a_rank_given_to_two_processes_is_named_at_once_not_waited_out_as_missing(tmp_path):
+    """helper-114: local rank 1 launched with RANK=0 as well. Each process counts a generation
+    of its RANK, so the two published apart and the claim counter never passed 1: rank 0 waited
+    the whole wait_seconds and said only that rank 1 did not arrive (start every rank, raise
+    wait_seconds). Now the second claim joins the first one's run, whose rank 0 names it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = launch_env(tmp_path, DIST_TEST_SET="1:RANK=0", ENVDOCTOR_CHECK__DIST_CONSISTENCY__WAIT_SECONDS="60")
+    proc = torchrun(tmp_path, 2, str(RANK_SCRIPT), str(out), "--only", "dist.consistency", env=env)
+    assert proc.returncode != 0
+    reports = [report for rc, report in rank_outputs(out, 2).values() if report is not None]
+    assert reports, proc.stderr[-3000:]
+    row = rows(reports[0])["dist.consistency"]
+    assert row["status"] == "fail", row
+    assert "RANK=0 by 2 processes" in row["summary"], row["summary"]
+    assert "a RANK was given to two processes" in row["summary"], row["summary"]
+    assert "wait_seconds" not in row["remediation"], row["remediation"]
+    waited = re.search(r"did not arrive within ([0-9.]+) s", row["summary"])
+    assert waited and float(waited.group(1)) < 30, row["summary"]  # not the 60 s wait for a rank nobody took

@@ -21,7 +21,14 @@ which no torch component writes) and a generation each rank counts for itself
 (`gen/<rank>`, the only keys left behind: a few integers in a store that dies
 with the launcher), so a second run in the same job never reads the first one's
 facts. Under that: `claim/<rank>` (a counter: two processes with one RANK),
-`facts/<rank>`, `verdict`, `done`. Rank 0 deletes them all at the end.
+`duplicates` (how many such second claims came), `facts/<rank>`, `verdict`, `done`.
+Rank 0 deletes them all at the end.
+
+Two processes given one RANK count two generations of it, so each publishes under a
+generation of its own, and the rank nobody took is simply missing. The later one finds
+the earlier generation's claim still in the store (rank 0 deletes it when a run ends, so
+a rank's next run finds none) and adds itself to that claim: the earlier generation's
+rank 0 then names the RANK given twice, at once, instead of waiting out the missing one.
 
 Bounded everywhere: every store call has a timeout, and the script dies with its
 parent (PR_SET_PDEATHSIG), so a rank that never comes costs the wait, not a hang.
@@ -35,6 +42,8 @@ from datetime import timedelta
 
 MARKER = "ENVDOCTOR-STORE "
 POLL = 0.1  # seconds between polls of a counter or a key: a few RPCs per rank, even with 1000 ranks
+WAIT_SLICE = 1.0  # rank 0 waits for the ranks' facts in slices this long, looking for a RANK claimed twice between
+DUPLICATE_GRACE = 2.0  # once one is, how much longer it waits for the rest: the launch is wrong anyway
 _real_stdout = sys.stdout
 
 
@@ -101,10 +110,7 @@ def judge_side(store, request, base, stdin):
     wait = float(request["wait_seconds"])
     keys = [base + "facts/%d" % r for r in range(world)]
     started = time.monotonic()
-    try:
-        store.wait(keys, timedelta(seconds=wait))
-    except Exception:  # the timeout: some rank did not come; find out which below
-        pass
+    _wait_for_facts(store, keys, base + "duplicates", started + wait)
     ranks = {}
     claims = {}
     for r, key in enumerate(keys):
@@ -126,8 +132,43 @@ def judge_side(store, request, base, stdin):
         if acked >= others:
             break
         time.sleep(POLL)
-    _delete(store, keys + [base + "claim/%d" % r for r in range(world)] + [base + "done", base + "verdict"])
+    _delete(store, keys + [base + "claim/%d" % r for r in range(world)] +
+            [base + "done", base + "verdict", base + "duplicates"])
     return {"acked": acked, "expected_acks": others}
+
+
+def _wait_for_facts(store, keys, duplicates_key, deadline):
+    """Until every key is there or the deadline, in slices; a RANK claimed twice (see the
+    module's docstring) brings the deadline to DUPLICATE_GRACE from when it is seen."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        began = time.monotonic()
+        try:
+            store.wait(keys, timedelta(seconds=min(left, WAIT_SLICE)))
+            return
+        except Exception:  # this slice's timeout (or a store gone: the reads after say which)
+            pass
+        try:
+            if store.add(duplicates_key, 0) > 0:
+                deadline = min(deadline, time.monotonic() + DUPLICATE_GRACE)
+        except Exception:
+            pass
+        if time.monotonic() - began < POLL:  # a wait that failed at once: no busy loop
+            time.sleep(POLL)
+
+
+def _join_earlier_claims(store, ns, rank, gen):
+    """Add this process to the claim of each earlier generation of its RANK still running:
+    a second process with this RANK (a second run of a rank finds the first one's claim
+    deleted). The first generation that is over ends the search: those before it are too."""
+    for earlier in range(gen - 1, 0, -1):
+        prior = ns + "%d/" % earlier
+        if not _exists(store, prior + "claim/%d" % rank):
+            return
+        store.add(prior + "claim/%d" % rank, 1)
+        store.add(prior + "duplicates", 1)
 
 
 def follower_side(store, request, base):
@@ -220,6 +261,8 @@ def main():
         store.add(base + "claim/%d" % rank, 1)
         store.set(base + "facts/%d" % rank, json.dumps(facts, sort_keys=True, default=str))
         emit(event="published", generation=gen, facts=facts)
+        if gen > 1:
+            _join_earlier_claims(store, ns, rank, gen)
         if rank == 0:
             outcome = judge_side(store, request, base, stdin)
         else:
