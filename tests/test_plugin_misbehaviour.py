@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from helpers import cli
@@ -48,6 +49,11 @@ def test_a_plugin_registering_a_built_in_id_gives_one_row_per_id(tmp_path):
     by_id = {r["check"]: r for r in rows}
     assert by_id["shm.size"]["status"] != "error"  # the built-in's verdict, not hidden
     assert by_id["dupplug:shm.size"]["status"] == "error" and "already provided by envdoctor" in by_id["dupplug:shm.size"]["summary"]
+    # the report is still the shipped schema's (helper-114: its dotted-id pattern refused the error row's id)
+    schema = json.loads((Path(__file__).resolve().parents[1] / "envdoctor" / "schema" / "report-v1.json").read_text())
+    jsonschema.validate(json.loads(proc.stdout), schema)
+    with pytest.raises(jsonschema.ValidationError):  # only an error row may leave the dotted form
+        jsonschema.validate({**json.loads(proc.stdout), "results": [{**by_id["dupplug:shm.size"], "status": "fail"}]}, schema)
 
     prom = cli("check", "--only", "shm.size", "-f", "prometheus", env=env).stdout
     success = [line for line in prom.splitlines() if line.startswith("envdoctor_check_success{")]
