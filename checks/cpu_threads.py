@@ -47,6 +47,7 @@ more CPUs for the job; no thread setting clears that.
 from __future__ import annotations
 
 import math
+import os
 from collections import namedtuple
 
 from envdoctor.cgroup import EffectiveCpus, effective_cpus
@@ -117,9 +118,26 @@ class ThreadFacts(namedtuple("ThreadFacts", (
     __slots__ = ()
 
 
+def _whose_cpus(ctx) -> int | None:
+    """Whose CPUs the row weighs: the target's own, or for serve's node target PID 1's, the
+    node's init. The daemon stands in for the node everywhere else, but its own limits are
+    not the node's: read from the daemon, the systemd unit's CPUQuota=20% made every node's
+    row warn "0.2 effective CPUs", and the alert fire (helper-115); a DaemonSet's CPU limit
+    would too. Where that procfs's PID 1 is the daemon itself (a container's entrypoint
+    without the host's PID namespace), the daemon's own are all there is to read."""
+    if ctx.target.kind != "node":
+        return ctx.target.pid
+    try:
+        if os.readlink(ctx.roots.proc(None)) == "1":  # <procfs>/self -> "1": we are its PID 1
+            return None
+    except OSError:
+        pass
+    return 1
+
+
 def gather(ctx) -> ThreadFacts:
     env = ctx.env  # Unavailable (unreadable environ) becomes a skip in the runner
-    cpus = effective_cpus(ctx.roots, ctx.target.pid, ctx.host.fact)  # one quota lookup per cgroup per run
+    cpus = effective_cpus(ctx.roots, _whose_cpus(ctx), ctx.host.fact)  # one quota lookup per cgroup per run
     from envdoctor.attach_reader import live_facts
 
     live = live_facts(ctx)

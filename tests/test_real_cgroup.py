@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from envdoctor.cgroup import effective_cpus
 from envdoctor.checks import cpu_threads
 from envdoctor.checks.cpu_threads import THREAD_VARS
-from envdoctor.context import Session, Target
+from envdoctor.context import Roots, Session, Target
 from envdoctor.model import Status
 from envdoctor.runner import Plan, run_one
 
@@ -197,3 +198,24 @@ def test_a_reader_in_its_own_cgroup_namespace_still_finds_the_targets_quota(limi
         pytest.skip(f"the cgroup namespace did not show the target outside it here: {seen!r}")
     (result,) = json.loads(out.stdout)["results"]
     assert result["status"] == "warn" and result["facts"]["quota_cpus"] == 0.5, result
+
+
+def test_serves_node_row_weighs_the_nodes_cpus_not_the_daemons_own_quota(limited, tmp_path):
+    """helper-115: the systemd unit gives serve CPUQuota=20%, and the node row (read from the
+    daemon's own process) warned "0.2 effective CPUs" on every node, and the alert fired. In
+    the limited cgroup, `check` of itself carries the quota; serve's node row does not: it
+    weighs PID 1's CPUs, the node's init."""
+    def inside(*command: str) -> subprocess.CompletedProcess:
+        enter = f"echo $$ > {limited.path / 'cgroup.procs'} && exec \"$@\""
+        return subprocess.run(["sh", "-c", enter, "sh", sys.executable, "-m", "envdoctor", *command], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    own = inside("check", "--only", "cpu.threads", "-f", "json")
+    (row,) = json.loads(own.stdout)["results"]
+    assert row["facts"]["quota_cpus"] == 0.5, row  # the cgroup holds what runs in it
+    init_cpus = effective_cpus(Roots(), 1).cpus  # PID 1 is outside the limited cgroup
+    served = inside("serve", "--once")
+    assert served.returncode == 0, served.stderr[-2000:]
+    effective = [line for line in served.stdout.splitlines() if line.startswith('envdoctor_cpu_effective{target="node"}')]
+    assert effective and float(effective[0].split()[-1]) == init_cpus != 0.5, (effective, init_cpus)
+    assert 'envdoctor_cpu_quota_cpus{target="node"} 0.5' not in served.stdout
