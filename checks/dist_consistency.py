@@ -529,7 +529,8 @@ def compare(ranks: Mapping[int, dict], claims: Mapping[int, int], base: Mapping[
           f"CUDA {v['cuda_version']}, cuDNN {v['cudnn_version']}, NCCL {v['nccl_version']}, driver {v['driver_version']}; "
           f"{len(names)} variable{'s' if len(names) != 1 else ''} equal ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}); "
           + (f"{len(gpus)} GPUs, one per rank" if gpus else "GPUs not compared (" + (
-              why_not if isinstance(why_not, str) else str((first.get("gpu") or {}).get("reason", "none resolved")))
+              # compare_gpus = always, or only CUDA builds: the reason is the ranks' own (helper-114: "()")
+              why_not if isinstance(why_not, str) and why_not else str((first.get("gpu") or {}).get("reason") or "none resolved"))
              + ")"))
     return verdict(findings, facts, ok, note=f"via {base.get('store')} at {base.get('master')}")
 

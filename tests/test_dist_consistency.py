@@ -138,6 +138,10 @@ def test_gpus_are_compared_for_gpu_builds_of_torch_only_unless_told():
     assert r.status is Status.OK and "GPUs not compared (compare_gpus = never)" in r.summary
     r = dc.compare(four_ranks(), {}, BASE, {**SETTINGS, "compare_gpus": "sometimes"})
     assert r.status is Status.ERROR and "compare_gpus = 'sometimes': expected auto, always or never" in r.summary
+    # helper-114: `always` with no GPU resolved said "GPUs not compared ()"; the ranks' own reason now
+    no_nvml = {"uuid": None, "reason": "no NVML: libnvidia-ml.so.1 not found"}
+    r = dc.compare({r: {**f, "gpu": no_nvml} for r, f in ranks.items()}, {}, base, {**SETTINGS, "compare_gpus": "always"})
+    assert r.status is Status.OK and "GPUs not compared (no NVML: libnvidia-ml.so.1 not found)" in r.summary, r.summary
 
 
 def test_a_missing_rank_is_named_with_its_expected_host():
