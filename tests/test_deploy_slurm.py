@@ -99,7 +99,24 @@ def test_envdoctor_that_cannot_run_or_overruns_drains_nothing(slurm):
     assert "could not run (exit 2)" in proc.stderr
     proc, updates = slurm("health.sh", "/no/such/READY", ENVDOCTOR_HEALTH_TIMEOUT="0.05")
     assert proc.returncode == 0 and updates == []
-    assert "could not run (exit 124)" in proc.stderr
+    assert "timed out after 0.05 s (ENVDOCTOR_HEALTH_TIMEOUT); nothing drained" in proc.stderr, proc.stderr
+
+
+def test_the_prolog_says_it_timed_out_and_lets_the_job_start(slurm):
+    """helper-115: a timeout was "could not run (exit 124): " with nothing after it."""
+    proc, updates = slurm("prolog.sh", "/no/such/READY", ENVDOCTOR_PROLOG_TIMEOUT="0.05")
+    assert proc.returncode == 0 and updates == []
+    assert "envdoctor prolog timed out after 0.05 s (ENVDOCTOR_PROLOG_TIMEOUT); the job starts" in proc.stderr, proc.stderr
+
+
+def test_fields_slurm_prints_after_the_reason_are_not_part_of_it(slurm):
+    """helper-115: newer scontrol prints Comment=, Extra=... after `Reason=... [user@time]`;
+    they were shown as part of the reason (and an admin's reason ending so was not ours)."""
+    slurm.show_node.write_text("NodeName=gpu07 State=IDLE+DRAIN Reason=envdoctor: shm.size: /dev/shm is 64 MiB "
+                               "[root@2026-11-23T05:40:00] Comment=rack12 Extra=(null) InstanceId=(null)\n")
+    proc, updates = slurm("health.sh", slurm.tmp)
+    assert proc.returncode == 0 and updates == [["update", "NodeName=gpu07", "State=RESUME"]]
+    assert "(was: envdoctor: shm.size: /dev/shm is 64 MiB)\n" in proc.stdout, proc.stdout
 
 
 def _epilog(tmp_path, textfile, timeout="60"):

@@ -26,9 +26,11 @@ report=$(timeout "${ENVDOCTOR_HEALTH_TIMEOUT:-120}" "$envdoctor" check --format 
          ${ENVDOCTOR_HEALTH_ARGS:-} 2>"$errors")
 code=$?
 
-# The node's current drain reason ("" when none), from `scontrol show node -o`.
+# The node's current drain reason ("" when none), from `scontrol show node -o`: the text
+# after Reason=, up to the " [user@time]" Slurm appends (newer releases print more fields,
+# Comment= and the like, after it).
 current_reason=$("$scontrol" show node "$node" -o 2>/dev/null | sed -n 's/.*[[:space:]]Reason=\(.*\)$/\1/p' \
-                 | sed 's/ \[[^]]*\]$//')
+                 | sed 's/ \[[^]@]*@[^]]*\].*$//')
 case "$current_reason" in
   ""|"(null)"|"none") ours=none ;;
   envdoctor:*) ours=yes ;;
@@ -61,6 +63,9 @@ print((text if len(text) <= room else text[:room - 1] + "\u2026") + more)' 2>/de
       "$scontrol" update NodeName="$node" State=DRAIN Reason="$reason"
     fi
     exit 1 ;;
+  124)
+    echo "envdoctor health check timed out after ${ENVDOCTOR_HEALTH_TIMEOUT:-120} s (ENVDOCTOR_HEALTH_TIMEOUT); nothing drained" >&2
+    exit 0 ;;
   *)
     echo "envdoctor health check could not run (exit $code): $(head -c 300 "$errors" | tr '\n' ' ')" >&2
     exit 0 ;;
