@@ -17,7 +17,8 @@ initialises CUDA (before `import torch` touches the GPU); set later it is ignore
 
 Statuses: `fail` for a duplicate, an invalid entry that hides the ones after it,
 a range or a list split by other than commas (`0-3`, `0 1`: read as 0, the rest hidden;
-the fix lists the GPUs meant), an index or UUID that matches no GPU (checked with NVML), LOCAL_RANK at or beyond
+the fix lists the GPUs meant), an index or UUID that matches no GPU (checked with NVML; a
+bare `GPU-` or `MIG-` names none even without it), LOCAL_RANK at or beyond
 the number of visible GPUs (not where the value hides every GPU on purpose, `''` or
 `-1`; on a node without a driver it is a note: a CPU job never calls set_device). `warn`
 for a value that hides every GPU on a node that has some (empty, `-1`, quoted or not, or a
@@ -28,6 +29,10 @@ GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID, and (without NVML) indices or
 UUIDs that NVIDIA_VISIBLE_DEVICES shows this container does not have. `ok` when
 unset (all GPUs visible) or consistent. Without NVML the syntax checks still run
 and the summary says what could not be verified, and why.
+
+A value a scheduler sets to say the job got no GPU (Slurm's `NoDevFiles`; `none`, `void`)
+fails too, and its fix is to ask the scheduler for GPUs, not to unset it (on a shared node
+that hands the job every GPU).
 
 How to fix: write the list CUDA should see, once each, with no quotes or blanks,
 before the program starts (`export CUDA_VISIBLE_DEVICES=0,1`; in Python, set
@@ -124,8 +129,8 @@ def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) 
                 text = ""
             elif text and gpus is not None and int(text) >= len(gpus):
                 text = ""
-        elif not text.startswith("MIG-" if mig else "GPU-"):
-            text = ""  # a list is of one kind, the first entry's: CUDA stops at a GPU- in a MIG- list
+        elif not text.startswith("MIG-" if mig else "GPU-") or text in ("GPU-", "MIG-"):
+            text = ""  # a list is of one kind, the first entry's: CUDA stops at a GPU- in a MIG- list; a bare prefix names none
         elif known is not None and sum(u.startswith(text) for u in known) != 1:
             text = ""
         if text:
@@ -362,6 +367,23 @@ def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
     return found
 
 
+def _rule_bare_prefix(facts: VisibleFacts, view: View) -> list[Finding]:
+    """Without NVML to match against: an entry that is only `GPU-` or `MIG-` names no
+    device. On an H200 (driver 580.159.04) CUDA_VISIBLE_DEVICES=GPU- gave "No CUDA GPUs are
+    available"; with NVML, _rule_no_such_device says so (helper-114: it was ok here)."""
+    p = view.parsed
+    if p is None or view.res is not None or p.mode == vd.INDEX or p.duplicate is not None:
+        return []
+    bare = next((i for i, t in enumerate(p.visible) if t.strip(_QUIET) in ("GPU-", "MIG-")), None)
+    if bare is None:
+        return []
+    after = p.visible[bare + 1:] + p.ignored
+    lost = f"; CUDA stops there and also ignores {_some(after)}" if after else ""
+    status = Status.FAIL if bare == 0 else Status.WARN
+    return [_clean_fix(p, status, f"CUDA_VISIBLE_DEVICES={quoted_value(p.raw)}: entry {p.visible[bare]!r} is a bare "
+                       f"prefix and names no device{lost}", facts)]
+
+
 def _as_gpu_uuids(raw: str) -> str:
     return ",".join("GPU-" + t.strip()[4:] if t.strip().startswith("MIG-") else t for t in raw.split(","))
 
@@ -516,7 +538,8 @@ def _rule_local_rank(facts: VisibleFacts, view: View) -> list[Finding]:
                     "gets one GPU, use cuda:0 instead of cuda:LOCAL_RANK")]
 
 
-RULES = (_rule_listed_twice, _rule_bad_entry, _rule_lenient, _rule_no_such_device, _rule_mig_prefix_on_a_gpu,
+RULES = (_rule_listed_twice, _rule_bad_entry, _rule_lenient, _rule_no_such_device, _rule_bare_prefix,
+         _rule_mig_prefix_on_a_gpu,
          _rule_same_gpu_twice, _rule_mig_devices_beyond_the_first, _rule_device_order, _rule_container_gpus,
          _rule_local_rank)
 

@@ -425,3 +425,15 @@ def test_several_mig_devices_warn_without_nvml_too():
     assert r.status is Status.WARN and "lists 2 MIG devices" in r.summary and "uses MIG-a" in r.summary, r.summary
     assert r.facts["visible_count"] == 1
     assert judge(facts("MIG-a"), {}).status is Status.OK
+
+
+@pytest.mark.parametrize("value, status, fix", [("GPU-", Status.FAIL, None), ("MIG-", Status.FAIL, None),
+                                                ("GPU-,GPU-abc", Status.FAIL, "GPU-abc"),
+                                                ("GPU-abc,GPU-", Status.WARN, "GPU-abc")])
+def test_a_bare_uuid_prefix_names_no_device_without_nvml_too(value, status, fix):
+    """helper-114: without NVML, 'GPU-' was ok ("CUDA will use 1 GPU (GPU-)"); on an H200 CUDA
+    found no GPU with it, and with NVML the check already failed it."""
+    r = judge(facts(value), {})
+    assert r.status is status and "is a bare prefix and names no device" in r.summary, r.summary
+    assert r.fix_env == ({"CUDA_VISIBLE_DEVICES": fix} if fix else {}), r.fix_env
+    assert judge(facts("GPU-abc"), {}).status is Status.OK
