@@ -351,7 +351,8 @@ def rule_missing(present: Iterable[int], world: int, hosts: Mapping[int, str], l
                     f"start the check, died, or cannot reach the store at {master}",
                     "start every rank (check the missing ranks' logs and nodes); when nodes start slowly, raise "
                     "[check.\"dist.consistency\"] wait_seconds (under envdoctor exec, its --timeout: the wait "
-                    "is shrunk to fit it)")]
+                    "is shrunk to fit it); in one rank's shell by hand, where no other rank comes, "
+                    "--skip dist.consistency")]
 
 
 def rule_claims(claims: Mapping[int, int]) -> list[Finding]:

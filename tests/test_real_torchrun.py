@@ -164,6 +164,7 @@ def test_a_rank_that_never_starts_the_check_is_reported_missing_within_the_timeo
     assert f"1 of 2 ranks did not arrive within" in row["summary"]
     assert f"rank 1 (expected on {socket.gethostname()})" in row["summary"]
     assert row["facts"]["ranks_present"] == 1
+    assert row["remediation"].endswith("in one rank's shell by hand, where no other rank comes, --skip dist.consistency")
 
 
 def torch_cuda_version() -> str | None:
