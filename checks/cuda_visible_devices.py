@@ -129,7 +129,7 @@ def _clean_entries(p: vd.VisibleDevices, gpus: "tuple[Gpu, ...] | None" = None) 
                 text = ""
             elif text and gpus is not None and int(text) >= len(gpus):
                 text = ""
-        elif not text.startswith("MIG-" if mig else "GPU-") or text in ("GPU-", "MIG-"):
+        elif not text.startswith("MIG-" if mig else "GPU-") or text in _BARE_PREFIXES:
             text = ""  # a list is of one kind, the first entry's: CUDA stops at a GPU- in a MIG- list; a bare prefix names none
         elif known is not None and sum(u.startswith(text) for u in known) != 1:
             text = ""
@@ -367,6 +367,9 @@ def _rule_no_such_device(facts: VisibleFacts, view: View) -> list[Finding]:
     return found
 
 
+_BARE_PREFIXES = ("GPU-", "MIG-")  # a UUID prefix with nothing after it: names no device
+
+
 def _rule_bare_prefix(facts: VisibleFacts, view: View) -> list[Finding]:
     """Without NVML to match against: an entry that is only `GPU-` or `MIG-` names no
     device. On an H200 (driver 580.159.04) CUDA_VISIBLE_DEVICES=GPU- gave "No CUDA GPUs are
@@ -374,7 +377,7 @@ def _rule_bare_prefix(facts: VisibleFacts, view: View) -> list[Finding]:
     p = view.parsed
     if p is None or view.res is not None or p.mode == vd.INDEX or p.duplicate is not None:
         return []
-    bare = next((i for i, t in enumerate(p.visible) if t.strip(_QUIET) in ("GPU-", "MIG-")), None)
+    bare = next((i for i, t in enumerate(p.visible) if t.strip(_QUIET) in _BARE_PREFIXES), None)
     if bare is None:
         return []
     after = p.visible[bare + 1:] + p.ignored
