@@ -352,6 +352,7 @@ class Report(Record):
         results: list[Result],
         system: dict[str, Any] | None = None,
         duration_seconds: float = 0.0,
+        started_unix: float | None = None,
     ) -> None:
         self.host = host
         self.version = version
@@ -360,6 +361,9 @@ class Report(Record):
         self.results = results
         self.system = {} if system is None else system
         self.duration_seconds = duration_seconds
+        # the same instant to the millisecond, for the metrics (started_at is whole seconds, the
+        # JSON contract's): not in to_dict. None for a report read back from JSON
+        self.started_unix = started_unix
 
     def to_dict(self) -> dict[str, Any]:
         return {

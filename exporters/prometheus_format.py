@@ -91,7 +91,8 @@ class ReportCollector:
         info.add_metric([report.version, str(report.system.get("python_version", ""))], {})
         yield info
         last = GaugeMetricFamily(PREFIX + "last_run_timestamp_seconds", "When the report's run started, in Unix time.")
-        last.add_metric([], datetime.fromisoformat(report.started_at).timestamp())
+        started = getattr(report, "started_unix", None)  # a plug-in's Report-like object may lack it
+        last.add_metric([], started if started is not None else datetime.fromisoformat(report.started_at).timestamp())
         yield last
 
     def _facts(self) -> Iterator[PromMetric]:

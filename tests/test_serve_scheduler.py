@@ -819,3 +819,24 @@ def test_a_jobs_scrubber_carries_what_it_scrubbed_into_the_next_run(tmp_path):
     for run in (first, second):
         assert_each_jobs_secret_masked(run, pids, secrets)  # its own secret masked, in both runs
     assert second["counted"] < first["counted"] / 2, (first["counted"], second["counted"])  # texts scrubbed
+
+
+def test_last_run_timestamp_is_the_runs_start_to_the_millisecond(monkeypatch):
+    """helper-116: it was report.started_at, whole seconds, so a daemon's first run could
+    read as starting before the daemon itself (…514 against start_time …514.317)."""
+    import types
+
+    from fake_pynvml import FakeNvml
+    from envdoctor.serve import scheduler as scheduler_module
+
+    clock = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("__")})
+    clock.time = lambda: 1795839514.317
+    monkeypatch.setattr(scheduler_module, "time", clock)
+    sched = _scheduler(FakeNvml(devices=[]))
+    snap = sched.run_once()
+    text = snap.metrics.decode()
+    assert "envdoctor_last_run_timestamp_seconds 1.795839514317e+09" in text, text[-2000:]
+    assert "envdoctor_start_time_seconds 1.795839514317e+09" in text
+    import json
+
+    assert json.loads(snap.report)["started_at"] == "2026-11-28T04:18:34+00:00"  # the JSON contract's whole seconds

@@ -299,7 +299,8 @@ class Scheduler:
 
     def _run(self) -> Snapshot:
         t0 = time.perf_counter()
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        started_unix = round(time.time(), 3)
+        started = datetime.fromtimestamp(started_unix, timezone.utc).isoformat(timespec="seconds")
         host_kwargs: dict[str, Any] = dict(roots=self.roots, watchdog=self.watchdog)
         if self.nvml_factory is not None:
             host_kwargs["nvml_factory"] = self.nvml_factory
@@ -328,7 +329,7 @@ class Scheduler:
         self._count_timeouts(results)
         report = Report(host=socket.gethostname(), version=__version__, started_at=started, target="node",
                         results=results, system=self._system_facts(host),
-                        duration_seconds=time.perf_counter() - t0)
+                        duration_seconds=time.perf_counter() - t0, started_unix=started_unix)
         self.stats.runs_total += 1
         seconds = time.perf_counter() - t0
         stuck = self.watchdog.stuck()
