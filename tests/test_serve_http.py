@@ -126,6 +126,11 @@ def test_the_daemon_says_why_it_cannot_listen_with_the_code_for_it(tmp_path):
     with pytest.raises(StartError) as garbage:
         Daemon(Options(listen_address="no-such-host.invalid:x", config_file=None))
     assert garbage.value.code == 2
+    # an IP with an octet over 255 is a name to the resolver: said so, not only "Name or service not known" (helper-116)
+    with pytest.raises(StartError) as not_an_ip:
+        Daemon(Options(listen_address="256.1.1.1:10061", config_file=None))
+    assert not_an_ip.value.code == 2
+    assert "256.1.1.1 is not an IP address of this host, nor a name that resolves to one (" in str(not_an_ip.value)
 
 
 def test_sigterm_and_sigint_stop_within_a_second():
@@ -212,6 +217,9 @@ def test_healthz_tells_the_truth():
     assert code == 503 and "the runs fail: RecursionError" in text and "slow" not in text, text
     code, text = httpd.healthz(fresh, httpd.Health(lambda: 10.0, lambda: []), now=131.0)
     assert code == 503 and "the run is slow" in text, text
+    # right after start the first run is not called slow (helper-116)
+    code, text = httpd.healthz(empty(), httpd.Health(lambda: 10.0, lambda: []), now=131.0)
+    assert code == 503 and "no run has completed yet; the first run is still going" in text and "slow" not in text, text
 
 
 def test_daemon_rewrites_the_textfile_every_run(tmp_path):

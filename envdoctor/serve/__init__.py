@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -191,7 +192,11 @@ class Daemon:
                 # RestartPreventExitStatus=2 holds for good. Anything else (no permission for a
                 # low port) is the setup's to mend: 2.
                 transient = exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
-                raise StartError(f"cannot listen on {options.listen_address}: {exc.strerror or exc}"
+                reason = exc.strerror or str(exc)
+                if isinstance(exc, socket.gaierror):  # 256.1.1.1 is a name to the resolver (helper-116)
+                    transient = exc.errno == socket.EAI_AGAIN  # the resolver could not be asked yet
+                    reason = f"{address[0]} is not an IP address of this host, nor a name that resolves to one ({reason})"
+                raise StartError(f"cannot listen on {options.listen_address}: {reason}"
                                  + ("; exit 75 so that a supervisor tries again" if transient else ""),
                                  EXIT_TEMPFAIL if transient else 2) from None
 

@@ -459,6 +459,8 @@ def healthz(snap: Snapshot, health: Health, now: float | None = None) -> tuple[i
         detail = f"; stuck: {', '.join(stuck)}"
     elif failing:  # not "slow": every run ends at once with this (helper-78)
         detail = f"; the runs fail: {failing}"
+    elif snap.completed_at == 0.0:  # right after start: not "slow" (helper-116)
+        detail = "; the first run is still going, and nothing is stuck past its deadline"
     else:
         detail = "; nothing is stuck past its deadline: the run is slow"
     return 503, f"unhealthy: {why}{detail}\n"
