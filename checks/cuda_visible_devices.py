@@ -603,5 +603,5 @@ CHECK = Check(
     modes=("check", "serve", "exec", "inprocess"),  # the environment and NVML: cheap, no CUDA context
     intrusive=False,
     explain=__doc__,
-    metrics=(Metric("cuda_visible_gpus", "visible_count", "Number of GPUs CUDA will expose to the target after CUDA_VISIBLE_DEVICES"),),
+    metrics=(Metric("cuda_visible_gpus", "visible_count", "Number of GPUs CUDA will expose to the target after CUDA_VISIBLE_DEVICES (absent when it is unset and no NVML counts the GPUs)"),),
 )

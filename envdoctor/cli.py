@@ -113,7 +113,7 @@ def check(
     output_text: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the report to FILE instead of standard output ('-': standard output)."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
-    rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
+    rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host/root in a container)."),
 ) -> None:
     """Run the checks once and print a report.
 
@@ -343,17 +343,20 @@ def serve(
                                                    "[tool.envdoctor] in ./pyproject.toml); SIGHUP reads it again."),
     procfs_text: str = typer.Option("/proc", "--path.procfs", metavar="DIR", help="procfs mount point (e.g. /host/proc in a container)."),
     sysfs_text: str = typer.Option("/sys", "--path.sysfs", metavar="DIR", help="sysfs mount point."),
-    rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host)."),
+    rootfs_text: str = typer.Option("/", "--path.rootfs", metavar="DIR", help="Root file system to read (e.g. /host/root in a container)."),
 ) -> None:
     """Monitor the node and every training process on it; serve Prometheus metrics.
 
     Exit codes: 0 after SIGTERM/SIGINT (or after --once); 2 bad usage, config or web config;
     74 when --once could not write --textfile or its metrics to stdout, or could not list
-    the processes for want of open files; 75 when the listen address is in use or not on
+    the processes for want of open files or finish discovering them within `timeout`; 75 when the listen address is in use or not on
     this host yet (a later start may succeed); killed by SIGPROF (155 in a shell), with every
     thread's stack on stderr, when a plug-in check held the interpreter for 20 s of CPU (so
     that the supervisor restarts it; a daemon stopped or frozen spends none and goes on, unless
     stopped for over 300 s: SIGALRM then ends it when continued).
+
+    [serve] settings may also come from ENVDOCTOR_SERVE__NAME variables
+    (ENVDOCTOR_SERVE__INTERVAL=30); README "Running the monitor" lists them, every metric and the endpoints.
     """
     from envdoctor import program
     from envdoctor.serve import Daemon, Options, StartError
