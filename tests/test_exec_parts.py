@@ -448,3 +448,31 @@ def test_a_probe_cut_short_in_exec_names_execs_timeout_not_the_probes_variable(t
     summaries = " ".join(r["summary"] for r in json.loads(report.read_text())["results"])
     assert "exec's --timeout bounds it" in summaries, summaries
     assert "ENVDOCTOR_PROBE_TIMEOUT" not in summaries + proc.stderr
+
+
+def test_set_environ_sets_only_what_differs(monkeypatch):
+    """glibc's putenv scans the whole environment, so setting every variable again made the
+    pre-flight quadratic in the environment's size (helper-117: 28,000 variables took 4.8 s
+    of the 5 s bound). Only a changed or new variable is set; a missing one is unset."""
+    import os
+
+    from envdoctor import exec_preflight
+
+    monkeypatch.setenv("ENVDOCTOR_T_KEEP", "same")
+    monkeypatch.setenv("ENVDOCTOR_T_CHANGE", "old")
+    monkeypatch.setenv("ENVDOCTOR_T_GONE", "x")
+    saved = dict(os.environ)
+    wanted = {k: v for k, v in saved.items() if k != "ENVDOCTOR_T_GONE"}
+    wanted.update(ENVDOCTOR_T_CHANGE="new", ENVDOCTOR_T_NEW="1")
+    real_putenv, real_unsetenv = os.putenv, os.unsetenv
+    put, unset = [], []
+    name = os.fsdecode  # os.environ hands them over encoded
+    monkeypatch.setattr(os, "putenv", lambda k, v: (put.append(name(k)), real_putenv(k, v)))
+    monkeypatch.setattr(os, "unsetenv", lambda k: (unset.append(name(k)), real_unsetenv(k)))
+    try:
+        exec_preflight.set_environ(wanted)
+        assert dict(os.environ) == wanted
+        assert sorted(put) == ["ENVDOCTOR_T_CHANGE", "ENVDOCTOR_T_NEW"] and unset == ["ENVDOCTOR_T_GONE"]
+    finally:
+        monkeypatch.undo()
+        os.environ.pop("ENVDOCTOR_T_NEW", None)
