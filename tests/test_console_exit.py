@@ -222,3 +222,26 @@ def test_a_signal_while_a_built_in_check_imports_ends_the_run(signum, code):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "ENVDOCTOR_NO_CACHE": "1"})
     assert proc.returncode == code and "went on" not in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-800:])
+
+
+@pytest.mark.parametrize("module", ["json", "signal"])
+def test_a_module_of_the_jobs_pythonpath_that_breaks_envdoctor_is_one_line_and_exec_starts_the_job(tmp_path, module):
+    """helper-117: the job's PYTHONPATH is envdoctor's too, and a `json.py` or `signal.py`
+    there that raises was imported in place of the standard library's: a traceback, exit 1,
+    and the job never started. Now one line naming the file; exec starts the job unchecked
+    (--strict: 78); any other command is 70."""
+    shadow = tmp_path / "job"
+    shadow.mkdir()
+    (shadow / f"{module}.py").write_text("raise ImportError('the job module')\n")
+    env = {"PYTHONPATH": str(shadow)}
+    started = run("exec", "--", "sh", "-c", "echo job ran; exit 3", env_extra=env, cwd=tmp_path)
+    assert started.returncode == 3 and started.stdout == "job ran\n", started.stderr
+    [line] = started.stderr.splitlines()
+    assert line.startswith("envdoctor: cannot start: ImportError: the job module (from ") and str(shadow / f"{module}.py") in line
+    assert line.endswith("starting sh unchecked"), line
+    strict = run("exec", "--strict", "--", "sh", "-c", "echo job ran", env_extra=env, cwd=tmp_path)
+    assert strict.returncode == 78 and strict.stdout == "" and "Traceback" not in strict.stderr, strict.stderr
+    for args in (["check"], ["check", "-f", "json"], ["checks"]):
+        other = run(*args, env_extra=env, cwd=tmp_path)
+        assert other.returncode == 70 and "Traceback" not in other.stderr, (args, other.stderr)
+        assert other.stderr.startswith("envdoctor: cannot start: ImportError: the job module"), (args, other.stderr)
