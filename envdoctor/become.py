@@ -87,6 +87,10 @@ def become(path: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
         if exc.errno == errno.ENOENT:
             raise CannotRun(EXIT_NOT_FOUND, f"cannot run {path}: no such file, or its #! interpreter does not exist") from None
         why = _format_error(path) if exc.errno == errno.ENOEXEC else (exc.strerror or str(exc))
+        if exc.errno == errno.E2BIG:  # helper-117: near the limit, what --fix or --attach added tipped it over
+            size = sum(len(os.fsencode(a)) + 1 for a in argv) + sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in env.items())
+            why += (f" (its arguments and environment, with what envdoctor set in it, are {size:,} bytes; the kernel "
+                    "takes a quarter of the stack limit, and no one string over 128 KiB)")
         raise CannotRun(EXIT_CANNOT_EXECUTE, f"cannot run {path}: {why}") from None
     raise AssertionError("unreachable: execve returned")  # pragma: no cover
 

@@ -476,3 +476,23 @@ def test_set_environ_sets_only_what_differs(monkeypatch):
     finally:
         monkeypatch.undo()
         os.environ.pop("ENVDOCTOR_T_NEW", None)
+
+
+def test_an_environment_too_big_to_exec_says_its_size():
+    """helper-117: near the kernel's limit, what --fix or --attach adds can tip execve over
+    (E2BIG), and the line said only 'Argument list too long'. It now gives the size and
+    the limits. One string over 128 KiB is refused whatever the stack limit."""
+    import signal
+
+    from envdoctor import become
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGPIPE, signal.SIGXFSZ)}  # become() resets them for the job
+    try:
+        with pytest.raises(become.CannotRun) as refused:
+            become.become("/bin/true", ["true"], {"BIG": "x" * 200_000})
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    assert refused.value.code == 126
+    # "true\0" and "BIG=" + 200,000 + "\0"
+    assert "Argument list too long (its arguments and environment, with what envdoctor set in it, are 200,010 bytes" in str(refused.value)
