@@ -37,7 +37,7 @@ ROWS = [
          "Recording rule: pid:N targets in each status, fleet-wide."),
         ("table", "Soonest memory exhaustion per node", "bottomk(20, instance:envdoctor_memory_exhaustion_eta_seconds:min)", "instance", 12,
          "Recording rule: the smallest time to exhaustion over a node's processes and memories."),
-        ("table", "envdoctor alerts (pending and firing)", 'ALERTS{alertname=~"Envdoctor.*"}', "alertname,alertstate,instance,check,target,severity", 24,
+        ("table", "envdoctor alerts (pending and firing)", 'ALERTS{alertname=~"Envdoctor.*"}', "alertname,alertstate,instance,check,target,memory,severity", 24,
          "From deploy/prometheus/envdoctor.rules.yml; the runbook of each is `envdoctor explain ID`."),
     ]),
     ("Node $instance", [
