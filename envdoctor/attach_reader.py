@@ -92,6 +92,30 @@ def validate(doc: Any, nspid: int | None, now: float | None = None) -> str | Non
     return None
 
 
+def _as_environ_spells(obj: dict[str, Any]) -> dict[str, Any]:
+    """The document's strings as /proc/N/environ's reader spells them. The writer is the
+    job's Python, whose os.environ keeps bytes that are not UTF-8 as lone surrogates
+    ('\\udcff'); procfs.parse_environ makes them U+FFFD. Redaction knows a secret by the
+    environ's spelling, so a non-UTF-8 token a job held in a variable it publishes was
+    shown from the live view (helper-120), and a value read both ways looked changed."""
+    def spelled(value: Any) -> Any:
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return value.encode("utf-8", "surrogateescape" if _escapes_only(value) else "surrogatepass").decode("utf-8", "replace")
+        elif isinstance(value, list):
+            return [spelled(v) for v in value]
+        return value
+
+    return {spelled(k): spelled(v) for k, v in obj.items()}
+
+
+def _escapes_only(value: str) -> bool:
+    """Its surrogates are all surrogateescape's (U+DC80-U+DCFF: one undecodable byte each)."""
+    return all(not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF for c in value)
+
+
 def read_document(roots: Any, pid: int, shared: Any = None) -> tuple[dict[str, Any] | None, str]:
     """The document process `pid` published, or None and why not (never raises).
     `shared`: serve's memo for the run (paths.proc_status).
@@ -170,7 +194,7 @@ def _read_one(dir_fd: int, directory: str, name: str, pid: int, uid: int | None)
     if len(data) > MAX_BYTES:
         return None, f"{directory}/{name} is over the {MAX_BYTES}-byte cap"
     try:
-        return json.loads(data.decode("utf-8")), ""
+        return json.loads(data.decode("utf-8"), object_hook=_as_environ_spells), ""
     except (UnicodeDecodeError, ValueError) as exc:
         return None, f"{directory}/{name} is not valid JSON: {str(exc)[:80]}"
     except RecursionError:

@@ -465,3 +465,31 @@ def test_a_bad_interval_on_a_second_call_is_named_too():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "ENVDOCTOR_ATTACH": "1"})
     assert out.returncode == 0 and out.stdout.split() == ["refused"] * 4 + ["True"], out.stdout + out.stderr
+
+
+def test_a_non_utf8_secret_the_job_publishes_is_masked_as_its_environ_spells_it():
+    """helper-120: the job's os.environ keeps a byte that is not UTF-8 as a lone surrogate
+    ('\\udcff'), /proc/N/environ's reader as U+FFFD, and redaction knows the secret by the
+    second spelling: a token the job also held in MKL_NUM_THREADS, which the live view
+    publishes, was printed in every format. The live view's strings are now read as the
+    environ's are, so the secret is masked and the variable is not 'changed by the job'."""
+    secret = b"k3y\xffV4lu3Zz9qq"
+    env = {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
+    env.update({b"PYTHONPATH": os.fsencode(REPO), b"WANDB_API_KEY": secret, b"MKL_NUM_THREADS": secret})
+    job = subprocess.Popen([sys.executable, "-c", "import envdoctor, sys, time; envdoctor.attach(interval=0.5); "
+                            "print('up', flush=True); time.sleep(60)"], env=env, stdout=subprocess.PIPE)
+    try:
+        assert job.stdout.readline() == b"up\n"
+        time.sleep(0.5)
+        out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(job.pid), "--only", "cpu.threads",
+                              "-f", "json"], capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+        text = out.stdout.decode("utf-8", "replace")
+        row = json.loads(text)["results"][0]
+        assert row["check"] == "cpu.threads", row
+        for spelling in ("V4lu3Zz9qq", "k3y\\udcff", "k3y\ufffd", "k3y\\ufffd"):
+            assert spelling not in text, spelling
+        assert "MKL_NUM_THREADS='***'" in row["summary"], row["summary"]
+        assert not any("as the running job set it" in n for n in row["facts"].get("notes", [])), row["facts"]
+    finally:
+        job.kill()
+        job.wait()
