@@ -9,7 +9,20 @@ from __future__ import annotations
 from envdoctor.errors import ParseError
 
 
-def parse_environ(data: bytes) -> dict[str, str]:
+class Environ(dict):
+    """A process's environment as its programs read it (the first entry of a name), with
+    `shadowed`: the later entries of a name given twice, which no lookup returns but a
+    shell started from it takes (bash keeps the last). Their values are secrets too
+    (redact.secret_values): HF_TOKEN given twice showed the second one (helper-120)."""
+
+    __slots__ = ("shadowed",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.shadowed: tuple[tuple[str, str], ...] = ()
+
+
+def parse_environ(data: bytes) -> Environ:
     """Parse /proc/N/environ (NUL-separated NAME=value) into a dict.
 
     Entries without '=' do occur (a program may scribble over its own environ
@@ -24,11 +37,17 @@ def parse_environ(data: bytes) -> dict[str, str]:
     # Decoded once, not per entry (serve reads every process's environ every run): the same
     # text, as NUL and '=' are ASCII and never part of a UTF-8 sequence, and the decoder ends
     # a broken sequence at the first byte that cannot continue it.
-    env: dict[str, str] = {}
+    env = Environ()
+    shadowed = []
     for entry in bytes(data).decode("utf-8", "replace").split("\0"):
         name, sep, value = entry.partition("=")
-        if sep and name and name not in env:
-            env[name] = value
+        if sep and name:
+            if name not in env:
+                env[name] = value
+            else:
+                shadowed.append((name, value))
+    if shadowed:
+        env.shadowed = tuple(shadowed)
     return env
 
 

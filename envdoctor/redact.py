@@ -200,6 +200,13 @@ class Credential(str):
     __slots__ = ()
 
 
+def entries(env: Mapping[str, str]) -> Iterable[tuple[str, str]]:
+    """Every (name, value) of an environment, with the later entries of a name given twice
+    (procfs.Environ.shadowed), whose values must not leave either."""
+    yield from env.items()
+    yield from getattr(env, "shadowed", ())
+
+
 def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SECRET_LENGTH,
                   min_unknown: int = MIN_UNKNOWN_LENGTH, public: Iterable[str] = ()) -> list[str]:
     """Every value that must not appear in output, longest first (so a secret that
@@ -213,7 +220,7 @@ def secret_values(envs: Iterable[Mapping[str, str]], *, min_secret: int = MIN_SE
     shown = public_values(envs, public)
     values: dict[str, str] = {}
     for env in envs:
-        for name, value in env.items():
+        for name, value in entries(env):
             if not value:
                 continue
             kind = _name_kind(name)

@@ -117,3 +117,18 @@ def test_a_running_process_with_a_duplicated_variable_is_judged_by_the_value_it_
         assert "OMP_NUM_THREADS=64" in row["summary"], row["summary"]
     finally:
         proc.communicate("", timeout=30)
+
+
+def test_a_secret_given_twice_is_masked_in_both_its_values():
+    """helper-120: of HF_TOKEN given twice the first is the one programs read, and only it
+    was taken as a secret; the second, held in OMP_NUM_THREADS too, was shown. Both are
+    secrets; the one read stays the first, and serve's memo tells the two environments apart."""
+    from envdoctor import redact
+    from envdoctor.serve.secrets_memo import digest
+
+    env = parse_environ(b"HF_TOKEN=hf_FirstTokenValue0001\0HF_TOKEN=hf_SecondDupTokenZZ9\0OMP_NUM_THREADS=hf_SecondDupTokenZZ9\0")
+    assert env["HF_TOKEN"] == "hf_FirstTokenValue0001" and env.shadowed == (("HF_TOKEN", "hf_SecondDupTokenZZ9"),)
+    secrets = redact.secret_values([env])
+    assert "hf_FirstTokenValue0001" in secrets and "hf_SecondDupTokenZZ9" in secrets
+    once = parse_environ(b"HF_TOKEN=hf_FirstTokenValue0001\0OMP_NUM_THREADS=hf_SecondDupTokenZZ9\0")
+    assert once == {k: v for k, v in env.items()} and digest(once) != digest(env)

@@ -35,11 +35,12 @@ MAX_ANSWERS = 4096  # per run: serve's max_targets is far below; beyond it answe
 
 def digest(env: Mapping[str, str]) -> bytes:
     """16 bytes that differ for any two different environments (names, values, order)."""
-    text = "\0".join(itertools.chain.from_iterable(env.items()))
-    if text.count("\0") != max(0, 2 * len(env) - 1):
+    items = list(redact.entries(env))  # with a name's later entries: their values are secrets too
+    text = "\0".join(itertools.chain.from_iterable(items))
+    if text.count("\0") != max(0, 2 * len(items) - 1):
         # a NUL inside a name or value, which no real environment holds, would make two
         # mappings join alike (helper-111): such a mapping is spelled by repr, which has none
-        text = "\1" + repr(list(env.items()))
+        text = "\1" + repr(items)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
