@@ -338,7 +338,10 @@ class Publisher:
         tmp = f"{self.path}.{os.urandom(4).hex()}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         try:
-            fd = os.open(tmp, flags, 0o644)
+            # 0600, as /proc/N/environ is 0400: the document holds variables of the job's
+            # environment, and in a shared /dev/shm 0644 showed them to every user (helper-120).
+            # Its readers are the job's user, root, and serve (CAP_DAC_READ_SEARCH)
+            fd = os.open(tmp, flags, 0o600)
             try:
                 view = memoryview(data)
                 while view:  # a nearly full tmpfs takes part of it: the rest raises ENOSPC, never a half renamed in

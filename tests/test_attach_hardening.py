@@ -493,3 +493,19 @@ def test_a_non_utf8_secret_the_job_publishes_is_masked_as_its_environ_spells_it(
     finally:
         job.kill()
         job.wait()
+
+
+def test_the_document_is_readable_by_its_owner_alone(tmp_path):
+    """It holds variables of the job's environment, which /proc/N/environ keeps 0400: made
+    0644 in a shared /dev/shm, another user read a token a job held in OMP_NUM_THREADS
+    (helper-120). The job's user, root and serve (CAP_DAC_READ_SEARCH) read it still."""
+    r = run_py(f"""
+        import os, stat, time, envdoctor
+        p = envdoctor.attach(interval=0.5, directory={str(tmp_path)!r})
+        deadline = time.time() + 30
+        while not os.path.exists(p.path) and time.time() < deadline:
+            time.sleep(0.05)
+        print(oct(stat.S_IMODE(os.stat(p.path).st_mode)))
+        p.close()
+    """, env={"OMP_NUM_THREADS": "hf_SecretHeldInAThreadVariable1"})
+    assert r.returncode == 0 and r.stdout.strip() == "0o600", (r.stdout, r.stderr)
