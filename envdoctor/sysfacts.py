@@ -15,7 +15,7 @@ import time
 
 from envdoctor.context import Session
 from envdoctor.errors import Unavailable
-from envdoctor.paths import read_text
+from envdoctor.paths import read_text, shm_seen_by
 from envdoctor.watchdog import DONE, RAISED
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
@@ -75,7 +75,9 @@ def _cpu_quota(session: Session) -> dict[str, Any]:
 
 
 def _shm(session: Session) -> dict[str, int]:
-    stat = os.statvfs(session.target_path("/dev/shm"))
+    # where the target's /dev/shm leads in its own root, as shm.size reads it: a container's
+    # link to /run/shm is its /run/shm, not the one the link names from ours (helper-120)
+    stat = os.statvfs(session.target_path(shm_seen_by(session.roots, session.target.pid, session.host.fact)))
     return {"shm_size_bytes": stat.f_blocks * stat.f_frsize, "shm_free_bytes": stat.f_bavail * stat.f_frsize}
 
 

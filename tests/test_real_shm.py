@@ -244,7 +244,10 @@ def _row_in_namespace(script: str) -> dict:
             time.sleep(0.05)
         out = subprocess.run([sys.executable, "-m", "envdoctor", "check", "--pid", str(proc.pid), "-f", "json",
                               "--only", "shm.size"], capture_output=True, text=True, timeout=120)
-        return _shm_result(json.loads(out.stdout))
+        report = json.loads(out.stdout)
+        row = _shm_result(report)
+        row["report_system"] = report["system"]  # the header's figures, read apart from the row's
+        return row
     finally:
         proc.kill()
         proc.wait()
@@ -263,6 +266,9 @@ def test_a_shm_that_is_a_link_is_judged_where_it_leads_in_the_targets_root(tmp_p
     assert facts["size_bytes"] == 16 * 1024 * 1024, row  # the /dev tmpfs, where the link leads
     assert facts["fstype"] == "tmpfs" and facts["own_mount"] is False, row
     assert "does not exist" not in row["summary"], row
+    # the report's system facts (its header) read the same /dev/shm: they took the host's
+    # when the link was absolute (helper-120)
+    assert row["report_system"]["shm_size_bytes"] == 16 * 1024 * 1024, row["report_system"]
 
 
 def test_a_shm_directory_under_a_tmpfs_mounted_over_dev_is_not_a_mount_of_its_own(tmp_path):
