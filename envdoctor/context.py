@@ -380,9 +380,29 @@ class Context(Record):
 def permission_hint(target: Target) -> str:
     """What would let envdoctor look into another process, given who we already are."""
     if os.geteuid() == 0:
+        if _holds_capability(CAP_SYS_PTRACE):  # not the cause: the hint named it anyway (helper-120)
+            return (f"envdoctor is root and holds CAP_SYS_PTRACE, yet the kernel refused it access to {target}: the process "
+                    "belongs to a user namespace above ours, or a security module (AppArmor, SELinux, Yama's "
+                    "ptrace_scope=3) forbids it; run envdoctor on the host, outside that profile")
         return (f"envdoctor is root but may not look into {target}: it lacks CAP_SYS_PTRACE (a container or "
                 f"security profile dropped it); run it on the host, or add the capability (docker run --cap-add SYS_PTRACE)")
     return f"run envdoctor as the same user as {target}, or as root"
+
+
+CAP_SYS_PTRACE = 19  # linux/capability.h
+
+
+def _holds_capability(bit: int) -> bool:
+    """Whether this process's effective capabilities (/proc/self/status CapEff) hold `bit`;
+    False when they cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _procfs_of(path: Path, pid: int) -> Path:

@@ -291,3 +291,20 @@ def test_resolver_that_cannot_answer_is_a_warn_not_a_fail(tmp_path):
     row = json.loads(proc.stdout)["results"][0]
     assert row["status"] == "warn", row["summary"]
     assert "could not be resolved now" in row["summary"]
+
+
+def test_the_permission_hint_names_ptrace_only_when_it_is_missing(monkeypatch):
+    """helper-120: root that holds CAP_SYS_PTRACE and is still refused (a process in a user
+    namespace above ours, an LSM) was told it lacks CAP_SYS_PTRACE."""
+    from envdoctor import context
+    from envdoctor.context import Target
+
+    monkeypatch.setattr(context.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(context, "_holds_capability", lambda bit: bit == context.CAP_SYS_PTRACE)
+    held = context.permission_hint(Target(1))
+    assert "holds CAP_SYS_PTRACE, yet the kernel refused it access to pid:1" in held and "lacks" not in held
+    monkeypatch.setattr(context, "_holds_capability", lambda bit: False)
+    assert "it lacks CAP_SYS_PTRACE" in context.permission_hint(Target(1))
+    monkeypatch.undo()
+    own = int(open("/proc/self/status").read().split("CapEff:")[1].split()[0], 16)
+    assert context._holds_capability(context.CAP_SYS_PTRACE) == bool(own >> 19 & 1)
