@@ -165,14 +165,34 @@ def _run(only: Sequence[str] = (), skip: Sequence[str] = (), fmt: Optional[str] 
     skip = [part.strip() for item in skip for part in item.split(",") if part.strip()]
     from envdoctor.stdout_guard import PluginsPrintToStderr
 
+    started = None
+    if pid is not None:
+        from envdoctor.announce import start_ticks
+
+        started = start_ticks(procfs, pid)  # to tell, after the run, whether it is still the same process
     with PluginsPrintToStderr():  # what plug-ins print must not land in the report (helper-85)
         registry, config, sampling, report = _checked(only, skip, pid, python, onnx, window, config_file, fail_on,
                                                       timeout, fmt, formats, procfs, sysfs, rootfs)
     fmt = fmt or os.environ.get("ENVDOCTOR_FORMAT") or "text"
     emit(report, fmt, registry, config.fail_on, output, umask)
+    if started is not None and (start_ticks(procfs, pid) != started or _is_zombie(procfs, pid)):
+        # Its rows that could not read it are skip ("exited during the run"), and a job the OOM
+        # killer took during --window looked healthy, exit 0 (helper-120). As when there is no
+        # such process at the start: 2, and one line.
+        say(f"envdoctor: process {pid} exited during the run: the report is partial (rows that could not "
+            "read it say so)")
+        return EXIT_USAGE
     threshold = Status.WARN.severity if config.fail_on == "warn" else Status.FAIL.severity
     worst = max((r.status.severity for r in report.results), default=0)
     return EXIT_FOUND if worst >= threshold else EXIT_OK
+
+
+def _is_zombie(procfs, pid: int) -> bool:
+    """Exited, and not yet reaped by its parent: still in /proc, with nothing left to read."""
+    from envdoctor.procfs import process_kind
+
+    kind = process_kind(procfs, pid)
+    return kind is not None and kind[0] == "zombie"
 
 
 def _checked(only, skip, pid, python, onnx, window, config_file, fail_on, timeout, fmt, formats, procfs, sysfs,

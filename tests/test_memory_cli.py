@@ -50,3 +50,18 @@ def test_a_window_too_short_for_the_detector_is_a_skip_with_the_window_to_use():
     proc = cli("check", "--only", "memory.cache_growth", "--window", "1", "-f", "json")
     row = rows(proc)["memory.cache_growth"]
     assert row["status"] == "skip" and "--window 30" in row["summary"]
+
+
+def test_a_target_that_exits_during_the_window_is_exit_2_and_one_line_not_a_healthy_0():
+    """helper-120: `check --pid N --window 10` of a job that died 3 s in (the OOM killer)
+    was exit 0, its memory row a skip: a healthy-looking report of a dead job. It is 2, as
+    when there is no such process at the start, with the report still written. Here the
+    job is a zombie until the check ends (its parent, this test, reaps it after)."""
+    job = subprocess.Popen(["sleep", "1"])
+    try:
+        out = cli("check", "--pid", str(job.pid), "--window", "4", "-f", "compact")
+    finally:
+        job.wait()
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout.startswith(f"envdoctor pid:{job.pid}: ")
+    assert f"envdoctor: process {job.pid} exited during the run: the report is partial" in out.stderr
