@@ -1188,6 +1188,10 @@ CHECK = Check(
     intrusive=True,
     explain=__doc__ or "",
     needs=("onnx",),
+    # it reads the torch facts too (torch.onnx's default opset), and the torch probe's own
+    # bound is 60 s: at the default 15 a slow or hung probe cut the whole check off, files and
+    # runtime with it, where it should cost the torch part only (helper-120). As the torch checks
+    timeout=90.0,
     config={"files": [], "min_opset": 11},
     metrics=(
         Metric("onnx_max_opset", "onnx_max_opset", "Highest ai.onnx opset the installed onnx package knows"),

@@ -1020,3 +1020,14 @@ def test_every_import_of_a_domain_is_held_to_the_limit_not_only_the_last(tmp_pat
     result = run_check([save(model, tmp_path / "twice.onnx")])
     assert result.status is Status.FAIL and f"ai.onnx.ml opset {top + 1}" in result.summary, result.summary
     assert not _loads(model)
+
+
+def test_its_timeout_outlasts_the_torch_probe_so_a_hung_probe_costs_the_torch_part_only():
+    """helper-120: at the default 15 s a `--python` that hangs (the probe waits 60 s for it)
+    cut the whole check off, files and runtime with it: `error`, where README says a
+    failing probe costs onnx.opset its torch part only. Measured by hand: with a
+    `#!/bin/sh sleep 100000` interpreter the check is `ok` after 60.5 s, the torch part unknown."""
+    from envdoctor import probe
+    from envdoctor.checks import onnx_opset
+
+    assert onnx_opset.CHECK.timeout > probe.DEFAULT_TIMEOUT
