@@ -88,11 +88,29 @@ def become(path: str, argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
             raise CannotRun(EXIT_NOT_FOUND, f"cannot run {path}: no such file, or its #! interpreter does not exist") from None
         why = _format_error(path) if exc.errno == errno.ENOEXEC else (exc.strerror or str(exc))
         if exc.errno == errno.E2BIG:  # helper-117: near the limit, what --fix or --attach added tipped it over
-            size = sum(len(os.fsencode(a)) + 1 for a in argv) + sum(len(os.fsencode(k)) + len(os.fsencode(v)) + 2 for k, v in env.items())
-            why += (f" (its arguments and environment, with what envdoctor set in it, are {size:,} bytes; the kernel "
-                    "takes a quarter of the stack limit, and no one string over 128 KiB)")
+            why += _too_big(argv, env)
         raise CannotRun(EXIT_CANNOT_EXECUTE, f"cannot run {path}: {why}") from None
     raise AssertionError("unreachable: execve returned")  # pragma: no cover
+
+
+MAX_ARG_STRLEN = 32 * 4096  # linux/binfmts.h: no one argument or NAME=value longer
+
+
+def _too_big(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """What made execve's E2BIG: the longest string when it is over the kernel's per-string
+    limit, else the total against ARG_MAX (the kernel's, from the stack limit)."""
+    strings = [(f"argument {i}", len(os.fsencode(a)) + 1) for i, a in enumerate(argv)]
+    strings += [(k, len(os.fsencode(k)) + len(os.fsencode(v)) + 2) for k, v in env.items()]
+    name, longest = max(strings, key=lambda s: s[1], default=("", 0))
+    if longest > MAX_ARG_STRLEN:
+        return f" ({name} is {longest:,} bytes; the kernel takes no one string over {MAX_ARG_STRLEN:,})"
+    total = sum(size + 8 for _, size in strings)  # each with its pointer
+    try:
+        limit = f"{os.sysconf('SC_ARG_MAX'):,}"
+    except (OSError, ValueError):
+        limit = "a quarter of the stack limit"
+    return (f" (its arguments and environment, with what envdoctor set in it, are {total:,} bytes with their "
+            f"pointers; the kernel takes {limit})")
 
 
 def _format_error(path: str) -> str:

@@ -169,60 +169,6 @@ def _interrupted_while_starting() -> int:
     return 130
 
 
-def _shadowing_folder(exc: BaseException) -> str | None:
-    """The PYTHONPATH folder whose module raised `exc`, if one did: the job's PYTHONPATH is
-    this process's too, and a job's `signal.py` or `json.py` there is imported in place of
-    the standard library's (helper-117)."""
-    folders = [os.path.abspath(p or os.curdir) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    tb = exc.__traceback__
-    while tb is not None:
-        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        for folder in folders:
-            if filename.startswith(folder.rstrip(os.sep) + os.sep):
-                return f"{filename}, in {folder} on PYTHONPATH"
-        tb = tb.tb_next
-    return None
-
-
-def _could_not_start(exc: BaseException) -> int:
-    """envdoctor's own start failed (a module it imports is broken or shadowed): one line,
-    not a traceback. `exec -- CMD` then runs CMD unchecked, as it does when the pre-flight
-    cannot finish in time, unless --strict (78): an entrypoint that cannot check must not
-    be what stops the job. Anything else leaves with 70 (EX_SOFTWARE)."""
-    shadow = _shadowing_folder(exc)
-    reason = f"{type(exc).__name__}: {exc}" + (f" (from {shadow}: a module named like one envdoctor imports)" if shadow else "")
-    args = sys.argv[1:]
-    job = args[args.index("--") + 1:] if args[:1] == ["exec"] and "--" in args else []
-    if "envdoctor.exec_headstart" in sys.modules:
-        sys.modules["envdoctor.exec_headstart"].abandon()
-    if not job:
-        _say(f"envdoctor: cannot start: {reason}")
-        return 70
-    if "--strict" in args[:args.index("--")]:
-        _say(f"envdoctor: cannot start: {reason}; --strict: not starting {job[0]} unchecked")
-        return 78
-    _say(f"envdoctor: cannot start: {reason}; starting {job[0]} unchecked")
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
-    try:
-        os.execvp(job[0], job)
-    except OSError as err:
-        _say(f"envdoctor: cannot run {job[0]}: {err.strerror or err}")
-        return 127 if isinstance(err, FileNotFoundError) else 126
-    return 126  # not reached: execvp returns only by raising
-
-
-def _say(line: str) -> None:
-    try:
-        sys.stderr.write(line + "\n")
-    except (OSError, ValueError, AttributeError):  # stderr closed or None
-        pass
-
-
 def _start_as_the_command() -> None:
     """What both entry points do first: hold serve's reloads, note what the process
     inherited, and run a relaunched daemon (which leaves with its exit code)."""
@@ -249,15 +195,30 @@ def console_main() -> None:
         else:
             from envdoctor import entrypoint, stopping  # noqa: F401
     except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            raise
-        exit_now(_interrupted_while_starting() if _is_interrupt(exc) else _could_not_start(exc))
+        if _is_interrupt(exc):
+            exit_now(_interrupted_while_starting())
+        _leave_if_shadowed(exc)
+        raise
     try:
         if plain is not None:
             _without_cli(*plain)
         cli_console_main()  # leaves with os._exit: a head start never taken goes with the process
-    except Exception as exc:  # what the commands import as they go (check's forked.py: `import json`)
-        exit_now(_could_not_start(exc))
+    except BaseException as exc:  # what the commands import as they go (check's forked.py: `import json`)
+        if not _is_interrupt(exc):
+            _leave_if_shadowed(exc)
+        raise
+
+
+def _leave_if_shadowed(exc: BaseException) -> None:
+    """Leave in one line (exec: as its command) when a module of the job's path broke
+    envdoctor (envdoctor.start_failure); return to re-raise anything else."""
+    try:
+        from envdoctor import start_failure
+    except BaseException:  # noqa: B036 - not even that: the original failure is what to show
+        return
+    code = start_failure.leave(exc)
+    if code is not None:
+        exit_now(code)
 
 
 def module_main() -> None:
@@ -273,6 +234,7 @@ def module_main() -> None:
         cli_module_main()
     except BaseException as exc:  # a Ctrl-C the CLI's own handler did not turn into 130 (not installed yet)
         if not _is_interrupt(exc):
+            _leave_if_shadowed(exc)  # `python -m` searches the working directory first: a job folder's json.py
             raise
         raise SystemExit(_interrupted_while_starting()) from None
     finally:  # a runpy caller goes on after SystemExit: no child of ours may wait there for ever

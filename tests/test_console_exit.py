@@ -228,20 +228,69 @@ def test_a_signal_while_a_built_in_check_imports_ends_the_run(signum, code):
 def test_a_module_of_the_jobs_pythonpath_that_breaks_envdoctor_is_one_line_and_exec_starts_the_job(tmp_path, module):
     """helper-117: the job's PYTHONPATH is envdoctor's too, and a `json.py` or `signal.py`
     there that raises was imported in place of the standard library's: a traceback, exit 1,
-    and the job never started. Now one line naming the file; exec starts the job unchecked
-    (--strict: 78); any other command is 70."""
+    and the job never started. Now one line naming the file; exec starts the job unchecked,
+    written with or without `--` (--strict: 78); any other command is 70 (helper-119)."""
     shadow = tmp_path / "job"
     shadow.mkdir()
     (shadow / f"{module}.py").write_text("raise ImportError('the job module')\n")
     env = {"PYTHONPATH": str(shadow)}
-    started = run("exec", "--", "sh", "-c", "echo job ran; exit 3", env_extra=env, cwd=tmp_path)
-    assert started.returncode == 3 and started.stdout == "job ran\n", started.stderr
-    [line] = started.stderr.splitlines()
-    assert line.startswith("envdoctor: cannot start: ImportError: the job module (from ") and str(shadow / f"{module}.py") in line
-    assert line.endswith("starting sh unchecked"), line
+    for line in (["exec", "--", "sh", "-c", "echo job ran; exit 3"], ["exec", "--timeout", "3", "sh", "-c", "echo job ran; exit 3"]):
+        started = run(*line, env_extra=env, cwd=tmp_path)
+        assert started.returncode == 3 and started.stdout == "job ran\n", (line, started.stderr)
+        [said] = started.stderr.splitlines()
+        assert said.startswith("envdoctor: cannot run: ImportError: the job module (from ") and str(shadow / f"{module}.py") in said
+        assert said.endswith("starting sh unchecked"), said
     strict = run("exec", "--strict", "--", "sh", "-c", "echo job ran", env_extra=env, cwd=tmp_path)
     assert strict.returncode == 78 and strict.stdout == "" and "Traceback" not in strict.stderr, strict.stderr
     for args in (["check"], ["check", "-f", "json"], ["checks"]):
         other = run(*args, env_extra=env, cwd=tmp_path)
         assert other.returncode == 70 and "Traceback" not in other.stderr, (args, other.stderr)
-        assert other.stderr.startswith("envdoctor: cannot start: ImportError: the job module"), (args, other.stderr)
+        assert other.stderr.startswith("envdoctor: cannot run: ImportError: the job module"), (args, other.stderr)
+
+
+def test_the_job_started_unchecked_gets_what_exec_would_give_it(tmp_path):
+    """helper-119: the fallback's job inherited SIGPIPE and SIGXFSZ ignored and the
+    LC_CTYPE Python's own start wrote; a json.py that imports but lacks dumps broke exec
+    after its pre-flight child was forked, which stayed a zombie under the job; and
+    `python -m envdoctor` from the job's folder (the working directory comes first) had
+    none of this."""
+    shadow = tmp_path / "job"
+    shadow.mkdir()
+    (shadow / "json.py").write_text("X = 1\n")
+    probe = "grep SigIgn /proc/self/status; env | grep -c LC_CTYPE; sleep 1; ps -o stat= --ppid $$ | grep -c Z"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LC_") and k != "LANG"}
+    env["PYTHONPATH"] = str(shadow)
+    if not SCRIPT.exists():
+        pytest.skip("not installed")
+    for argv, cwd in (([str(SCRIPT)], tmp_path), ([sys.executable, "-m", "envdoctor"], shadow)):
+        out = subprocess.run([*argv, "exec", "--", "sh", "-c", probe], capture_output=True, text=True,
+                             env=env if argv[0] == str(SCRIPT) else {**env, "PYTHONPATH": ""}, cwd=cwd, timeout=120)
+        assert out.returncode == 1, (argv, out.stdout, out.stderr)  # grep -c found no zombie: 1
+        assert out.stdout.splitlines() == ["SigIgn:\t0000000000000000", "0", "0"], (argv, out.stdout, out.stderr)
+        assert "module 'json' has no attribute" in out.stderr and str(shadow / "json.py") in out.stderr, out.stderr
+
+
+def test_a_failure_no_shadowing_module_caused_is_left_to_its_traceback(tmp_path, monkeypatch):
+    """helper-119: every exception of every command, a daemon's hours in included, was
+    'cannot start', exit 70, without a traceback. Only a module that took a name envdoctor
+    imports is taken; a legitimately installed dependency on PYTHONPATH (pip --target) is not one."""
+    from envdoctor import start_failure
+
+    assert start_failure.leave(KeyError("a bug of ours")) is None
+    target = tmp_path / "target"
+    (target / "somedep").mkdir(parents=True)
+    (target / "somedep" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.setattr(start_failure, "DEPENDENCIES", start_failure.DEPENDENCIES | {"somedep"})
+    assert start_failure._shadow(str(target / "somedep" / "__init__.py"), [str(target)], "/nowhere") is None  # only there
+    later = tmp_path / "later"
+    (later / "somedep").mkdir(parents=True)
+    (later / "somedep" / "__init__.py").write_text("")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(later)])  # installed after it too: the first one takes its name
+    assert start_failure._shadow(str(target / "somedep" / "__init__.py"), [str(target)], "/nowhere") is not None
+    (target / "json.py").write_text("")
+    assert start_failure._shadow(str(target / "json.py"), [str(target)], "/nowhere") == f"{target / 'json.py'}, in {target}"
+    (target / "os.py").write_text("")  # frozen: found before any folder, so it replaces nothing
+    assert start_failure._shadow(str(target / "os.py"), [str(target)], "/nowhere") is None
+    assert start_failure.exec_line(["exec", "--timeout", "3", "--strict", "python", "-V"]) == (True, ["python", "-V"])
+    assert start_failure.exec_line(["exec", "--help", "--", "x"]) is None and start_failure.exec_line(["check"]) is None
