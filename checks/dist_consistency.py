@@ -145,10 +145,12 @@ def _no_verdict(rank: int, facts: Mapping[str, Any]) -> Result:
     waited = facts.get("waited_seconds")
     return Result(Status.FAIL, f"rank {rank} heard no verdict from rank 0 (on {facts.get('master')}) "
                   f"within {waited if waited is not None else '?'} s: rank 0 did not start the check, died, "
-                  "or had given up waiting for this rank and started its job (a rank that arrives more than "
-                  "wait_seconds after rank 0 misses the exchange)",
-                  "start rank 0 (check its log and node), and every rank within wait_seconds of it; raise "
-                  "[check.\"dist.consistency\"] wait_seconds when nodes start slowly",
+                  "or had given up waiting for this rank and started its job (a rank that arrives after rank 0 "
+                  "gave up misses the exchange: after wait_seconds, or under envdoctor exec after its --timeout, "
+                  "whichever ends first)",
+                  "start rank 0 (check its log and node), and every rank within that time of it; when nodes start "
+                  "slowly, raise [check.\"dist.consistency\"] wait_seconds, and under envdoctor exec give every "
+                  "rank a --timeout above the slowest start (helper-121: wait_seconds alone left exec's bound at ~17 s)",
                   {"rank": rank, "store": facts.get("store")})
 
 
@@ -569,9 +571,12 @@ def judge(facts: Mapping[str, Any], settings: Mapping[str, Any]) -> Result:
         if isinstance(acked, int) and isinstance(expected, int) and acked < expected:
             # a note, not a finding: every other rank already reports the verdict as sent, and
             # all ranks must exit alike; a rank that died after publishing is the launcher's to see
-            result.facts = {**result.facts, "notes": [*(result.facts.get("notes") or []),
-                f"{expected - acked} of {expected} other ranks did not confirm reading the verdict within "
-                "ack_seconds: they may have died or been killed after publishing their facts"]}
+            unconfirmed = (f"{expected - acked} of {expected} other ranks did not confirm reading the verdict within "
+                           "ack_seconds: they may have died or been killed after publishing their facts")
+            result.facts = {**result.facts, "notes": [*(result.facts.get("notes") or []), unconfirmed]}
+            # said in the summary too, which the log line and every format show: in the notes alone,
+            # rank 0 logged "ok, 2 ranks agree" while rank 1 was refusing its job (helper-121)
+            result.summary = f"{result.summary}; {unconfirmed}"
         if facts.get("port_after"):
             extra = Finding(Status.FAIL, f"MASTER_PORT {facts['master']} is still taken after rank 0 closed its exchange "
                             f"store ({facts['port_after']}): the job cannot host its store there",

@@ -188,6 +188,8 @@ def test_a_follower_reports_rank_0s_verdict_and_its_absence():
     assert r.facts["verdict_from"] == 0
     r = dc.judge({"role": "follower", "rank": 1, "verdict": None, "waited_seconds": 12.5, "master": "h:1"}, SETTINGS)
     assert r.status is Status.FAIL and "rank 1 heard no verdict from rank 0 (on h:1) within 12.5 s" in r.summary
+    # under exec, --timeout is the bound a late rank misses, not wait_seconds alone (helper-121)
+    assert "under envdoctor exec after its --timeout" in r.summary and "give every rank a --timeout" in r.remediation
     r = dc.judge({"role": "unreachable", "rank": 2, "reason": "could not reach the store at h:1 within 3 s: timeout",
                   "master": "h:1"}, SETTINGS)
     assert r.status is Status.FAIL and r.summary.startswith("rank 2 could not reach the store at h:1")
@@ -204,8 +206,11 @@ def test_rank_0_notes_ranks_that_never_confirmed_the_verdict():
     facts = {**BASE, "role": "judge", "rank": 0, "ranks": four_ranks(), "claims": {}, "acked": 2, "expected_acks": 3}
     r = dc.judge(facts, SETTINGS)
     assert any("1 of 3 other ranks did not confirm reading the verdict" in n for n in r.facts.get("notes", []))
+    # in the summary too, which rank 0's log line shows: "ok, 2 ranks agree" alone hid it (helper-121)
+    assert r.status is Status.OK and r.summary.endswith("; 1 of 3 other ranks did not confirm reading the verdict within "
+                                                        "ack_seconds: they may have died or been killed after publishing their facts")
     r = dc.judge({**facts, "acked": 3}, SETTINGS)
-    assert not any("did not confirm" in n for n in r.facts.get("notes", []))
+    assert not any("did not confirm" in n for n in r.facts.get("notes", [])) and "did not confirm" not in r.summary
 
 
 def test_ranks_text():
