@@ -35,12 +35,13 @@ MAX_ANSWERS = 4096  # per run: serve's max_targets is far below; beyond it answe
 
 def digest(env: Mapping[str, str]) -> bytes:
     """16 bytes that differ for any two different environments (names, values, order)."""
-    items = list(redact.entries(env))  # with a name's later entries: their values are secrets too
+    shadowed = getattr(env, "shadowed", ())  # a name's later entries (procfs.Environ): their values are secrets too
+    items = [*env.items(), *shadowed] if shadowed else env.items()  # (serve digests every target's, every run)
     text = "\0".join(itertools.chain.from_iterable(items))
-    if text.count("\0") != max(0, 2 * len(items) - 1):
+    if text.count("\0") != max(0, 2 * (len(env) + len(shadowed)) - 1):
         # a NUL inside a name or value, which no real environment holds, would make two
         # mappings join alike (helper-111): such a mapping is spelled by repr, which has none
-        text = "\1" + repr(items)
+        text = "\1" + repr(list(items))
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
