@@ -58,6 +58,18 @@ def _daemon_exit_code() -> int | None:
     return None if options is None else relaunch.run(options)
 
 
+def flush_standard_streams() -> None:
+    """What Python holds of stdout and stderr, written out before an _exit or an execve
+    discards it."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with it closed (`>&-`): Python has no stream to flush
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
+            pass
+
+
 def exit_now(code: object) -> None:
     """Flush what was said and leave with `code` (SystemExit's meaning), skipping the
     interpreter's teardown (see cli.console_main for why that is safe and worth it)."""
@@ -66,13 +78,7 @@ def exit_now(code: object) -> None:
     elif not isinstance(code, int):
         sys.stderr.write(f"{code}\n")
         code = 1
-    for stream in (sys.stdout, sys.stderr):
-        if stream is None:  # started with it closed (`>&-`): Python has no stream to flush
-            continue
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (envdoctor check | head): nothing more can be said
-            pass
+    flush_standard_streams()
     os._exit(code)
 
 

@@ -197,12 +197,9 @@ def _become(job: list[str]) -> int:
     if path is None:
         _say(f"envdoctor: {job[0]}: command not found")
         return EXIT_NOT_FOUND
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
+    from envdoctor.program import flush_standard_streams
+
+    flush_standard_streams()
     try:
         os.execve(path, job, _as_invoked(dict(os.environ)))
     except OSError as err:

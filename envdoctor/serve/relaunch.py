@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from envdoctor.program import SERVE_OPTIONS_VARIABLE as OPTIONS_VARIABLE
+from envdoctor.program import SERVE_OPTIONS_VARIABLE as OPTIONS_VARIABLE, flush_standard_streams
 
 TYPE_CHECKING = False  # typing only for type checkers: its import is ~2.5 ms of every start
 if TYPE_CHECKING:
@@ -50,12 +50,7 @@ def replace_process(options: Any) -> None:
         return
     document = {"pid": os.getpid(), "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in ((name, getattr(options, name)) for name in options.field_names())}}
     env = {**os.environ, OPTIONS_VARIABLE: json.dumps(document)}
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
+    flush_standard_streams()
     try:
         os.execve(path, argv, env)
     except OSError:
