@@ -174,7 +174,9 @@ def _end_what_was_started() -> None:
     try:
         if headstart is not None:
             headstart.abandon()
-        if stopping is not None:
+        # stopping's kill imports envdoctor.forked, and an import now could run the job's
+        # module a second time (it failed, so it is not in sys.modules): only if already there
+        if stopping is not None and "envdoctor.forked" in sys.modules:
             ours = [pid for pid in stopping.children_of(os.getpid()) if pid not in (stopping.inherited_children or ())]
             stopping.kill_everything_started()
             for pid in ours:
@@ -182,7 +184,7 @@ def _end_what_was_started() -> None:
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass
-    except Exception:  # noqa: BLE001 - a module of ours broken too: nothing of it was started
+    except BaseException:  # noqa: B036 - a module of ours broken too, or its SystemExit: nothing of it was started
         pass
 
 

@@ -242,6 +242,11 @@ def test_a_module_of_the_jobs_pythonpath_that_breaks_envdoctor_is_one_line_and_e
         assert said.endswith("starting sh unchecked"), said
     strict = run("exec", "--strict", "--", "sh", "-c", "echo job ran", env_extra=env, cwd=tmp_path)
     assert strict.returncode == 78 and strict.stdout == "" and "Traceback" not in strict.stderr, strict.stderr
+    # helper-122: one that raises SystemExit was run again by the cleanup's import, and its exit left without the job
+    (shadow / f"{module}.py").write_text("raise SystemExit(0)\n")
+    exited = run("exec", "--", "sh", "-c", "echo job ran; exit 3", env_extra=env, cwd=tmp_path)
+    assert exited.returncode == 3 and exited.stdout == "job ran\n", (exited.returncode, exited.stderr)
+    (shadow / f"{module}.py").write_text("raise ImportError('the job module')\n")
     for args in (["check"], ["check", "-f", "json"], ["checks"]):
         other = run(*args, env_extra=env, cwd=tmp_path)
         assert other.returncode == 70 and "Traceback" not in other.stderr, (args, other.stderr)
@@ -261,7 +266,7 @@ def test_the_job_started_unchecked_gets_what_exec_would_give_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LC_") and k != "LANG"}
     env["PYTHONPATH"] = str(shadow)
     if not SCRIPT.exists():
-        pytest.skip("not installed")
+        pytest.skip(f"no envdoctor console script beside {sys.executable} (not installed)")
     for argv, cwd in (([str(SCRIPT)], tmp_path), ([sys.executable, "-m", "envdoctor"], shadow)):
         out = subprocess.run([*argv, "exec", "--", "sh", "-c", probe], capture_output=True, text=True,
                              env=env if argv[0] == str(SCRIPT) else {**env, "PYTHONPATH": ""}, cwd=cwd, timeout=120)
